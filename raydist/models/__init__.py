@@ -1,1 +1,5 @@
-"""raydist.models."""
+"""Encoders and joint embedding models."""
+
+from raydist.models.vse import ImageEncoder, TextEncoder, VSEModel, build_model
+
+__all__ = ["ImageEncoder", "TextEncoder", "VSEModel", "build_model"]

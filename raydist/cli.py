@@ -1,0 +1,176 @@
+"""``raydist`` command line: parses arguments and calls library functions (no logic lives here)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from raydist.config import ConfigError, dump_yaml, load_config, parse_overrides, preset_names
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", help="dataset folder (default: the embedded synthetic dataset, cached)")
+    p.add_argument("--preset", help=f"shipped preset: {', '.join(preset_names())}")
+    p.add_argument("--preset-file", help="a preset YAML file (e.g. the best config a Tune sweep wrote)")
+    p.add_argument("--storage", help="train.storage_path: local folder, or s3:// gs:// NFS on clusters")
+    p.add_argument("--name", help="train.run_name: a stable name resumes that run")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides, e.g. loss.margin=0.1")
+
+
+def config_from_args(args: argparse.Namespace, default_preset: str | None = "default"):
+    """The run Config an argparse namespace describes (preset, preset file, --data, overrides)."""
+    overrides = parse_overrides(args.overrides)
+    if args.data:
+        overrides["data.path"] = str(Path(args.data).expanduser().resolve())
+    if getattr(args, "storage", None):
+        overrides["train.storage_path"] = args.storage
+    if getattr(args, "name", None):
+        overrides["train.run_name"] = args.name
+    preset = args.preset or (None if args.preset_file else default_preset)
+    return load_config(preset=preset, preset_file=args.preset_file, overrides=overrides)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from raydist.eval.metrics import format_metrics
+    from raydist.train.trainer import format_history, run_training
+
+    cfg = config_from_args(args)
+    if args.print_config:
+        print(dump_yaml(cfg))
+        return 0
+    outcome = run_training(cfg, resume_from=args.resume)
+    print("\n== per-epoch metrics ==")
+    print(format_history(outcome.history))
+    if outcome.test_metrics:
+        print("\n== test split, best checkpoint ==")
+        print(format_metrics(outcome.test_metrics))
+    print(f"\nrun folder:        {outcome.run_dir}")
+    print(f"best checkpoint:   {outcome.best_checkpoint}")
+    print(f"latest checkpoint: {outcome.latest_checkpoint}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(vars(outcome), indent=2, default=str))
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from raydist.eval.evaluate import evaluate_checkpoint
+    from raydist.eval.metrics import format_metrics
+
+    metrics = evaluate_checkpoint(args.checkpoint, args.data, args.split, folds=args.folds)
+    print(f"{args.split} split, checkpoint {args.checkpoint}" + (f", {args.folds} folds" if args.folds else ""))
+    print(format_metrics(metrics))
+    if args.json:
+        Path(args.json).write_text(json.dumps(metrics, indent=2))
+        print(f"metrics written to {args.json}")
+    return 0
+
+
+def cmd_make_data(args: argparse.Namespace) -> int:
+    from raydist.data import make_synthetic
+
+    out = make_synthetic(
+        args.out,
+        images=args.images,
+        captions_per_image=args.captions_per_image,
+        dim=args.dim,
+        seed=args.seed,
+        val_images=args.val_images,
+        test_images=args.test_images,
+    )
+    print(f"wrote dataset {out}")
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from raydist.data import convert_coco_json, convert_vsepp_precomp
+
+    if args.format == "vsepp-precomp":
+        out = convert_vsepp_precomp(
+            args.src, args.out, captions_per_image=args.captions_per_image, min_count=args.min_count
+        )
+    else:
+        out = convert_coco_json(
+            args.captions,
+            args.features,
+            args.feature_ids,
+            args.out,
+            min_count=args.min_count,
+            val_images=args.val_images,
+            test_images=args.test_images,
+        )
+    print(f"wrote dataset {out}")
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from raydist.data import validate_dataset
+
+    report = validate_dataset(args.dir)
+    print(report.format())
+    return 1 if report.problems else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``raydist`` argument parser with all sub-commands."""
+    parser = argparse.ArgumentParser(prog="raydist", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train with Ray Train (default: short run on the embedded dataset)")
+    _add_config_args(p)
+    p.add_argument("--resume", help="checkpoint folder (or run folder) to resume from")
+    p.add_argument("--json", help="also write the outcome (history, checkpoints, test metrics) as JSON")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("eval", help="evaluate a checkpoint with the VSE++ retrieval protocol")
+    p.add_argument("--checkpoint", required=True, help="checkpoint folder or run folder (newest checkpoint)")
+    p.add_argument("--data", required=True, help="dataset folder")
+    p.add_argument("--split", default="test")
+    p.add_argument("--folds", type=int, default=None, help="5 = COCO 1K protocol (default: checkpoint config)")
+    p.add_argument("--json", help="write the metrics to this JSON file")
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("make-data", help="write a dataset")
+    p.add_argument("kind", choices=["synthetic"])
+    p.add_argument("--out", required=True)
+    p.add_argument("--images", type=int, default=3000, help="train images")
+    p.add_argument("--val-images", type=int, default=500)
+    p.add_argument("--test-images", type=int, default=1000)
+    p.add_argument("--captions-per-image", type=int, default=5)
+    p.add_argument("--dim", type=int, default=128, help="image feature dimension")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_make_data)
+
+    p = sub.add_parser("convert", help="convert a public layout into a raydist dataset")
+    p.add_argument("format", choices=["vsepp-precomp", "coco-json"])
+    p.add_argument("--out", required=True)
+    p.add_argument("--src", help="vsepp-precomp: folder with {split}_ims.npy and {split}_caps.txt")
+    p.add_argument("--captions", help="coco-json: captions JSON file")
+    p.add_argument("--features", help="coco-json: .npy feature matrix, one row per image")
+    p.add_argument("--feature-ids", help="coco-json: .npy/.json image id of each feature row")
+    p.add_argument("--captions-per-image", type=int, default=5)
+    p.add_argument("--min-count", type=int, default=4, help="vocabulary minimum word count (VSE++: 4)")
+    p.add_argument("--val-images", type=int, default=5000)
+    p.add_argument("--test-images", type=int, default=5000)
+    p.set_defaults(func=cmd_convert)
+
+    p = sub.add_parser("validate", help="run every data check without training and print a summary")
+    p.add_argument("dir")
+    p.set_defaults(func=cmd_validate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``raydist`` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ConfigError, FileNotFoundError, ValueError) as e:
+        print(f"raydist: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""Embed a dataset split with a trained model and compute retrieval metrics; load checkpoints for eval."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from raydist.data import Vocab, split_arrays
+from raydist.eval.metrics import retrieval_metrics
+from raydist.models import build_model
+
+
+@dataclass
+class SplitEmbeddings:
+    """One row per image (first-appearance order), one per caption, and caption → image row."""
+
+    images: torch.Tensor
+    captions: torch.Tensor
+    cap_to_img: np.ndarray
+
+
+def image_rows(image_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(row of each image's first caption, image row of each caption), images in first-seen order."""
+    _, first, inverse = np.unique(image_ids, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    return first[order], rank[inverse]
+
+
+@torch.no_grad()
+def embed_split(
+    model: nn.Module,
+    vocab: Vocab,
+    features: np.ndarray,
+    captions: list[str],
+    image_ids: np.ndarray,
+    *,
+    max_len: int,
+    batch_size: int = 512,
+    device: torch.device | str = "cpu",
+) -> SplitEmbeddings:
+    """Embed every caption and each image once; ``model`` is a :class:`raydist.models.VSEModel`."""
+    was_training = model.training
+    model.eval()
+    first, cap_to_img = image_rows(image_ids)
+    img_feats = torch.as_tensor(features[first], dtype=torch.float32)
+    imgs = [model.image(img_feats[s : s + batch_size].to(device)).cpu() for s in range(0, len(first), batch_size)]
+    caps = []
+    for s in range(0, len(captions), batch_size):
+        tokens, lengths = vocab.encode_batch(captions[s : s + batch_size], max_len)
+        caps.append(model.text(torch.as_tensor(tokens).to(device), torch.as_tensor(lengths)).cpu())
+    model.train(was_training)
+    return SplitEmbeddings(torch.cat(imgs), torch.cat(caps), cap_to_img)
+
+
+def evaluate_arrays(
+    model: nn.Module,
+    vocab: Vocab,
+    arrays: tuple,
+    *,
+    max_len: int,
+    folds: int = 1,
+    batch_size: int = 512,
+    device: torch.device | str = "cpu",
+) -> dict[str, float]:
+    """Retrieval metrics of ``model`` on ``(image_ids, sample_ids, features, captions)`` arrays."""
+    image_ids, _, features, captions = arrays
+    emb = embed_split(
+        model, vocab, features, captions, image_ids, max_len=max_len, batch_size=batch_size, device=device
+    )
+    return retrieval_metrics(emb.images, emb.captions, emb.cap_to_img, folds=folds)
+
+
+def evaluate_checkpoint(
+    checkpoint: str | Path, data_dir: str | Path, split: str = "test", *, folds: int | None = None
+) -> dict[str, float]:
+    """Load a checkpoint (or the newest one in a run folder) and evaluate it on ``split``."""
+    from raydist.train.checkpoint import load_checkpoint
+
+    state, cfg, folder = load_checkpoint(checkpoint)
+    vocab = Vocab.load(folder / "vocab.json")
+    model = build_model(cfg, state["feature_dim"], len(vocab))
+    model.load_state_dict(state["model"])
+    return evaluate_arrays(
+        model,
+        vocab,
+        split_arrays(data_dir, split),
+        max_len=cfg.data.max_caption_len,
+        folds=cfg.eval.folds if folds is None else folds,
+        batch_size=cfg.eval.batch_size,
+    )
