@@ -43,6 +43,7 @@ class LoopState:
     global_step: int = 0
     best_rsum: float = -math.inf
     history: list[dict[str, Any]] = field(default_factory=list)
+    resumed_at: list[int] = field(default_factory=list)  # global step of every restore
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
@@ -163,7 +164,9 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any] | None:
                 flush=True,
             )
         _report(state, cfg, model, optimizer, scheduler, data_dir, rank, metrics)
-    return {"history": state.history, "global_step": state.global_step} if rank == 0 else None
+    if rank != 0:
+        return None
+    return {"history": state.history, "global_step": state.global_step, "resumed_at": state.resumed_at}
 
 
 def _train_step(
@@ -213,7 +216,10 @@ def _restore(
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     set_rng_state(state["rng"])
-    return LoopState(**state["loop"])
+    loop = LoopState(**state["loop"])
+    loop.resumed_at.append(loop.global_step)
+    print(f"[raydist] resumed from {folder} at epoch {loop.epoch + 1}, step {loop.global_step}", flush=True)
+    return loop
 
 
 def _report(

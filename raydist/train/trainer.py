@@ -28,6 +28,7 @@ class TrainOutcome:
     best_metrics: dict[str, Any] | None
     latest_checkpoint: str | None
     history: list[dict[str, Any]]
+    resumed_at: list[int]
     test_metrics: dict[str, float] | None = None
 
 
@@ -156,7 +157,7 @@ def run_training(
         result = trainer.fit()
     except TrainingFailedError as e:
         raise RuntimeError(f"training failed: {e}") from e
-    history = (result.return_value or {}).get("history", []) if isinstance(result.return_value, dict) else []
+    returned = result.return_value if isinstance(result.return_value, dict) else {}
     best_ckpt, best_metrics = None, None
     if result.best_checkpoints:
         best_ckpt, best_metrics = max(result.best_checkpoints, key=lambda cm: cm[1].get("val/rsum", -1.0))
@@ -165,7 +166,8 @@ def run_training(
         best_checkpoint=best_ckpt.path if best_ckpt else None,
         best_metrics=best_metrics,
         latest_checkpoint=result.checkpoint.path if result.checkpoint else None,
-        history=history,
+        history=returned.get("history", []),
+        resumed_at=returned.get("resumed_at", []),
     )
     if evaluate_test and outcome.best_checkpoint and "test" in load_manifest(data_dir).splits:
         outcome.test_metrics = evaluate_checkpoint(outcome.best_checkpoint, data_dir, "test")

@@ -1,0 +1,98 @@
+"""Faults: a worker that dies mid-epoch, exact resume, resume by path and by run name."""
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from raydist.config import ConfigError, load_config
+from raydist.train.checkpoint import load_checkpoint
+from raydist.train.trainer import run_training
+
+
+def tiny(tiny_dataset, tmp_path, **overrides):
+    base = {"data.path": str(tiny_dataset), "train.storage_path": str(tmp_path), "train.epochs": 2}
+    return load_config("tiny", overrides={**base, **overrides})
+
+
+def final_params(outcome) -> dict[str, torch.Tensor]:
+    state, _, _ = load_checkpoint(outcome.latest_checkpoint)
+    return state["model"]
+
+
+def steps_per_epoch(outcome) -> int:
+    return outcome.history[0]["step"]
+
+
+@pytest.mark.timeout(240)
+def test_injected_fault_restarts_from_checkpoint_and_matches_uninterrupted(ray_cluster, tiny_dataset, tmp_path):
+    common = {"train.num_workers": 1, "train.checkpoint_every": 4, "train.seed": 11}
+    clean = run_training(tiny(tiny_dataset, tmp_path / "a", **common), evaluate_test=False)
+    fail_at = steps_per_epoch(clean) + 3  # mid second epoch
+    faulty = run_training(
+        tiny(tiny_dataset, tmp_path / "b", **common, **{"train.fail_at_step": fail_at, "train.max_failures": 1}),
+        evaluate_test=False,
+    )
+    resumed = faulty.resumed_at
+    assert len(resumed) == 1, resumed
+    assert fail_at - 4 <= resumed[0] <= fail_at  # at most one checkpoint interval redone
+    assert [m["epoch"] for m in faulty.history] == [1, 2]
+    assert faulty.history[-1]["step"] == clean.history[-1]["step"]
+    a, b = final_params(clean), final_params(faulty)
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6, msg=k)
+
+
+@pytest.mark.timeout(240)
+def test_worker_killed_from_outside_run_completes(ray_cluster, tiny_dataset, tmp_path):
+    from ray.util.state import list_actors
+
+    cfg = tiny(tiny_dataset, tmp_path, **{"train.checkpoint_every": 3, "train.max_failures": 2, "train.epochs": 3})
+    killed: list[int] = []
+
+    def killer():
+        deadline = time.time() + 120
+        while time.time() < deadline and not killed:
+            if list(Path(tmp_path).glob("*/checkpoint_*")):
+                for actor in list_actors(filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")]):
+                    if actor.pid:
+                        os.kill(actor.pid, signal.SIGKILL)
+                        killed.append(actor.pid)
+                        return
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    outcome = run_training(cfg, evaluate_test=False)
+    thread.join(1)
+    assert killed, "no worker was killed"
+    assert len(outcome.resumed_at) >= 1 and outcome.resumed_at[0] > 0
+    assert [m["epoch"] for m in outcome.history] == [1, 2, 3]
+    assert outcome.best_metrics is not None and outcome.best_metrics["val/rsum"] > 0
+
+
+@pytest.mark.timeout(240)
+def test_resume_by_path_and_by_run_name(ray_cluster, tiny_dataset, tmp_path):
+    first = run_training(tiny(tiny_dataset, tmp_path, **{"train.epochs": 1, "train.run_name": "same"}),
+                         evaluate_test=False)
+    again = run_training(tiny(tiny_dataset, tmp_path, **{"train.epochs": 2, "train.run_name": "same"}),
+                         evaluate_test=False)
+    assert [m["epoch"] for m in again.history] == [1, 2]
+    assert again.resumed_at == [first.history[-1]["step"]]
+    by_path = run_training(tiny(tiny_dataset, tmp_path, **{"train.epochs": 2}), resume_from=first.run_dir,
+                           evaluate_test=False)
+    assert by_path.resumed_at == [first.history[-1]["step"]]
+    assert [m["epoch"] for m in by_path.history] == [1, 2]
+
+
+def test_incompatible_checkpoint_is_refused_with_differing_keys(tiny_dataset, tmp_path):
+    from raydist.train.checkpoint import check_compatible
+
+    a = tiny(tiny_dataset, tmp_path)
+    b = tiny(tiny_dataset, tmp_path, **{"model.embed_dim": 32, "model.word_dim": 16})
+    with pytest.raises(ConfigError, match=r"(?s)model.embed_dim: checkpoint=64 run=32.*model.word_dim"):
+        check_compatible(a, b, saved_from="ckpt")
