@@ -1,0 +1,41 @@
+"""All-gather across the default process group, with and without autograd.
+
+The only module that calls collectives; without an initialised process group everything is the identity.
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+import torch.distributed._functional_collectives as functional
+from torch import Tensor
+
+
+def world_size() -> int:
+    """Ranks in the default process group; 1 when torch.distributed is not initialised."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def global_rank() -> int:
+    """This process's rank in the default process group; 0 when not initialised."""
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def all_gather_with_grad(x: Tensor) -> Tensor:
+    """``cat([x_0, …, x_{W−1}], dim=0)`` in rank order, differentiable.
+
+    Every rank must pass a tensor of the same shape. Backward is a reduce-scatter with sum: the
+    gradient this rank's ``x`` receives is ``Σ_r ∂L_r/∂out_r[rank slice]`` — the sum over all ranks r
+    of the gradient of r's loss with respect to the rows r gathered from this rank. Hence if every rank
+    backpropagates its own loss ``L_r``, each owner gets ``∂(Σ_r L_r)/∂x`` for its rows.
+    Wraps ``torch.distributed._functional_collectives.all_gather_single`` (autograd, no deprecation
+    warning on torch 2.13 gloo). Identity when the world size is 1.
+    """
+    if world_size() == 1:
+        return x
+    out = functional.all_gather_single(x.contiguous(), 0, dist.group.WORLD)
+    return out.wait() if isinstance(out, functional.AsyncCollectiveTensor) else out
+
+
+def all_gather_tensor(x: Tensor) -> Tensor:
+    """Like :func:`all_gather_with_grad` but without autograd (for ids and statistics)."""
+    return all_gather_with_grad(x.detach())
