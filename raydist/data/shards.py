@@ -1,0 +1,318 @@
+"""Writing and reading Parquet shards: ``write_split``, the staged :class:`DatasetWriter`, ``read_split``,
+``split_files`` (for ``ray.data.read_parquet``) and ``split_arrays`` (for evaluation).
+
+Rows of one image must be consecutive within a split (the writer refuses otherwise, validation checks
+it); the writer also never splits an image's rows across two shards.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, final
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from raydist.data.manifest import Manifest, ShardInfo, SplitInfo, load_manifest, sha256_file, write_manifest
+from raydist.data.schema import (
+    CAPTION,
+    CLEAN_LABEL,
+    DEFAULT_ROWS_PER_SHARD,
+    IMAGE,
+    IMAGE_ID,
+    LABEL,
+    MANIFEST_NAME,
+    SAMPLE_ID,
+    SHARD_PATTERN,
+    SPLITS,
+    VOCAB_NAME,
+    RaydistDataError,
+    arrow_schema,
+)
+from raydist.data.validate import SampleIdTracker, SplitTracker, split_problems, table_problems
+from raydist.data.vocab import Vocab
+
+
+def _shard_bounds(image_ids: np.ndarray, rows_per_shard: int) -> list[int]:
+    """Row offsets ``[0, …, N]`` cutting shards of at least ``rows_per_shard`` rows at image boundaries."""
+    n = len(image_ids)
+    starts = np.flatnonzero(np.r_[True, image_ids[1:] != image_ids[:-1]]) if n else np.zeros(0, np.int64)
+    bounds = [0]
+    while bounds[-1] < n:
+        j = int(np.searchsorted(starts, bounds[-1] + rows_per_shard))
+        bounds.append(int(starts[j]) if j < len(starts) else n)
+    return bounds
+
+
+def _column(values: Any, n: int, name: str) -> np.ndarray | None:
+    if values is None:
+        return None
+    arr = np.asarray(values)
+    if arr.shape != (n,):
+        raise RaydistDataError(f"column '{name}': expected {n} values (one per row), got shape {arr.shape}")
+    return arr
+
+
+def write_split(
+    out_dir: str | Path,
+    split: str,
+    image_ids: np.ndarray,
+    sample_ids: np.ndarray,
+    features: np.ndarray,
+    captions: Sequence[str] | None,
+    labels: np.ndarray | None = None,
+    clean_labels: np.ndarray | None = None,
+    rows_per_shard: int = DEFAULT_ROWS_PER_SHARD,
+    *,
+    feature_index: np.ndarray | None = None,
+    num_classes: int | None = None,
+) -> list[ShardInfo]:
+    """Write one split as ``out_dir/split/part-NNNNN.parquet`` and return the shard list.
+
+    One row per caption (``captions`` given: task ``pairs``) or per sample (``labels`` given).
+    Row r's feature vector is ``features[r]``, or ``features[feature_index[r]]`` when ``feature_index``
+    is given (so an image's vector is stored once in memory however many captions it has).
+    Features are written as float16 when ``features`` is float16, else float32. Rows of one image
+    must be consecutive; every shard is checked (ids, finite features, non-empty captions, label range)
+    before it is written, and a failed call removes the shards it wrote.
+    """
+    if split not in SPLITS:
+        raise RaydistDataError(f"unknown split {split!r}; expected one of {SPLITS}")
+    if rows_per_shard < 1:
+        raise RaydistDataError(f"rows_per_shard must be >= 1, got {rows_per_shard}")
+    if captions is None and labels is None:
+        raise RaydistDataError("write_split needs captions (task 'pairs') or labels (task 'labels')")
+    task = "pairs" if captions is not None else "labels"
+    image_ids = np.asarray(image_ids)
+    n = len(image_ids)
+    columns = {
+        IMAGE_ID: image_ids.astype(np.int64),
+        SAMPLE_ID: _column(sample_ids, n, SAMPLE_ID).astype(np.int64),
+        LABEL: _column(labels, n, LABEL),
+        CLEAN_LABEL: _column(clean_labels, n, CLEAN_LABEL),
+    }
+    if captions is not None and len(captions) != n:
+        raise RaydistDataError(f"column '{CAPTION}': expected {n} captions (one per row), got {len(captions)}")
+    if features.ndim != 2:
+        raise RaydistDataError(f"features must be a 2-D array [rows, dim], got shape {features.shape}")
+    index = _column(feature_index, n, "feature_index")
+    if index is None and features.shape[0] != n:
+        raise RaydistDataError(f"features has {features.shape[0]} rows but there are {n} rows of ids")
+    if index is not None and n and (index.min() < 0 or index.max() >= features.shape[0]):
+        raise RaydistDataError(f"feature_index outside [0, {features.shape[0]})")
+    if n == 0:
+        raise RaydistDataError(f"split {split!r} has no rows")
+    dim = features.shape[1]
+    dtype = "float16" if features.dtype == np.float16 else "float32"
+    schema = arrow_schema(task, dim, feature_dtype=dtype, captions=captions is not None,
+                          labels=labels is not None, clean_labels=clean_labels is not None)
+    split_dir = Path(out_dir) / split
+    split_dir.mkdir(parents=True, exist_ok=True)
+    if any(split_dir.glob("part-*.parquet")):
+        raise RaydistDataError(f"{split_dir} already holds shards; write each split into a fresh folder")
+    tracker, sample_tracker, written = SplitTracker(task), SampleIdTracker(), []
+    bounds = _shard_bounds(image_ids, rows_per_shard)
+    try:
+        for k, (a, b) in enumerate(itertools.pairwise(bounds)):
+            rows = index[a:b] if index is not None else slice(a, b)
+            feats = np.ascontiguousarray(features[rows], dtype=np.float16 if dtype == "float16" else np.float32)
+            data = {name: pa.array(col[a:b], pa.int64()) for name, col in columns.items() if col is not None}
+            data[IMAGE] = pa.FixedSizeListArray.from_arrays(pa.array(feats.reshape(-1)), dim)
+            if captions is not None:
+                data[CAPTION] = pa.array(list(captions[a:b]), pa.string())
+            table = pa.table({f.name: data[f.name] for f in schema}, schema=schema)
+            file = f"{split}/{SHARD_PATTERN.format(index=k)}"
+            problems = table_problems(table, file, task=task, feature_dim=dim, feature_dtype=dtype,
+                                      num_classes=num_classes, expected_rows=None)
+            problems += tracker.add(table, file)
+            sample_tracker.add(table, file)
+            problems += tracker.finish() if b == n else []
+            problems += sample_tracker.finish() if b == n else []
+            if problems:
+                raise RaydistDataError(f"refusing to write split {split!r} under {out_dir}: {problems[0]}")
+            path = Path(out_dir) / file
+            pq.write_table(table, path)
+            written.append(ShardInfo(file, table.num_rows, sha256_file(path)))
+    except BaseException:
+        for shard in written:
+            (Path(out_dir) / shard.file).unlink(missing_ok=True)
+        raise
+    return written
+
+
+@final
+class DatasetWriter:
+    """Builds a dataset in a hidden staging folder next to ``out_dir``; :meth:`commit` writes the vocab and
+    ``manifest.json`` and renames the folder into place, so readers never see half a dataset.
+
+    Use as a context manager: leaving the block normally commits, an exception discards the staging
+    folder. ``overwrite=True`` replaces an existing dataset (a folder holding ``manifest.json``) but never
+    a non-empty folder that is not a dataset.
+    """
+
+    def __init__(self, out_dir: str | Path, *, task: str = "pairs", num_classes: int | None = None,
+                 rows_per_shard: int = DEFAULT_ROWS_PER_SHARD, source: dict[str, Any] | None = None,
+                 overwrite: bool = False) -> None:
+        self.out_dir = Path(out_dir)
+        self.task, self.num_classes, self.rows_per_shard = task, num_classes, rows_per_shard
+        self.source = dict(source or {})
+        self.overwrite = overwrite
+        self.vocab: Vocab | None = None
+        self.splits: dict[str, SplitInfo] = {}
+        self.feature_dim: int | None = None
+        self.feature_dtype: str | None = None
+        if task == "labels" and num_classes is None:
+            raise RaydistDataError("task 'labels' needs num_classes")
+        self._check_target()
+        self.out_dir.parent.mkdir(parents=True, exist_ok=True)
+        self.staging = self.out_dir.parent / f".{self.out_dir.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.staging.mkdir()
+
+    def _check_target(self) -> None:
+        out = self.out_dir
+        if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+            return
+        if not self.overwrite:
+            raise RaydistDataError(f"{out} already exists and is not empty; choose another folder or "
+                                   "overwrite=True (--overwrite) to replace a dataset")
+        if not (out / MANIFEST_NAME).is_file():
+            raise RaydistDataError(f"{out} is not empty and holds no {MANIFEST_NAME}; refusing to replace a "
+                                   "folder that is not a raydist dataset")
+
+    def add_split(self, split: str, image_ids: np.ndarray, sample_ids: np.ndarray, features: np.ndarray,
+                  captions: Sequence[str] | None = None, labels: np.ndarray | None = None,
+                  clean_labels: np.ndarray | None = None, *,
+                  feature_index: np.ndarray | None = None) -> SplitInfo:
+        """Write one split (arguments as :func:`write_split`); feature dim and dtype must match across splits."""
+        if split in self.splits:
+            raise RaydistDataError(f"split {split!r} was already written")
+        if (captions is None) != (self.task == "labels"):
+            raise RaydistDataError(f"task {self.task!r}: captions must be {'absent' if self.task == 'labels' else 'given'}")
+        dtype = "float16" if features.dtype == np.float16 else "float32"
+        if self.feature_dim is not None and (features.shape[-1], dtype) != (self.feature_dim, self.feature_dtype):
+            raise RaydistDataError(f"split {split!r}: features are {dtype}[{features.shape[-1]}] but earlier "
+                                   f"splits are {self.feature_dtype}[{self.feature_dim}]")
+        shards = write_split(self.staging, split, image_ids, sample_ids, features, captions, labels, clean_labels,
+                             self.rows_per_shard, feature_index=feature_index, num_classes=self.num_classes)
+        self.feature_dim, self.feature_dtype = features.shape[-1], dtype
+        info = SplitInfo(sum(s.rows for s in shards), len(np.unique(np.asarray(image_ids))), shards)
+        self.splits[split] = info
+        return info
+
+    def commit(self) -> Manifest:
+        """Write vocab + manifest, then atomically move the staging folder to ``out_dir``."""
+        missing = [s for s in SPLITS if s not in self.splits]
+        if missing:
+            raise RaydistDataError(f"cannot commit {self.out_dir}: split(s) {missing} were not written")
+        if self.task == "pairs":
+            if self.vocab is None:
+                raise RaydistDataError(f"cannot commit {self.out_dir}: task 'pairs' needs a vocab")
+            self.vocab.save(self.staging / VOCAB_NAME)
+        manifest = Manifest(task=self.task, feature_dim=self.feature_dim, splits=self.splits,
+                            feature_dtype=self.feature_dtype, vocab=VOCAB_NAME if self.task == "pairs" else None,
+                            num_classes=self.num_classes, source=self.source)
+        write_manifest(self.staging, manifest)
+        self._check_target()
+        trash = None
+        if self.out_dir.exists():
+            trash = self.staging.with_name(self.staging.name.replace(".partial-", ".old-"))
+            os.rename(self.out_dir, trash)
+        os.rename(self.staging, self.out_dir)
+        if trash is not None:
+            shutil.rmtree(trash)
+        return manifest
+
+    def abort(self) -> None:
+        """Discard the staging folder."""
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+    def __enter__(self) -> DatasetWriter:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc_type is None:
+            try:
+                self.commit()
+            except BaseException:
+                self.abort()
+                raise
+        else:
+            self.abort()
+
+
+def split_files(path: str | Path, split: str) -> list[str]:
+    """Absolute paths of a split's shards in manifest order (input for ``ray.data.read_parquet``)."""
+    manifest = load_manifest(path)
+    _known(split, manifest)
+    root = Path(path).resolve()
+    return [str(root / s.file) for s in manifest.splits[split].shards]
+
+
+def _known(split: str, manifest: Manifest) -> None:
+    if split not in manifest.splits:
+        raise RaydistDataError(f"unknown split {split!r}; expected one of {list(manifest.splits)}")
+
+
+def read_split(path: str | Path, split: str, verify: bool = True) -> pa.Table:
+    """One split as a single Arrow table with ``image`` as float32 and ``caption`` as string.
+
+    ``verify=True`` checks sha256, schema, dims and values of every shard (see validate.py) and raises
+    RaydistDataError on the first problem.
+    """
+    path = Path(path)
+    manifest = load_manifest(path)
+    _known(split, manifest)
+    tables: list[pa.Table] = []
+    if verify:
+        problems = split_problems(path, manifest, split, tables=tables)
+        if problems:
+            raise RaydistDataError(f"{path}: {problems[0]}")
+    else:
+        for shard in manifest.splits[split].shards:
+            try:
+                tables.append(pq.read_table(path / shard.file))
+            except (pa.ArrowException, OSError) as e:
+                raise RaydistDataError(f"{path / shard.file}: cannot read shard: {e}") from e
+    dim = manifest.feature_dim
+    out = []
+    for t in tables:
+        t = t.set_column(t.schema.get_field_index(IMAGE), IMAGE, t.column(IMAGE).cast(pa.list_(pa.float32(), dim)))
+        if CAPTION in t.column_names:
+            t = t.set_column(t.schema.get_field_index(CAPTION), CAPTION, t.column(CAPTION).cast(pa.string()))
+        out.append(t)
+    try:
+        return pa.concat_tables(out)
+    except pa.ArrowInvalid as e:
+        raise RaydistDataError(f"{path}: shards of split {split!r} have different schemas: {e}") from e
+
+
+def feature_matrix(column: pa.Array | pa.ChunkedArray | np.ndarray) -> np.ndarray:
+    """An ``image`` column as float32 ``[N, D]``: from Arrow ``fixed_size_list`` (flattened without a
+    per-row loop) or from the object array of per-row vectors that Ray Data numpy batches hold."""
+    if isinstance(column, np.ndarray):
+        if column.dtype == object:
+            return np.stack(column).astype(np.float32, copy=False)
+        return column.astype(np.float32, copy=False)
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    dim = column.type.list_size
+    values = column.flatten().to_numpy(zero_copy_only=False)
+    return values.reshape(len(column), dim).astype(np.float32, copy=False)
+
+
+def split_arrays(path: str | Path, split: str, verify: bool = True
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """``(image_ids int64 [N], sample_ids int64 [N], features float32 [N, D], captions [N])`` of a split."""
+    table = read_split(path, split, verify=verify)
+    if CAPTION not in table.column_names:
+        raise RaydistDataError(f"{path}: split {split!r} has no caption column (task 'labels')")
+    return (table.column(IMAGE_ID).to_numpy(), table.column(SAMPLE_ID).to_numpy(),
+            feature_matrix(table.column(IMAGE)), table.column(CAPTION).to_pylist())

@@ -1,0 +1,354 @@
+"""Dataset validation: every check of DESIGN.md §2 as a :class:`Problem` naming file, row and field.
+
+The same checks guard the writer (before a shard is written) and ``read_split(verify=True)``.
+Row numbers are 0-based positions within the named Parquet file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from raydist.data.manifest import Manifest, ShardInfo, load_manifest, sha256_file
+from raydist.data.schema import (
+    CAPTION,
+    CLEAN_LABEL,
+    FEATURE_TYPES,
+    IMAGE,
+    IMAGE_ID,
+    LABEL,
+    MANIFEST_NAME,
+    SAMPLE_ID,
+    SPLITS,
+    RaydistDataError,
+    column_type_problem,
+    required_columns,
+)
+from raydist.data.vocab import Vocab
+
+ROWS_SHOWN = 5  # per file and check: rows reported one by one before a "... and N more" summary
+
+
+@dataclass
+class Problem:
+    """One defect: the file it is in, the row (0-based, within that file) and field where there is one."""
+
+    file: str
+    field: str | None
+    message: str
+    row: int | None = None
+
+    def __str__(self) -> str:
+        where = [self.file]
+        if self.row is not None:
+            where.append(f"row {self.row}")
+        if self.field is not None:
+            where.append(f"field '{self.field}'")
+        return ": ".join(where) + ": " + self.message
+
+
+def _row_problems(file: str, field_name: str, bad_rows: np.ndarray, sample_ids: np.ndarray | None,
+                  message: str) -> list[Problem]:
+    """One Problem per bad row (the first ROWS_SHOWN), then a count of the rest."""
+    out = []
+    for r in bad_rows[:ROWS_SHOWN]:
+        sid = f" (sample_id {int(sample_ids[r])})" if sample_ids is not None else ""
+        out.append(Problem(file, field_name, message + sid, int(r)))
+    if len(bad_rows) > ROWS_SHOWN:
+        out.append(Problem(file, field_name, f"... and {len(bad_rows) - ROWS_SHOWN} more rows: {message}"))
+    return out
+
+
+def open_shard(dataset_dir: Path, shard: ShardInfo, *, verify_hash: bool = True
+               ) -> tuple[pa.Table | None, list[Problem]]:
+    """Read one shard; problems: file missing, sha256 mismatch, not a readable Parquet file."""
+    path = dataset_dir / shard.file
+    if not path.is_file():
+        return None, [Problem(shard.file, "file", f"shard listed in {MANIFEST_NAME} is missing ({path})")]
+    problems = []
+    if verify_hash:
+        digest = sha256_file(path)
+        if digest != shard.sha256:
+            problems.append(Problem(shard.file, "sha256", f"file hashes to {digest} but {MANIFEST_NAME} "
+                                    f"expects {shard.sha256} (file changed, truncated or replaced)"))
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as e:
+        problems.append(Problem(shard.file, None, f"not a readable Parquet file (truncated or corrupt): {e}"))
+        return None, problems
+    return table, problems
+
+
+def table_problems(table: pa.Table, file: str, *, task: str, feature_dim: int, feature_dtype: str,
+                   num_classes: int | None, expected_rows: int | None) -> list[Problem]:
+    """Schema, dims, nulls, finite features, non-empty captions, label range and row count of one shard."""
+    problems = []
+    if expected_rows is not None and table.num_rows != expected_rows:
+        problems.append(Problem(file, "rows", f"file has {table.num_rows} rows but {MANIFEST_NAME} says "
+                                f"{expected_rows}"))
+    for name in required_columns(task):
+        if name not in table.column_names:
+            problems.append(Problem(file, name, f"required column missing (task {task!r})"))
+    usable = set()
+    for name, typ in zip(table.column_names, table.schema.types):
+        why = column_type_problem(name, typ, feature_dim)
+        if why is None and name == IMAGE and typ.value_type != FEATURE_TYPES[feature_dtype]:
+            why = f"values are {typ.value_type} but {MANIFEST_NAME} says feature_dtype {feature_dtype}"
+        if why is not None:
+            problems.append(Problem(file, name, why))
+            continue
+        nulls = np.flatnonzero(table.column(name).is_null().to_numpy(zero_copy_only=False))
+        if len(nulls) and name != CAPTION:
+            problems.extend(_row_problems(file, name, nulls, None, "null value"))
+        else:
+            usable.add(name)
+    sample_ids = table.column(SAMPLE_ID).to_numpy() if SAMPLE_ID in usable else None
+    if IMAGE in usable and table.num_rows:
+        values = table.column(IMAGE).combine_chunks().flatten().to_numpy(zero_copy_only=False)
+        bad = np.flatnonzero(~np.isfinite(values.reshape(table.num_rows, feature_dim)).all(axis=1))
+        problems.extend(_row_problems(file, IMAGE, bad, sample_ids, "feature vector contains NaN or inf"))
+    if CAPTION in usable:
+        stripped = pc.utf8_trim_whitespace(table.column(CAPTION))
+        empty = pc.fill_null(pc.equal(pc.utf8_length(stripped), 0), True).to_numpy(zero_copy_only=False)
+        problems.extend(_row_problems(file, CAPTION, np.flatnonzero(empty), sample_ids,
+                                      "caption is empty, whitespace-only or null"))
+    for name in (LABEL, CLEAN_LABEL):
+        if name in usable:
+            labels = table.column(name).to_numpy()
+            high = num_classes if num_classes is not None else np.iinfo(np.int64).max
+            bad = np.flatnonzero((labels < 0) | (labels >= high))
+            rng = f"[0, {num_classes})" if num_classes is not None else ">= 0"
+            problems.extend(_row_problems(file, name, bad, sample_ids, f"label outside {rng}"))
+    return problems
+
+
+def caption_ok(table: pa.Table) -> np.ndarray:
+    """Per row: the caption is present and not whitespace-only (all True without a caption column)."""
+    if CAPTION not in table.column_names:
+        return np.ones(table.num_rows, dtype=bool)
+    length = pc.utf8_length(pc.utf8_trim_whitespace(table.column(CAPTION)))
+    return pc.fill_null(pc.greater(length, 0), False).to_numpy(zero_copy_only=False)
+
+
+class SplitTracker:
+    """Checks that span the shards of one split: rows of an image consecutive, every image with a
+    caption (task ``pairs``), distinct image count."""
+
+    def __init__(self, task: str) -> None:
+        self.task = task
+        self.images: set[int] = set()
+        self._open: tuple[int, bool, str, int] | None = None  # last image run: id, has caption, file, row
+
+    def add(self, table: pa.Table, file: str) -> list[Problem]:
+        """Feed the next shard (in manifest order); returns the problems it reveals."""
+        if table.num_rows == 0 or IMAGE_ID not in table.column_names or table.column(IMAGE_ID).null_count:
+            return []
+        ids = table.column(IMAGE_ID).to_numpy()
+        starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+        has_caption = np.logical_or.reduceat(caption_ok(table), starts)
+        problems = []
+        first = 0
+        if self._open is not None and self._open[0] == ids[0]:
+            self._open = (self._open[0], self._open[1] or bool(has_caption[0]), self._open[2], self._open[3])
+            first = 1
+        for j in range(first, len(starts)):
+            problems.extend(self._close())
+            image, row = int(ids[starts[j]]), int(starts[j])
+            if image in self.images:
+                problems.append(Problem(file, IMAGE_ID, f"image_id {image} appears again after rows of other "
+                                        "images; the rows of one image must be consecutive within a split",
+                                        row))
+            self.images.add(image)
+            self._open = (image, bool(has_caption[j]), file, row)
+        return problems
+
+    def _close(self) -> list[Problem]:
+        if self._open is None or self.task != "pairs" or self._open[1]:
+            return []
+        image, _, file, row = self._open
+        return [Problem(file, CAPTION, f"image_id {image} has no captions (every caption row of the "
+                                       "image is empty or null)", row)]
+
+    def finish(self) -> list[Problem]:
+        """Problems of the last image once all shards were added."""
+        problems = self._close()
+        self._open = None
+        return problems
+
+
+class SampleIdTracker:
+    """Duplicate ``sample_id`` over any number of shards (a split or the whole dataset)."""
+
+    def __init__(self) -> None:
+        self._parts: list[tuple[str, np.ndarray]] = []
+
+    def add(self, table: pa.Table, file: str) -> None:
+        """Remember the shard's sample ids."""
+        if SAMPLE_ID in table.column_names and not table.column(SAMPLE_ID).null_count:
+            self._parts.append((file, table.column(SAMPLE_ID).to_numpy()))
+
+    def finish(self) -> list[Problem]:
+        """One Problem per repeated sample_id (the first ROWS_SHOWN), at its second occurrence."""
+        if not self._parts:
+            return []
+        ids = np.concatenate([ids for _, ids in self._parts])
+        order = np.argsort(ids, kind="stable")
+        repeat = order[1:][ids[order][1:] == ids[order][:-1]]  # positions of second+ occurrences
+        if not len(repeat):
+            return []
+        offsets = np.cumsum([0] + [len(p) for _, p in self._parts])
+        problems = []
+        for pos in np.sort(repeat)[:ROWS_SHOWN]:
+            part = int(np.searchsorted(offsets, pos, side="right")) - 1
+            first = int(np.flatnonzero(ids == ids[pos])[0])
+            first_part = int(np.searchsorted(offsets, first, side="right")) - 1
+            problems.append(Problem(self._parts[part][0], SAMPLE_ID, f"duplicate sample_id {int(ids[pos])} "
+                                    f"(first at {self._parts[first_part][0]} row {first - offsets[first_part]})",
+                                    int(pos - offsets[part])))
+        if len(repeat) > ROWS_SHOWN:
+            problems.append(Problem(self._parts[0][0], SAMPLE_ID,
+                                    f"... and {len(repeat) - ROWS_SHOWN} more duplicate sample_ids"))
+        return problems
+
+
+def split_problems(dataset_dir: Path, manifest: Manifest, split: str, *, verify_hash: bool = True,
+                   tables: list[pa.Table] | None = None, sample_ids: SampleIdTracker | None = None,
+                   tracker: SplitTracker | None = None) -> list[Problem]:
+    """All problems of one split. Readable shards are appended to ``tables`` when given; sample ids go
+    to ``sample_ids`` when given (else duplicates are checked within the split)."""
+    info = manifest.splits[split]
+    own_ids = sample_ids is None
+    sample_ids = SampleIdTracker() if own_ids else sample_ids
+    tracker = tracker or SplitTracker(manifest.task)
+    problems = []
+    listed = sum(s.rows for s in info.shards)
+    if listed != info.rows:
+        problems.append(Problem(MANIFEST_NAME, f"splits.{split}.rows", f"{info.rows} rows but its shards "
+                                f"list {listed}"))
+    all_read = True
+    for shard in info.shards:
+        table, found = open_shard(dataset_dir, shard, verify_hash=verify_hash)
+        problems.extend(found)
+        if table is None:
+            all_read = False
+            continue
+        problems.extend(table_problems(table, shard.file, task=manifest.task, feature_dim=manifest.feature_dim,
+                                       feature_dtype=manifest.feature_dtype, num_classes=manifest.num_classes,
+                                       expected_rows=shard.rows))
+        problems.extend(tracker.add(table, shard.file))
+        sample_ids.add(table, shard.file)
+        if tables is not None:
+            tables.append(table)
+    problems.extend(tracker.finish())
+    if own_ids:
+        problems.extend(sample_ids.finish())
+    if all_read and len(tracker.images) != info.images:
+        problems.append(Problem(MANIFEST_NAME, f"splits.{split}.images", f"{MANIFEST_NAME} says "
+                                f"{info.images} images, the shards hold {len(tracker.images)}"))
+    return problems
+
+
+@dataclass
+class SplitSummary:
+    """What the manifest says about one split."""
+
+    rows: int
+    images: int
+    shards: int
+
+
+@dataclass
+class ValidationReport:
+    """Result of :func:`validate_dataset`: summary numbers and every problem found."""
+
+    path: str
+    task: str | None = None
+    feature_dim: int | None = None
+    feature_dtype: str | None = None
+    splits: dict[str, SplitSummary] = field(default_factory=dict)
+    vocab_size: int | None = None
+    num_classes: int | None = None
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when no problem was found."""
+        return not self.problems
+
+    def format(self) -> str:
+        """Human-readable summary followed by the problems."""
+        lines = [f"dataset {self.path}"]
+        if self.task is not None:
+            extra = f"vocab {self.vocab_size} words" if self.task == "pairs" else f"{self.num_classes} classes"
+            lines.append(f"  task {self.task}, feature dim {self.feature_dim} ({self.feature_dtype}), {extra}")
+        for name, s in self.splits.items():
+            lines.append(f"  {name:5s} {s.rows:>9d} rows  {s.images:>8d} images  {s.shards:>4d} shards")
+        if self.ok:
+            lines.append("OK: no problems found")
+        else:
+            lines.append(f"{len(self.problems)} problem(s):")
+            lines.extend(f"  {p}" for p in self.problems)
+        return "\n".join(lines)
+
+    def raise_if_problems(self) -> None:
+        """Raise RaydistDataError listing the problems, if any."""
+        if self.problems:
+            raise RaydistDataError(f"dataset {self.path} has {len(self.problems)} problem(s):\n  "
+                                   + "\n  ".join(str(p) for p in self.problems))
+
+
+def validate_dataset(path: str | Path, *, min_rows: Mapping[str, int] | None = None) -> ValidationReport:
+    """Check a dataset folder completely (manifest, vocab, every shard's bytes, schema and values,
+    cross-shard and cross-split ids); ``min_rows`` maps split → minimum rows required."""
+    path = Path(path)
+    report = ValidationReport(str(path))
+    try:
+        manifest = load_manifest(path)
+    except RaydistDataError as e:
+        report.problems.append(Problem(MANIFEST_NAME, None, str(e)))
+        return report
+    report.task, report.num_classes = manifest.task, manifest.num_classes
+    report.feature_dim, report.feature_dtype = manifest.feature_dim, manifest.feature_dtype
+    if manifest.vocab is not None:
+        try:
+            report.vocab_size = len(Vocab.load(path / manifest.vocab))
+        except RaydistDataError as e:
+            report.problems.append(Problem(manifest.vocab, "vocab", str(e)))
+    sample_ids = SampleIdTracker()
+    images_of: dict[str, set[int]] = {}
+    for split in SPLITS:
+        info = manifest.splits[split]
+        report.splits[split] = SplitSummary(info.rows, info.images, len(info.shards))
+        tracker = SplitTracker(manifest.task)
+        report.problems.extend(split_problems(path, manifest, split, sample_ids=sample_ids, tracker=tracker))
+        images_of[split] = tracker.images
+        need = (min_rows or {}).get(split, 0)
+        if info.rows < need:
+            report.problems.append(Problem(MANIFEST_NAME, f"splits.{split}.rows",
+                                           f"split {split!r} has {info.rows} rows, fewer than the {need} required"))
+    report.problems.extend(sample_ids.finish())
+    for i, a in enumerate(SPLITS):
+        for b in SPLITS[i + 1:]:
+            shared = sorted(images_of[a] & images_of[b])
+            if shared:
+                report.problems.append(Problem(MANIFEST_NAME, IMAGE_ID, f"{len(shared)} image_id(s) appear in "
+                                               f"both {a!r} and {b!r} (first: {shared[:5]})"))
+    return report
+
+
+def check_split_size(path: str | Path, split: str, global_batch: int) -> int:
+    """Rows of ``split`` per the manifest; raises RaydistDataError when fewer than one global batch."""
+    manifest = load_manifest(path)
+    if split not in manifest.splits:
+        raise RaydistDataError(f"unknown split {split!r}; expected one of {list(manifest.splits)}")
+    rows = manifest.splits[split].rows
+    if rows < global_batch:
+        raise RaydistDataError(f"{Path(path) / MANIFEST_NAME}: split {split!r} has {rows} rows, fewer than one "
+                               f"global batch of {global_batch}; lower train.batch_size or use more data")
+    return rows
