@@ -161,6 +161,8 @@ def test_coco_json_errors_name_the_image(tmp_path):
     (tmp_path / "caps.json").write_text(json.dumps(doc))
     with pytest.raises(RaydistDataError, match=r"image id 42: field 'split': unknown value 'holdout'"):
         convert_coco_json(*args)
+    with pytest.raises(RaydistDataError, match=r"split_map maps to unknown split\(s\) \['dev'\]"):
+        convert_coco_json(*args, split_map={"train": "train", "holdout": "dev"})
     np.save(tmp_path / "ids.npy", np.array([5, 7, 13]))
     with pytest.raises(RaydistDataError, match=r"ids.npy lists 3 image ids but .*feats.npy has 7 rows"):
         convert_coco_json(*args)

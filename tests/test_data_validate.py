@@ -105,7 +105,9 @@ def test_manifest_bad_field(ds, key, value, message):
 
 def test_manifest_bad_json(ds):
     (ds / "manifest.json").write_text('{"format_version": 1,')
-    _expect(ds, "manifest.json", None, "manifest.json: not valid JSON", split=None)
+    _expect(ds, "manifest.json", None, "^not valid JSON", split=None)
+    with pytest.raises(RaydistDataError, match="manifest.json: not valid JSON"):
+        read_split(ds, "train")
 
 
 def test_shard_listed_but_missing(ds):

@@ -167,6 +167,9 @@ def _assign_splits(split_field: dict[int, str | None], path: Path, split_map: Ma
                    val_images: int, test_images: int) -> dict[str, list[int]]:
     """Image ids per split, each sorted: from the ``split`` fields, else the last ``test_images`` ids
     (sorted order) are test and the ``val_images`` before them val."""
+    bad = sorted(set(split_map.values()) - set(SPLITS))
+    if bad:
+        raise RaydistDataError(f"split_map maps to unknown split(s) {bad}; expected values in {list(SPLITS)}")
     ids = sorted(split_field)
     with_field = [i for i in ids if split_field[i] is not None]
     out: dict[str, list[int]] = {s: [] for s in SPLITS}

@@ -311,7 +311,8 @@ def validate_dataset(path: str | Path, *, min_rows: Mapping[str, int] | None = N
     try:
         manifest = load_manifest(path)
     except RaydistDataError as e:
-        report.problems.append(Problem(MANIFEST_NAME, None, str(e)))
+        message = str(e).removeprefix(f"{path / MANIFEST_NAME}: ")
+        report.problems.append(Problem(MANIFEST_NAME, None, message))
         return report
     report.task, report.num_classes = manifest.task, manifest.num_classes
     report.feature_dim, report.feature_dtype = manifest.feature_dim, manifest.feature_dtype
