@@ -1,0 +1,345 @@
+"""Sweeps: each Tune trial is a full raydist training run (a TorchTrainer fitted inside a Tune
+function trainable), ASHA acts on per-epoch metrics; results table, best-config preset, resume."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from raydist.config import Config, ConfigError, dump_yaml, from_dict
+from raydist.train.trainer import build_trainer, init_ray, resolve_data_dir, run_cpus
+from raydist.tune.space import SweepSpace, parse_space, trial_config, trial_configs
+
+SWEEP_FILE = "raydist_sweep.yaml"  # space + base config + data folder: what `--resume` needs
+BEST_CONFIG_FILE = "best_config.yaml"
+TRAIN_RUN_NAME = "train"  # each trial's Train run: <experiment>/<trial folder>/train
+
+
+@dataclass
+class TrialRow:
+    """One line of the results table."""
+
+    trial: str
+    values: dict[str, Any]
+    metric: float | None  # best value over the trial's reports (per `mode`)
+    epochs: int
+    status: str  # TERMINATED | STOPPED (by the scheduler) | ERROR | UNFINISHED
+    error: str = ""
+
+
+@dataclass
+class SweepOutcome:
+    """What a sweep leaves behind."""
+
+    experiment_path: str
+    metric: str
+    keys: list[str]
+    rows: list[TrialRow]
+    best_trial: str | None
+    best_config_path: str | None
+    best_checkpoint: str | None
+
+
+def sweep_cpus(space: SweepSpace, cfg: Config) -> float:
+    """Logical CPUs the sweep occupies: max_concurrent_trials × (trial driver + train workers × CPUs per
+    worker + Ray Data)."""
+    return space.max_concurrent_trials * (space.trial_cpus + run_cpus(cfg))
+
+
+def check_sweep_fits(space: SweepSpace, cfg: Config) -> None:
+    """Refuse a sweep that the cluster can never schedule (Tune would wait forever, silently)."""
+    import ray
+
+    need, have = sweep_cpus(space, cfg), ray.cluster_resources().get("CPU", 0.0)
+    if need > have:
+        raise ConfigError(
+            f"sweep {space.name!r} needs {need:g} logical CPUs = max_concurrent_trials "
+            f"{space.max_concurrent_trials} × (trial_cpus {space.trial_cpus:g} + train.num_workers "
+            f"{max(cfg.train.num_workers, 1)} × train.cpus_per_worker {cfg.train.cpus_per_worker:g} + 1 for Ray "
+            f"Data), but the Ray cluster has {have:g}: lower max_concurrent_trials or the resources in the space "
+            "file (or train.num_workers=/train.cpus_per_worker= overrides), or add nodes"
+        )
+
+
+def tune_param_space(space: SweepSpace) -> dict[str, Any]:
+    """The Tune search space: one Tune domain per swept dotted key."""
+    from ray import tune
+
+    make = {
+        "choice": lambda a: tune.choice(list(a)),
+        "grid": lambda a: tune.grid_search(list(a)),
+        "uniform": lambda a: tune.uniform(*a),
+        "loguniform": lambda a: tune.loguniform(*a),
+        "randint": lambda a: tune.randint(*a),
+    }
+    return {p.key: make[p.kind](p.args) for p in space.params}
+
+
+def trial_driver(
+    config: dict[str, Any], *, base: dict[str, Any], data_dir: str, experiment_path: str
+) -> None:
+    """Tune function trainable: one training run with this trial's values. Train workers report per
+    epoch; ``TuneReportCallback`` forwards rank 0's metrics to Tune, so ASHA can stop the trial."""
+    from ray import tune
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    cfg = trial_config(from_dict(base), config)
+    trial_folder = f"{experiment_path}/{Path(tune.get_context().get_trial_dir()).name}"
+    trainer = build_trainer(
+        cfg,
+        Path(data_dir),
+        callbacks=[TuneReportCallback()],
+        run_name=TRAIN_RUN_NAME,
+        storage_path=trial_folder,
+    )
+    trainer.fit()
+
+
+def trial_dirname(trial: Any) -> str:
+    """Short, stable trial folder names (Tune's default embeds every value and a timestamp)."""
+    return f"trial_{trial.trial_id}"
+
+
+def run_sweep(space: SweepSpace, cfg: Config, *, storage_path: str | None = None) -> SweepOutcome:
+    """Check data and resources, run every trial, summarise, write the best config."""
+    from ray import tune
+
+    search_alg = _search_alg(space)
+    data_dir = _checked_data(space, cfg)
+    storage = _absolute(storage_path or cfg.train.storage_path or "runs")
+    name = f"tune-{space.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    experiment_path = f"{storage}/{name}"
+    _start_ray(space, cfg)
+    _write_text(
+        experiment_path,
+        SWEEP_FILE,
+        yaml.safe_dump(
+            {"name": space.name, "space": space.source, "config": cfg.to_dict(), "data_dir": str(data_dir)},
+            sort_keys=False,
+        ),
+    )
+    tuner = tune.Tuner(
+        _trainable(space, cfg, data_dir, experiment_path),
+        param_space=tune_param_space(space),
+        tune_config=tune.TuneConfig(
+            metric=space.metric,
+            mode=space.mode,
+            num_samples=space.num_samples,
+            max_concurrent_trials=space.max_concurrent_trials,
+            scheduler=_scheduler(space, cfg),
+            search_alg=search_alg,
+            trial_dirname_creator=trial_dirname,
+        ),
+        run_config=tune.RunConfig(
+            name=name, storage_path=storage, failure_config=tune.FailureConfig(max_failures=0)
+        ),
+    )
+    return summarise(tuner.fit(), space, cfg, experiment_path)
+
+
+def resume_sweep(path: str, *, resume_errored: bool = False) -> SweepOutcome:
+    """Continue an interrupted sweep from its experiment folder (unfinished trials continue; their
+    Train runs resume from their last checkpoint). ``resume_errored`` also re-runs failed trials."""
+    from ray import tune
+
+    experiment_path = _absolute(path)
+    try:
+        saved = yaml.safe_load(_read_text(experiment_path, SWEEP_FILE))
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"{path} is not a raydist sweep folder (cannot read {SWEEP_FILE}: {e})") from e
+    if not tune.Tuner.can_restore(experiment_path):
+        raise ConfigError(f"{path} has no Tune experiment state to resume from")
+    space, cfg = parse_space(saved["space"], name=saved["name"]), from_dict(saved["config"])
+    _start_ray(space, cfg)
+    tuner = tune.Tuner.restore(
+        experiment_path,
+        trainable=_trainable(space, cfg, Path(saved["data_dir"]), experiment_path),
+        resume_errored=resume_errored,
+    )
+    return summarise(tuner.fit(), space, cfg, experiment_path)
+
+
+def summarise(grid: Any, space: SweepSpace, base: Config, experiment_path: str) -> SweepOutcome:
+    """Results table rows from a Tune ``ResultGrid``; writes the best trial's config as a preset."""
+    rows, best_checkpoints = [], {}
+    for result in grid:
+        values = _trial_values(result, space)
+        df = result.metrics_dataframe
+        reported = df is not None and space.metric in df and df[space.metric].notna().any()
+        best_index = (
+            (df[space.metric].idxmax() if space.mode == "max" else df[space.metric].idxmin())
+            if reported
+            else None
+        )
+        epochs = int(df["epoch"].max()) if df is not None and "epoch" in df and len(df) else 0
+        row = TrialRow(
+            trial=Path(result.path).name,
+            values=values,
+            metric=float(df.loc[best_index, space.metric]) if reported else None,
+            epochs=epochs,
+            status=_status(result, epochs, trial_config(base, values).train.epochs),
+            error=_error_line(result.error),
+        )
+        if reported and "checkpoint_path" in df:
+            best_checkpoints[row.trial] = df.loc[best_index, "checkpoint_path"]
+        rows.append(row)
+    scored = [r for r in rows if r.metric is not None and r.status != "ERROR"]
+    best = (max if space.mode == "max" else min)(scored, key=lambda r: r.metric) if scored else None
+    best_config_path = None
+    if best is not None:
+        best_config_path = _write_best_config(experiment_path, trial_config(base, best.values))
+    return SweepOutcome(
+        experiment_path=experiment_path,
+        metric=space.metric,
+        keys=space.keys,
+        rows=rows,
+        best_trial=best.trial if best else None,
+        best_config_path=best_config_path,
+        best_checkpoint=best_checkpoints.get(best.trial) if best else None,
+    )
+
+
+def format_results(outcome: SweepOutcome) -> str:
+    """The results table: trial, swept values, best metric, epochs run, status (+ error line)."""
+    header = ["trial", *outcome.keys, outcome.metric, "epochs", "status"]
+    lines = [
+        [
+            r.trial,
+            *(_fmt(r.values.get(k)) for k in outcome.keys),
+            "-" if r.metric is None else _fmt(r.metric),
+            str(r.epochs),
+            r.status + ("  <- best" if r.trial == outcome.best_trial else ""),
+        ]
+        for r in outcome.rows
+    ]
+    widths = [
+        max(len(h), *(len(line[i]) for line in lines)) if lines else len(h) for i, h in enumerate(header)
+    ]
+    out = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()]
+    out += ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
+    out += [f"{r.trial} failed: {r.error}" for r in outcome.rows if r.status == "ERROR"]
+    return "\n".join(out)
+
+
+def _checked_data(space: SweepSpace, cfg: Config) -> Path:
+    """The dataset folder, validated and big enough for the largest batch any trial uses."""
+    from raydist.data import check_split_size, validate_dataset
+
+    data_dir = resolve_data_dir(cfg)
+    validate_dataset(data_dir).raise_if_problems()
+    check_split_size(data_dir, "train", max(c.train.batch_size for c in trial_configs(space, cfg)))
+    return data_dir
+
+
+def _start_ray(space: SweepSpace, cfg: Config) -> None:
+    init_ray(sweep_cpus(space, cfg))
+    check_sweep_fits(space, cfg)
+
+
+def _trainable(space: SweepSpace, cfg: Config, data_dir: Path, experiment_path: str) -> Any:
+    from ray import tune
+
+    driver = tune.with_parameters(
+        trial_driver, base=cfg.to_dict(), data_dir=str(data_dir), experiment_path=experiment_path
+    )
+    return tune.with_resources(driver, {"cpu": space.trial_cpus})
+
+
+def _scheduler(space: SweepSpace, cfg: Config) -> Any:
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+    s = space.scheduler
+    if s.kind == "fifo":
+        return FIFOScheduler()
+    return ASHAScheduler(
+        time_attr="epoch",
+        max_t=s.max_t or cfg.train.epochs,
+        grace_period=s.grace_period,
+        reduction_factor=s.reduction_factor,
+    )
+
+
+def _search_alg(space: SweepSpace) -> Any:
+    """None (Tune's BasicVariantGenerator: random draws, grid entries crossed) or OptunaSearch."""
+    if space.search != "optuna":
+        return None
+    if importlib.util.find_spec("optuna") is None:
+        raise ConfigError(
+            f"space {space.name!r} uses search: optuna but optuna is not installed: "
+            "pip install 'raydist[tune]' (or pip install optuna), or use search: random"
+        )
+    from ray.tune.search.optuna import OptunaSearch
+
+    return OptunaSearch()
+
+
+def _trial_values(result: Any, space: SweepSpace) -> dict[str, Any]:
+    """The swept values of a trial (from its params.json when it failed before reporting)."""
+    config = result.config or json.loads(_read_text(result.path, "params.json"))
+    return {k: config[k] for k in space.keys if k in config}
+
+
+def _status(result: Any, epochs: int, max_epochs: int) -> str:
+    if result.error is not None:
+        return "ERROR"
+    if not (result.metrics or {}).get("done"):
+        return "UNFINISHED"
+    return "TERMINATED" if epochs >= max_epochs else "STOPPED"
+
+
+def _error_line(error: BaseException | None) -> str:
+    """The last line of an error (the exception itself, not the traceback), kept short."""
+    if error is None:
+        return ""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    line = lines[-1] if lines else type(error).__name__
+    return line if len(line) <= 200 else line[:197] + "..."
+
+
+def _write_best_config(experiment_path: str, cfg: Config) -> str:
+    """The best config as a preset file: in the experiment folder, or the current folder when the
+    experiment lives on remote storage (``raydist train --preset-file`` reads local files)."""
+    if "://" in experiment_path:
+        path = Path.cwd() / f"{Path(experiment_path).name}-{BEST_CONFIG_FILE}"
+    else:
+        path = Path(experiment_path) / BEST_CONFIG_FILE
+    path.write_text(dump_yaml(cfg))
+    return str(path)
+
+
+def _absolute(path: str) -> str:
+    return path.rstrip("/") if "://" in path else str(Path(path).expanduser().resolve())
+
+
+def _write_text(folder: str, name: str, text: str) -> None:
+    """Write a small file into a local or remote (s3://, gs://) folder."""
+    import pyarrow.fs
+
+    fs, root = pyarrow.fs.FileSystem.from_uri(folder)
+    fs.create_dir(root, recursive=True)
+    with fs.open_output_stream(f"{root}/{name}") as f:
+        f.write(text.encode())
+
+
+def _read_text(folder: str, name: str) -> str:
+    import pyarrow.fs
+
+    fs, root = pyarrow.fs.FileSystem.from_uri(folder)
+    try:
+        with fs.open_input_stream(f"{root}/{name}") as f:
+            return f.read().decode()
+    except FileNotFoundError as e:
+        raise OSError(f"{folder}/{name} not found") from e
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}" if math.isfinite(value) else str(value)
+    return str(value)
