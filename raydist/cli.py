@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -112,6 +113,37 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 1 if report.problems else 0
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    from raydist.tune import load_space, resolve_base_config
+
+    started = args.space or args.overrides or args.preset or args.preset_file or args.data or args.num_samples
+    if args.resume and started:
+        raise ConfigError("--resume continues a sweep as it was started: drop the other arguments")
+    if not args.resume and not args.space:
+        raise ConfigError("give a space file (e.g. tune_spaces/margin.yaml) or --resume EXPERIMENT_FOLDER")
+    from raydist.tune.sweep import format_results, resume_sweep, run_sweep
+
+    if args.resume:
+        outcome = resume_sweep(args.resume, resume_errored=args.resume_errored)
+    else:
+        space = load_space(args.space)
+        if args.num_samples:
+            space = dataclasses.replace(space, num_samples=args.num_samples)
+        overrides = parse_overrides(args.overrides)
+        if args.data:
+            overrides["data.path"] = str(Path(args.data).expanduser().resolve())
+        preset = args.preset or (None if args.preset_file else "default")
+        cfg = resolve_base_config(space, preset=preset, preset_file=args.preset_file, overrides=overrides)
+        outcome = run_sweep(space, cfg, storage_path=args.storage)
+    print("\n== sweep results ==")
+    print(format_results(outcome))
+    print(f"\nexperiment folder: {outcome.experiment_path}")
+    print(f"best config:       {outcome.best_config_path}  (raydist train --preset-file FILE)")
+    print(f"best checkpoint:   {outcome.best_checkpoint}")
+    print(f"resume with:       raydist tune --resume {outcome.experiment_path}")
+    return 0 if outcome.best_config_path else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``raydist`` argument parser with all sub-commands."""
     parser = argparse.ArgumentParser(prog="raydist", description=__doc__)
@@ -159,6 +191,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="run every data check without training and print a summary")
     p.add_argument("dir")
     p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("tune", help="Ray Tune sweep: one training run per trial, results table, best config")
+    p.add_argument("--data", help="dataset folder (default: the embedded synthetic dataset, cached)")
+    p.add_argument("--preset", help=f"trials' base preset: {', '.join(preset_names())} (default: default)")
+    p.add_argument("--preset-file", help="a preset YAML file as the base of every trial")
+    p.add_argument("--storage", help="experiment folder's parent: ./runs, or s3:// gs:// NFS on clusters")
+    p.add_argument("--num-samples", type=int, help="override the space file's num_samples")
+    p.add_argument("--resume", metavar="EXPERIMENT_FOLDER", help="continue an interrupted sweep")
+    p.add_argument("--resume-errored", action="store_true", help="with --resume: also re-run failed trials")
+    p.add_argument("space", nargs="?", help="space file, e.g. tune_spaces/margin.yaml")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides every trial shares")
+    p.set_defaults(func=cmd_tune)
     return parser
 
 
