@@ -1,5 +1,5 @@
-"""Space files (raydist/tune/space.py): every distribution, nested keys, and each error raised before
-Ray starts. No Ray here."""
+"""Space files (raydist/tune/space.py): every distribution (and the Tune domain it becomes), nested
+keys, and each error raised before Ray starts. No Ray instance here."""
 
 from pathlib import Path
 
@@ -8,6 +8,7 @@ import yaml
 
 from raydist.config import ConfigError, load_config
 from raydist.tune.space import Param, load_space, parse_space, resolve_base_config, trial_configs
+from raydist.tune.sweep import tune_param_space
 
 SHIPPED = sorted(Path(__file__).resolve().parents[1].joinpath("tune_spaces").glob("*.yaml"))
 
@@ -16,19 +17,17 @@ def space(entries: dict, **top) -> dict:
     return {"space": entries, **top}
 
 
+ALL_DISTRIBUTIONS = {
+    "loss.margin": {"uniform": [0.05, 0.4]},
+    "train.lr": {"loguniform": [1e-4, 1e-2]},
+    "train.seed": {"randint": [0, 10]},
+    "train.batch_size": {"choice": [32, 64]},
+    "loss.hardest": {"grid": [False, True]},
+}
+
+
 def test_every_distribution_parses():
-    s = parse_space(
-        space(
-            {
-                "loss.margin": {"uniform": [0.05, 0.4]},
-                "train.lr": {"loguniform": [1e-4, 1e-2]},
-                "train.seed": {"randint": [0, 10]},
-                "train.batch_size": {"choice": [32, 64]},
-                "loss.hardest": {"grid": [False, True]},
-            }
-        ),
-        name="all",
-    )
+    s = parse_space(space(ALL_DISTRIBUTIONS), name="all")
     assert s.params == (
         Param("loss.margin", "uniform", (0.05, 0.4)),
         Param("train.lr", "loguniform", (1e-4, 1e-2)),
@@ -39,6 +38,21 @@ def test_every_distribution_parses():
     assert s.keys == ["loss.margin", "train.lr", "train.seed", "train.batch_size", "loss.hardest"]
     # randint's high is exclusive (as in Tune): its largest value is high - 1.
     assert s.params[2].candidates() == [0, 9]
+
+
+def test_tune_domains_match_the_file():
+    from ray import tune
+    from ray.tune.search.sample import Categorical, Float, Integer
+
+    domains = tune_param_space(parse_space(space(ALL_DISTRIBUTIONS), name="all"))
+    margin, lr, seed, batch = (
+        domains[k] for k in ("loss.margin", "train.lr", "train.seed", "train.batch_size")
+    )
+    assert isinstance(margin, Float) and (margin.lower, margin.upper) == (0.05, 0.4)
+    assert type(lr.get_sampler()) is type(tune.loguniform(1e-4, 1e-2).get_sampler())
+    assert isinstance(seed, Integer) and (seed.lower, seed.upper) == (0, 10)
+    assert isinstance(batch, Categorical) and batch.categories == [32, 64]
+    assert domains["loss.hardest"] == {"grid_search": [False, True]}
 
 
 def test_defaults():

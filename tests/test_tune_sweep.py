@@ -1,0 +1,150 @@
+"""Sweeps (raydist/tune/sweep.py): the resource check, the results table, and real
+sweeps of the `tiny` preset on the session's 4-CPU Ray: a trial that fails is reported as ERROR while
+the sweep goes on, the best config is a preset `raydist train` accepts, and `--resume` re-runs it."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from raydist.cli import main
+from raydist.config import ConfigError, load_config
+from raydist.tune.space import parse_space, resolve_base_config
+from raydist.tune.sweep import (
+    SweepOutcome,
+    TrialRow,
+    check_sweep_fits,
+    format_results,
+    resume_sweep,
+    run_sweep,
+    sweep_cpus,
+)
+
+MARGIN = str(Path(__file__).resolve().parents[1] / "tune_spaces" / "margin.yaml")
+# One trial at a time: 1 × (0.5 driver + 2 workers × 0.5 + 1 Ray Data) = 2.5 of the session's 4 CPUs.
+FAILING_SPACE = {
+    "search": "random",
+    "num_samples": 1,
+    "max_concurrent_trials": 1,
+    "scheduler": {"type": "asha", "grace_period": 1, "reduction_factor": 2},
+    "resources": {"trial_cpus": 0.5, "num_workers": 2, "cpus_per_worker": 0.5},
+    "base": {"train.epochs": 2, "train.log_every": 1000},
+    # Trial order follows the grid: the first trial's rank 0 exits hard at its first step
+    # (fault injection, once per run folder), the second trains normally.
+    "space": {"train.fail_at_step": {"grid": [0, -1]}, "loss.margin": {"uniform": [0.1, 0.3]}},
+}
+
+
+def test_optuna_missing_is_a_clear_error(monkeypatch, tiny_dataset):
+    import importlib.util
+
+    space = parse_space({"search": "optuna", "space": {"loss.margin": {"uniform": [0.1, 0.2]}}}, name="o")
+    cfg = resolve_base_config(space, preset="tiny", overrides={"data.path": str(tiny_dataset)})
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    with pytest.raises(ConfigError, match="optuna is not installed.*pip install"):
+        run_sweep(space, cfg)
+
+
+def test_a_sweep_that_cannot_fit_is_refused(ray_cluster):
+    space = parse_space(
+        {
+            "max_concurrent_trials": 2,
+            "resources": {"trial_cpus": 1},
+            "space": {"loss.margin": {"choice": [0.1]}},
+        },
+        name="big",
+    )
+    cfg = resolve_base_config(space, preset="tiny")
+    assert sweep_cpus(space, cfg) == 2 * (1 + 2 * 0.5 + 1)
+    with pytest.raises(ConfigError, match=r"needs 6 logical CPUs = max_concurrent_trials 2 .* cluster has 4"):
+        check_sweep_fits(space, cfg)
+
+
+def test_results_table():
+    outcome = SweepOutcome(
+        experiment_path="/x",
+        metric="val/rsum",
+        keys=["loss.margin", "loss.negative_set_size"],
+        rows=[
+            TrialRow(
+                "trial_a", {"loss.margin": 0.123456, "loss.negative_set_size": None}, 301.5, 3, "TERMINATED"
+            ),
+            TrialRow(
+                "trial_b",
+                {"loss.margin": 0.3, "loss.negative_set_size": 8},
+                None,
+                0,
+                "ERROR",
+                "RuntimeError: x",
+            ),
+        ],
+        best_trial="trial_a",
+        best_config_path="/x/best_config.yaml",
+        best_checkpoint=None,
+    )
+    lines = format_results(outcome).splitlines()
+    assert lines[0].split() == [
+        "trial",
+        "loss.margin",
+        "loss.negative_set_size",
+        "val/rsum",
+        "epochs",
+        "status",
+    ]
+    assert lines[1].split() == ["trial_a", "0.1235", "None", "301.5", "3", "TERMINATED", "<-", "best"]
+    assert lines[2].split() == ["trial_b", "0.3", "8", "-", "0", "ERROR"]
+    assert lines[3] == "trial_b failed: RuntimeError: x"
+
+
+@pytest.fixture(scope="module")
+def failing_sweep(ray_cluster, tiny_dataset, tmp_path_factory):
+    space = parse_space(FAILING_SPACE, name="failing")
+    cfg = resolve_base_config(space, preset="tiny", overrides={"data.path": str(tiny_dataset)})
+    return cfg, run_sweep(space, cfg, storage_path=str(tmp_path_factory.mktemp("tune")))
+
+
+@pytest.mark.timeout(240)
+def test_failed_trial_is_reported_and_the_sweep_goes_on(failing_sweep, capsys):
+    cfg, outcome = failing_sweep
+    rows = {r.values["train.fail_at_step"]: r for r in outcome.rows}
+    assert set(rows) == {0, -1}
+    failed, ok = rows[0], rows[-1]
+    assert failed.status == "ERROR" and failed.error and failed.metric is None
+    assert ok.status == "TERMINATED" and ok.epochs == 2 and ok.metric is not None and ok.metric > 0
+    assert 0.1 <= ok.values["loss.margin"] <= 0.3
+    table = format_results(outcome)
+    assert "ERROR" in table and "TERMINATED" in table and f"{failed.trial} failed:" in table
+    assert outcome.best_trial == ok.trial
+    assert outcome.best_checkpoint and outcome.best_checkpoint.startswith(outcome.experiment_path)
+
+    best = load_config(preset_file=outcome.best_config_path)
+    assert best.loss.margin == pytest.approx(ok.values["loss.margin"])
+    assert (best.train.fail_at_step, best.train.epochs, best.model.embed_dim) == (-1, 2, cfg.model.embed_dim)
+    assert main(["train", "--preset-file", outcome.best_config_path, "--print-config"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["loss"]["margin"] == pytest.approx(
+        ok.values["loss.margin"]
+    )
+
+
+@pytest.mark.timeout(240)
+def test_resume_reruns_the_errored_trial(failing_sweep):
+    _, first = failing_sweep
+    failed = next(r for r in first.rows if r.status == "ERROR")
+    outcome = resume_sweep(first.experiment_path, resume_errored=True)
+    rerun = next(r for r in outcome.rows if r.trial == failed.trial)
+    # The fault is injected once per run folder: the re-run trains through.
+    assert rerun.status == "TERMINATED" and rerun.epochs == 2
+    assert {r.status for r in outcome.rows} == {"TERMINATED"}
+
+
+def test_cli_refuses_bad_invocations(capsys, tmp_path):
+    assert main(["tune"]) == 2
+    assert "give a space file" in capsys.readouterr().err
+    assert main(["tune", "--resume", str(tmp_path), MARGIN]) == 2
+    assert "drop the other arguments" in capsys.readouterr().err
+    assert main(["tune", MARGIN, "loss.margin=0.1"]) == 2
+    assert "sweeps loss.margin" in capsys.readouterr().err
+    assert main(["tune", MARGIN, "train.batch_size=33"]) == 2
+    assert "must divide evenly" in capsys.readouterr().err
+    assert main(["tune", "--resume", str(tmp_path)]) == 2
+    assert "not a raydist sweep folder" in capsys.readouterr().err
