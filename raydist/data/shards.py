@@ -152,8 +152,8 @@ class DatasetWriter:
     """Builds a dataset in a hidden staging folder next to ``out_dir``; :meth:`commit` writes the vocab and
     ``manifest.json`` and renames the folder into place, so readers never see half a dataset.
 
-    Use as a context manager: leaving the block normally commits, an exception discards the staging
-    folder. ``overwrite=True`` replaces an existing dataset (a folder holding ``manifest.json``) but never
+    Use as a context manager: set ``writer.vocab`` (task ``pairs``) and call :meth:`add_split` for train,
+    val and test; leaving the block normally commits, an exception discards the staging folder. ``overwrite=True`` replaces an existing dataset (a folder holding ``manifest.json``) but never
     a non-empty folder that is not a dataset.
     """
 
