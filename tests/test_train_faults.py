@@ -53,12 +53,16 @@ def test_worker_killed_from_outside_run_completes(ray_cluster, tiny_dataset, tmp
 
     cfg = tiny(tiny_dataset, tmp_path, **{"train.checkpoint_every": 3, "train.max_failures": 2, "train.epochs": 3})
     killed: list[int] = []
+    gcs = ray_cluster.get_runtime_context().gcs_address
 
     def killer():
         deadline = time.time() + 120
         while time.time() < deadline and not killed:
-            if list(Path(tmp_path).glob("*/checkpoint_*")):
-                for actor in list_actors(filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")]):
+            if list(Path(tmp_path).glob("*/checkpoint_*/state.pt")):
+                time.sleep(2.0)  # let the controller register the checkpoint
+                for actor in list_actors(
+                    address=gcs, filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")]
+                ):
                     if actor.pid:
                         os.kill(actor.pid, signal.SIGKILL)
                         killed.append(actor.pid)

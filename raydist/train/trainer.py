@@ -17,6 +17,7 @@ from raydist.data import check_split_size, ensure_default_dataset, load_manifest
 # Logical CPUs that Ray Data needs beside the train workers, or the streaming pipeline waits forever
 # (RAY_NOTES.md, "CPU budget").
 DATA_CPUS = 1.0
+TRAIN_COLUMNS = ["image_id", "sample_id", "image", "caption"]
 
 
 @dataclass
@@ -97,7 +98,7 @@ def build_trainer(
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True  # deterministic row order for a fixed seed
     ctx.enable_progress_bars = False
-    train_ds = ray.data.read_parquet(split_files(data_dir, "train"), columns=["image_id", "sample_id", "image", "caption"])
+    train_ds = ray.data.read_parquet(split_files(data_dir, "train")).select_columns(TRAIN_COLUMNS)
     storage = storage_path or cfg.train.storage_path or str(Path("runs").resolve())
     if "://" not in storage:
         storage = str(Path(storage).expanduser().resolve())
