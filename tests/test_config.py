@@ -6,7 +6,15 @@ import sys
 import pytest
 import yaml
 
-from raydist.config import Config, ConfigError, dump_yaml, load_config, parse_overrides, preset_names, valid_keys
+from raydist.config import (
+    Config,
+    ConfigError,
+    dump_yaml,
+    load_config,
+    parse_overrides,
+    preset_names,
+    valid_keys,
+)
 
 
 def test_presets_ship_and_vsepp_recipe_matches_paper():
@@ -59,5 +67,5 @@ def test_cli_prints_config_and_rejects_unknown_keys(tmp_path):
     run = [sys.executable, "-m", "raydist.cli", "train", "--preset", "tiny", "--print-config", "loss.margin=0.3"]
     out = subprocess.run(run, capture_output=True, text=True, check=True).stdout
     assert yaml.safe_load(out)["loss"]["margin"] == 0.3
-    bad = subprocess.run(run[:-1] + ["loss.nope=1"], capture_output=True, text=True)
+    bad = subprocess.run(run[:-1] + ["loss.nope=1"], check=False, capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown config key 'loss.nope'" in bad.stderr and "loss.margin" in bad.stderr
