@@ -18,6 +18,9 @@ from typing import Any
 import yaml
 
 
+AMP_MODES = ("none", "bf16", "fp16")
+
+
 class ConfigError(ValueError):
     """A configuration that cannot be run: unknown key, wrong type or impossible combination."""
 
@@ -67,6 +70,7 @@ class TrainSection:
     seed: int = 0
     num_workers: int = 2  # Ray Train workers; 0 = in-process local mode
     use_gpu: bool = False
+    amp: str = "none"  # mixed precision for the encoders: "none", "bf16" or "fp16" (loss stays fp32)
     cpus_per_worker: float = 0.5  # logical CPUs per worker; leave some for Ray Data
     checkpoint_every: int = 0  # also checkpoint every N steps (0 = per epoch only)
     max_failures: int = 0  # Ray Train FailureConfig(max_failures)
@@ -258,6 +262,8 @@ def validate(cfg: Config) -> None:
         problems.append(f"loss.reduction={lo.reduction!r}: expected 'sum' or 'mean'")
     if lo.similarity not in ("dot", "order"):
         problems.append(f"loss.similarity={lo.similarity!r}: expected 'dot' or 'order'")
+    if t.amp not in AMP_MODES:
+        problems.append(f"train.amp={t.amp!r}: expected one of {', '.join(AMP_MODES)}")
     if t.epochs < 1:
         problems.append(f"train.epochs={t.epochs}: must be >= 1")
     if t.lr <= 0:

@@ -13,8 +13,18 @@ from torch import Tensor
 SIMILARITIES = ("dot", "order")
 
 
+HALF_EPS = 1e-4
+
+
 def l2_normalize(x: Tensor, eps: float = 1e-8) -> Tensor:
-    """``x / max(‖x‖₂, eps)`` along the last dim; a zero row stays zero with finite gradients."""
+    """``x / max(‖x‖₂, eps)`` along the last dim; a zero row stays zero with finite gradients.
+
+    Half-precision input is normalised in fp32 and returned in fp32, with ``eps >= HALF_EPS``: the
+    gradient at a zero row is ``1/eps`` per element and must stay below fp16's maximum (65504) when it
+    flows back into the half-precision graph.
+    """
+    if x.dtype in (torch.float16, torch.bfloat16):
+        x, eps = x.float(), max(eps, HALF_EPS)
     return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(eps)
 
 

@@ -47,6 +47,30 @@ class LoopState:
     resumed_at: list[int] = field(default_factory=list)  # global step of every restore
 
 
+@dataclass
+class Trainables:
+    """What a step updates and a checkpoint saves besides the counters."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": _unwrap(self.model).state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        _unwrap(self.model).load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+
+
 def _unwrap(model: nn.Module) -> nn.Module:
     return model.module if hasattr(model, "module") else model
 
@@ -98,16 +122,19 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any] | None:
     scheduler = torch.optim.lr_scheduler.StepLR(
         optimizer, step_size=cfg.train.lr_decay_epoch, gamma=cfg.train.lr_decay_factor
     )
+    # fp16 needs loss scaling; with "none"/"bf16" the scaler is a pass-through.
+    scaler = torch.amp.GradScaler(device.type, enabled=cfg.train.amp == "fp16")
+    parts = Trainables(model, optimizer, scheduler, scaler)
     state = LoopState()
 
     ray_ckpt = ray.train.get_checkpoint()
     resume_from = loop_config.get("resume_from")
     if ray_ckpt is not None:
         with ray_ckpt.as_directory() as d:
-            state = _restore(d, cfg, model, optimizer, scheduler)
+            state = _restore(d, cfg, parts)
     elif resume_from:
-        state = _restore(resume_from, cfg, model, optimizer, scheduler)
-    model = ray.train.torch.prepare_model(model)
+        state = _restore(resume_from, cfg, parts)
+    model = parts.model = ray.train.torch.prepare_model(model)
 
     val = split_arrays(data_dir, "val") if rank == 0 else None
     rows = rows_per_worker(cfg.train.batch_size, cfg.loss.negative_set_size, max(world, 1))
@@ -124,7 +151,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any] | None:
                 continue
             _maybe_inject_fault(cfg, rank, state.global_step, marker_dir)
             stats: dict[str, float] = {}
-            loss = _train_step(model, optimizer, batch, vocab, cfg, hardest, state.global_step, device, stats)
+            loss = _train_step(parts, batch, vocab, cfg, hardest, state.global_step, device, stats)
             state.step_in_epoch += 1
             state.global_step += 1
             seen += rows * max(world, 1)
@@ -139,7 +166,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any] | None:
                     flush=True,
                 )
             if cfg.train.checkpoint_every and state.global_step % cfg.train.checkpoint_every == 0:
-                _report(state, cfg, model, optimizer, scheduler, data_dir, rank, {"train/loss": loss})
+                _report(state, cfg, parts, data_dir, rank, {"train/loss": loss})
         scheduler.step()
         state.epoch += 1
         state.step_in_epoch = 0
@@ -164,15 +191,14 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any] | None:
                 f"t2i R@1 {val_metrics['t2i_r1']:.1f})",
                 flush=True,
             )
-        _report(state, cfg, model, optimizer, scheduler, data_dir, rank, metrics)
+        _report(state, cfg, parts, data_dir, rank, metrics)
     if rank != 0:
         return None
     return {"history": state.history, "global_step": state.global_step, "resumed_at": state.resumed_at}
 
 
 def _train_step(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    parts: Trainables,
     batch: dict[str, np.ndarray],
     vocab: Vocab,
     cfg: Config,
@@ -182,9 +208,12 @@ def _train_step(
     stats: dict[str, float],
 ) -> float:
     """One optimisation step on this worker's rows; returns this rank's loss value."""
+    model, optimizer, scaler = parts.model, parts.optimizer, parts.scaler
     tokens, lengths = vocab.encode_batch(list(batch["caption"]), cfg.data.max_caption_len)
     features = torch.as_tensor(np.stack(batch["image"]), dtype=torch.float32, device=device)
-    img, cap = model(features, torch.as_tensor(tokens, device=device), torch.as_tensor(lengths))
+    with autocast(cfg.train.amp, device):
+        img, cap = model(features, torch.as_tensor(tokens, device=device), torch.as_tensor(lengths))
+    img, cap = img.float(), cap.float()  # the loss and its hinge arithmetic stay in fp32
     loss = step_ranking_loss(
         img,
         cap,
@@ -197,25 +226,25 @@ def _train_step(
         stats=stats,
     )
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    scaler.scale(loss).backward()
     if cfg.train.grad_clip > 0:
+        scaler.unscale_(optimizer)
         nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
-    optimizer.step()
+    scaler.step(optimizer)
+    scaler.update()
     return float(loss.detach())
 
 
-def _restore(
-    path: str | Path,
-    cfg: Config,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
-) -> LoopState:
+def autocast(amp: str, device: torch.device) -> torch.autocast:
+    """Autocast context for ``train.amp`` ("none" disables it)."""
+    dtype = torch.float16 if amp == "fp16" else torch.bfloat16
+    return torch.autocast(device.type, dtype=dtype, enabled=amp != "none")
+
+
+def _restore(path: str | Path, cfg: Config, parts: Trainables) -> LoopState:
     state, saved_cfg, folder = load_checkpoint(path)
     check_compatible(saved_cfg, cfg, saved_from=str(folder))
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
+    parts.load_state_dict(state)
     set_rng_state(state["rng"])
     loop = LoopState(**state["loop"])
     loop.resumed_at.append(loop.global_step)
@@ -226,9 +255,7 @@ def _restore(
 def _report(
     state: LoopState,
     cfg: Config,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
+    parts: Trainables,
     data_dir: Path,
     rank: int,
     metrics: dict[str, Any],
@@ -243,12 +270,10 @@ def _report(
         save_checkpoint(
             tmp,
             {
-                "model": _unwrap(model).state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
+                **parts.state_dict(),
                 "rng": rng_state(),
                 "loop": vars(state),
-                "feature_dim": _unwrap(model).image.fc.in_features,
+                "feature_dim": _unwrap(parts.model).image.fc.in_features,
             },
             cfg,
             data_dir / "vocab.json",
