@@ -17,7 +17,6 @@ from typing import Any
 
 import yaml
 
-
 AMP_MODES = ("none", "bf16", "fp16")
 
 
