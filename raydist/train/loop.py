@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -71,6 +72,14 @@ class Trainables:
         self.scaler.load_state_dict(state["scaler"])
 
 
+def say(*parts: Any, flush: bool = True) -> None:
+    """Print a progress line once. (Train V2 patches ``print`` in workers to also copy each line to
+    its logger, which prints every line twice on the driver; writing to the stream does not.)"""
+    sys.stdout.write(" ".join(str(p) for p in parts) + "\n")
+    if flush:
+        sys.stdout.flush()
+
+
 def _unwrap(model: nn.Module) -> nn.Module:
     return model.module if hasattr(model, "module") else model
 
@@ -102,7 +111,7 @@ def _maybe_inject_fault(cfg: Config, rank: int, global_step: int, marker_dir: st
         return
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.touch()
-    print(f"[raydist] fault injection: rank {rank} exits hard at step {global_step}", flush=True)
+    say(f"[raydist] fault injection: rank {rank} exits hard at step {global_step}", flush=True)
     os._exit(1)
 
 
@@ -160,7 +169,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any] | None:
             if rank == 0 and state.global_step % cfg.train.log_every == 0:
                 rate = seen / max(time.perf_counter() - t0, 1e-9)
                 extra = "".join(f" {k.split('/')[-1]} {v:.3g}" for k, v in stats.items())
-                print(
+                say(
                     f"[raydist] epoch {epoch + 1}/{cfg.train.epochs} step {state.global_step} "
                     f"loss {loss:.4f} samples/s {rate:.0f}{extra}",
                     flush=True,
@@ -185,7 +194,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any] | None:
             metrics.update({f"val/{k}": v for k, v in val_metrics.items()})
             state.best_rsum = max(state.best_rsum, val_metrics["rsum"])
             state.history.append(dict(metrics))
-            print(
+            say(
                 f"[raydist] epoch {state.epoch}/{cfg.train.epochs} done: loss {metrics['train/loss']:.4f} "
                 f"val rsum {val_metrics['rsum']:.1f} (i2t R@1 {val_metrics['i2t_r1']:.1f}, "
                 f"t2i R@1 {val_metrics['t2i_r1']:.1f})",
@@ -217,8 +226,8 @@ def _train_step(
     loss = step_ranking_loss(
         img,
         cap,
-        image_ids=torch.as_tensor(batch["image_id"], device=device),
-        sample_ids=torch.as_tensor(batch["sample_id"], device=device),
+        image_ids=torch.tensor(batch["image_id"], device=device),
+        sample_ids=torch.tensor(batch["sample_id"], device=device),
         loss_cfg=cfg.loss,
         batch_size=cfg.train.batch_size,
         hardest=hardest,
@@ -248,7 +257,7 @@ def _restore(path: str | Path, cfg: Config, parts: Trainables) -> LoopState:
     set_rng_state(state["rng"])
     loop = LoopState(**state["loop"])
     loop.resumed_at.append(loop.global_step)
-    print(f"[raydist] resumed from {folder} at epoch {loop.epoch + 1}, step {loop.global_step}", flush=True)
+    say(f"[raydist] resumed from {folder} at epoch {loop.epoch + 1}, step {loop.global_step}", flush=True)
     return loop
 
 
