@@ -76,6 +76,7 @@ def test_worker_killed_from_outside_run_completes(ray_cluster, tiny_dataset, tmp
     assert killed, "no worker was killed"
     assert len(outcome.resumed_at) >= 1 and outcome.resumed_at[0] > 0
     assert [m["epoch"] for m in outcome.history] == [1, 2, 3]
+    assert outcome.history[-1]["step"] == 3 * outcome.history[0]["step"]  # no step lost or repeated
     assert outcome.best_metrics is not None and outcome.best_metrics["val/rsum"] > 0
 
 
