@@ -79,9 +79,21 @@ def cmd_make_data(args: argparse.Namespace) -> int:
         seed=args.seed,
         val_images=args.val_images,
         test_images=args.test_images,
+        overwrite=args.overwrite,
     )
     print(f"wrote dataset {out}")
     return 0
+
+
+def _split_pairs(text: str | None) -> list[tuple[str, str]] | None:
+    """``train=train,val=dev,test=testall`` → ``[(raydist split, source name), ...]``."""
+    if not text:
+        return None
+    pairs = [item.partition("=") for item in text.split(",")]
+    bad = [a + b + c for a, b, c in pairs if not b or a not in ("train", "val", "test")]
+    if bad:
+        raise ValueError(f"--splits: expected train=NAME,val=NAME,test=NAME, got {', '.join(bad)}")
+    return [(a, c) for a, _, c in pairs]
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
@@ -89,7 +101,12 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
     if args.format == "vsepp-precomp":
         out = convert_vsepp_precomp(
-            args.src, args.out, captions_per_image=args.captions_per_image, min_count=args.min_count
+            args.src,
+            args.out,
+            captions_per_image=args.captions_per_image,
+            min_count=args.min_count,
+            splits=dict(pairs) if (pairs := _split_pairs(args.splits)) else None,
+            overwrite=args.overwrite,
         )
     else:
         out = convert_coco_json(
@@ -100,6 +117,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
             min_count=args.min_count,
             val_images=args.val_images,
             test_images=args.test_images,
+            split_map={src: dst for dst, src in pairs} if (pairs := _split_pairs(args.splits)) else None,
+            overwrite=args.overwrite,
         )
     print(f"wrote dataset {out}")
     return 0
@@ -173,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--captions-per-image", type=int, default=5)
     p.add_argument("--dim", type=int, default=128, help="image feature dimension")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--overwrite", action="store_true", help="replace an existing dataset folder")
     p.set_defaults(func=cmd_make_data)
 
     p = sub.add_parser("convert", help="convert a public layout into a raydist dataset")
@@ -186,6 +206,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-count", type=int, default=4, help="vocabulary minimum word count (VSE++: 4)")
     p.add_argument("--val-images", type=int, default=5000)
     p.add_argument("--test-images", type=int, default=5000)
+    p.add_argument(
+        "--splits",
+        help="raydist split = source name, e.g. train=train,val=dev,test=testall (vsepp file prefixes; "
+        "coco-json: values of the images' 'split' field, a split may repeat: train=train,train=restval)",
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace an existing dataset folder")
     p.set_defaults(func=cmd_convert)
 
     p = sub.add_parser("validate", help="run every data check without training and print a summary")
