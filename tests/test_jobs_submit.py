@@ -3,7 +3,7 @@
 The cluster is this module's own: its own --temp-dir (so its address file is not the default one that
 `ray.init(address="auto")` reads), free ports, and its own process group, which teardown kills (never
 `ray stop`, which stops every Ray instance on the machine). RAY_ADDRESS is set only in the job
-clients' environment, so no other code path joins this cluster.
+clients' environment, and the cluster lives only while this module's test runs.
 """
 
 import contextlib
@@ -52,7 +52,16 @@ def job_client_env():
     """Start a 4-CPU head node; yield the environment for `ray job` clients that talk to it."""
     temp_dir = tempfile.mkdtemp(prefix="rdj-", dir="/tmp")  # short: Ray's unix sockets live under it
     ports = {flag: _free_port() for flag in PORT_FLAGS}
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    api_server = f"http://127.0.0.1:{ports['dashboard-port']}"
+    # Every process of the cluster inherits this: Ray Train's placement-group cleaner then asks this
+    # cluster's State API, instead of failing on "multiple active Ray instances" (the session's
+    # in-process Ray may be up too) and leaking the workers' CPUs of an ASHA-stopped trial.
+    env = {
+        **os.environ,
+        "RAY_AUTH_MODE": "disabled",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_API_SERVER_ADDRESS": api_server,
+    }
     env.pop("RAY_ADDRESS", None)
     head = subprocess.Popen(
         [RAY, "start", "--head", "--num-cpus=4", "--disable-usage-stats", f"--temp-dir={temp_dir}",
@@ -62,7 +71,7 @@ def job_client_env():
     try:
         out, _ = head.communicate(timeout=120)
         assert head.returncode == 0, out
-        yield {**env, "RAY_ADDRESS": f"http://127.0.0.1:{ports['dashboard-port']}"}
+        yield {**env, "RAY_ADDRESS": api_server}
     finally:
         _kill_group(head.pid)  # `ray start` was the group leader; every Ray process it started is in it
         shutil.rmtree(temp_dir, ignore_errors=True)

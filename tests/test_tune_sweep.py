@@ -22,15 +22,17 @@ from raydist.tune.sweep import (
 
 MARGIN = str(Path(__file__).resolve().parents[1] / "tune_spaces" / "margin.yaml")
 # One trial at a time: 1 × (0.5 driver + 2 workers × 0.5 + 1 Ray Data) = 2.5 of the session's 4 CPUs.
+# ASHA's max_t=1 stops every trial after the first of its 2 epochs: a stopped trial's Train run is
+# killed mid-run, and the next trial starts only if that run's placement group was freed.
 FAILING_SPACE = {
     "search": "random",
     "num_samples": 1,
     "max_concurrent_trials": 1,
-    "scheduler": {"type": "asha", "grace_period": 1, "reduction_factor": 2},
+    "scheduler": {"type": "asha", "max_t": 1, "grace_period": 1},
     "resources": {"trial_cpus": 0.5, "num_workers": 2, "cpus_per_worker": 0.5},
     "base": {"train.epochs": 2, "train.log_every": 1000},
     # Trial order follows the grid: the first trial's rank 0 exits hard at its first step
-    # (fault injection, once per run folder), the second trains normally.
+    # (fault injection, once per run folder), the second trains until ASHA stops it.
     "space": {"train.fail_at_step": {"grid": [0, -1]}, "loss.margin": {"uniform": [0.1, 0.3]}},
 }
 
@@ -42,6 +44,13 @@ def test_optuna_missing_is_a_clear_error(monkeypatch, tiny_dataset):
     cfg = resolve_base_config(space, preset="tiny", overrides={"data.path": str(tiny_dataset)})
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     with pytest.raises(ConfigError, match="optuna is not installed.*pip install"):
+        run_sweep(space, cfg)
+
+
+def test_too_little_data_for_the_largest_negative_set_is_refused(tiny_dataset):
+    space = parse_space({"space": {"loss.negative_set_size": {"choice": [8, 4096]}}}, name="n")
+    cfg = resolve_base_config(space, preset="tiny", overrides={"data.path": str(tiny_dataset)})
+    with pytest.raises(ValueError, match="has 2000 rows, fewer than one global batch of 4096"):
         run_sweep(space, cfg)
 
 
@@ -110,10 +119,10 @@ def test_failed_trial_is_reported_and_the_sweep_goes_on(failing_sweep, capsys):
     assert set(rows) == {0, -1}
     failed, ok = rows[0], rows[-1]
     assert failed.status == "ERROR" and failed.error and failed.metric is None
-    assert ok.status == "TERMINATED" and ok.epochs == 2 and ok.metric is not None and ok.metric > 0
+    assert ok.status == "STOPPED" and ok.epochs == 1 and ok.metric is not None and ok.metric > 0
     assert 0.1 <= ok.values["loss.margin"] <= 0.3
     table = format_results(outcome)
-    assert "ERROR" in table and "TERMINATED" in table and f"{failed.trial} failed:" in table
+    assert "ERROR" in table and "STOPPED" in table and f"{failed.trial} failed:" in table
     assert outcome.best_trial == ok.trial
     assert outcome.best_checkpoint and outcome.best_checkpoint.startswith(outcome.experiment_path)
 
@@ -132,9 +141,9 @@ def test_resume_reruns_the_errored_trial(failing_sweep):
     failed = next(r for r in first.rows if r.status == "ERROR")
     outcome = resume_sweep(first.experiment_path, resume_errored=True)
     rerun = next(r for r in outcome.rows if r.trial == failed.trial)
-    # The fault is injected once per run folder: the re-run trains through.
-    assert rerun.status == "TERMINATED" and rerun.epochs == 2
-    assert {r.status for r in outcome.rows} == {"TERMINATED"}
+    # The fault is injected once per run folder: the re-run trains until ASHA stops it.
+    assert rerun.status == "STOPPED" and rerun.epochs == 1
+    assert {r.status for r in outcome.rows} == {"STOPPED"}
 
 
 def test_cli_refuses_bad_invocations(capsys, tmp_path):

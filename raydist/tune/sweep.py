@@ -30,7 +30,7 @@ class TrialRow:
     values: dict[str, Any]
     metric: float | None  # best value over the trial's reports (per `mode`)
     epochs: int
-    status: str  # TERMINATED | STOPPED (by the scheduler) | ERROR | UNFINISHED
+    status: str  # TERMINATED | STOPPED (by the scheduler) | ERROR | UNFINISHED (resume it)
     error: str = ""
 
 
@@ -168,42 +168,46 @@ def resume_sweep(path: str, *, resume_errored: bool = False) -> SweepOutcome:
 
 def summarise(grid: Any, space: SweepSpace, base: Config, experiment_path: str) -> SweepOutcome:
     """Results table rows from a Tune ``ResultGrid``; writes the best trial's config as a preset."""
-    rows, best_checkpoints = [], {}
+    rows, checkpoints = [], {}
     for result in grid:
-        values = _trial_values(result, space)
-        df = result.metrics_dataframe
-        reported = df is not None and space.metric in df and df[space.metric].notna().any()
-        best_index = (
-            (df[space.metric].idxmax() if space.mode == "max" else df[space.metric].idxmin())
-            if reported
-            else None
-        )
-        epochs = int(df["epoch"].max()) if df is not None and "epoch" in df and len(df) else 0
-        row = TrialRow(
-            trial=Path(result.path).name,
-            values=values,
-            metric=float(df.loc[best_index, space.metric]) if reported else None,
-            epochs=epochs,
-            status=_status(result, epochs, trial_config(base, values).train.epochs),
-            error=_error_line(result.error),
-        )
-        if reported and "checkpoint_path" in df:
-            best_checkpoints[row.trial] = df.loc[best_index, "checkpoint_path"]
+        row, checkpoints[Path(result.path).name] = _trial_row(result, space, base)
         rows.append(row)
     scored = [r for r in rows if r.metric is not None and r.status != "ERROR"]
     best = (max if space.mode == "max" else min)(scored, key=lambda r: r.metric) if scored else None
-    best_config_path = None
-    if best is not None:
-        best_config_path = _write_best_config(experiment_path, trial_config(base, best.values))
     return SweepOutcome(
         experiment_path=experiment_path,
         metric=space.metric,
         keys=space.keys,
         rows=rows,
         best_trial=best.trial if best else None,
-        best_config_path=best_config_path,
-        best_checkpoint=best_checkpoints.get(best.trial) if best else None,
+        best_config_path=_write_best_config(experiment_path, trial_config(base, best.values))
+        if best
+        else None,
+        best_checkpoint=checkpoints[best.trial] if best else None,
     )
+
+
+def _trial_row(result: Any, space: SweepSpace, base: Config) -> tuple[TrialRow, str | None]:
+    """A trial's table row and the checkpoint of its best report (per ``metric``/``mode``)."""
+    import pandas as pd
+
+    values = _trial_values(result, space)
+    df = result.metrics_dataframe if result.metrics_dataframe is not None else pd.DataFrame()
+    reports = df.dropna(subset=[space.metric]) if space.metric in df else df.iloc[0:0]
+    best = None
+    if len(reports):
+        metric = reports[space.metric]
+        best = reports.loc[metric.idxmax() if space.mode == "max" else metric.idxmin()]
+    epochs = int(df["epoch"].max()) if "epoch" in df and len(df) else 0
+    row = TrialRow(
+        trial=Path(result.path).name,
+        values=values,
+        metric=None if best is None else float(best[space.metric]),
+        epochs=epochs,
+        status=_status(result, epochs, trial_config(base, values).train.epochs),
+        error=_error_line(result.error),
+    )
+    return row, None if best is None else best.get("checkpoint_path")
 
 
 def format_results(outcome: SweepOutcome) -> str:
@@ -229,12 +233,19 @@ def format_results(outcome: SweepOutcome) -> str:
 
 
 def _checked_data(space: SweepSpace, cfg: Config) -> Path:
-    """The dataset folder, validated and big enough for the largest batch any trial uses."""
+    """The dataset folder, validated and big enough for the most rows per step any trial embeds (the
+    global batch, or a larger negative set)."""
     from raydist.data import check_split_size, validate_dataset
+    from raydist.distributed import rows_per_worker
 
     data_dir = resolve_data_dir(cfg)
     validate_dataset(data_dir).raise_if_problems()
-    check_split_size(data_dir, "train", max(c.train.batch_size for c in trial_configs(space, cfg)))
+    rows = max(
+        rows_per_worker(c.train.batch_size, c.loss.negative_set_size, max(c.train.num_workers, 1))
+        * max(c.train.num_workers, 1)
+        for c in trial_configs(space, cfg)
+    )
+    check_split_size(data_dir, "train", rows)
     return data_dir
 
 
@@ -287,11 +298,12 @@ def _trial_values(result: Any, space: SweepSpace) -> dict[str, Any]:
 
 
 def _status(result: Any, epochs: int, max_epochs: int) -> str:
+    """ERROR, TERMINATED (all epochs), STOPPED (by the scheduler) or UNFINISHED (interrupted)."""
     if result.error is not None:
         return "ERROR"
-    if not (result.metrics or {}).get("done"):
-        return "UNFINISHED"
-    return "TERMINATED" if epochs >= max_epochs else "STOPPED"
+    if epochs >= max_epochs:
+        return "TERMINATED"
+    return "STOPPED" if (result.metrics or {}).get("done") else "UNFINISHED"
 
 
 def _error_line(error: BaseException | None) -> str:
