@@ -63,8 +63,8 @@ def check_sweep_fits(space: SweepSpace, cfg: Config) -> None:
             f"sweep {space.name!r} needs {need:g} logical CPUs = max_concurrent_trials "
             f"{space.max_concurrent_trials} × (trial_cpus {space.trial_cpus:g} + train.num_workers "
             f"{max(cfg.train.num_workers, 1)} × train.cpus_per_worker {cfg.train.cpus_per_worker:g} + 1 for Ray "
-            f"Data), but the Ray cluster has {have:g}: lower max_concurrent_trials or the resources in the space "
-            "file (or train.num_workers=/train.cpus_per_worker= overrides), or add nodes"
+            f"Data), but the Ray cluster has {have:g}: lower max_concurrent_trials or resources: in the space "
+            "file, pass train.num_workers=/train.cpus_per_worker= overrides, or add nodes"
         )
 
 
@@ -172,6 +172,7 @@ def summarise(grid: Any, space: SweepSpace, base: Config, experiment_path: str) 
     for result in grid:
         row, checkpoints[Path(result.path).name] = _trial_row(result, space, base)
         rows.append(row)
+    rows.sort(key=lambda r: r.trial)
     scored = [r for r in rows if r.metric is not None and r.status != "ERROR"]
     best = (max if space.mode == "max" else min)(scored, key=lambda r: r.metric) if scored else None
     return SweepOutcome(
