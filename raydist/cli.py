@@ -229,12 +229,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("space", nargs="?", help="space file, e.g. tune_spaces/margin.yaml")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides every trial shares")
     p.set_defaults(func=cmd_tune)
+    parser.set_defaults(commands=sub.choices)
     return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse a command line; options and ``key=value`` words may come in any order after the command."""
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    commands = parser.get_default("commands")
+    if argv and argv[0] in commands:
+        return commands[argv[0]].parse_intermixed_args(argv[1:])
+    return parser.parse_args(argv)  # usage, --help, or the error for an unknown command
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``raydist`` console script."""
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     try:
         return args.func(args)
     except (ConfigError, FileNotFoundError, ValueError) as e:

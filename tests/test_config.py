@@ -69,3 +69,12 @@ def test_cli_prints_config_and_rejects_unknown_keys(tmp_path):
     assert yaml.safe_load(out)["loss"]["margin"] == 0.3
     bad = subprocess.run(run[:-1] + ["loss.nope=1"], check=False, capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown config key 'loss.nope'" in bad.stderr and "loss.margin" in bad.stderr
+
+
+def test_cli_options_and_overrides_in_any_order():
+    from raydist.cli import parse_args
+
+    a = parse_args(["train", "loss.margin=0.3", "--preset", "tiny", "train.epochs=2", "--print-config"])
+    assert a.preset == "tiny" and a.print_config and a.overrides == ["loss.margin=0.3", "train.epochs=2"]
+    t = parse_args(["tune", "tune_spaces/margin.yaml", "--preset", "tiny", "train.epochs=2", "--num-samples", "2"])
+    assert (t.space, t.preset, t.num_samples, t.overrides) == ("tune_spaces/margin.yaml", "tiny", 2, ["train.epochs=2"])
