@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from raydist.config import Config, ConfigError, dump_yaml, from_dict
-from raydist.train.trainer import build_trainer, init_ray, resolve_data_dir, run_cpus
+from raydist.train.trainer import DATA_CPUS, build_trainer, init_ray, resolve_data_dir, run_cpus
 from raydist.tune.space import SweepSpace, parse_space, trial_config, trial_configs
 
 SWEEP_FILE = "raydist_sweep.yaml"  # space + base config + data folder: what `--resume` needs
@@ -62,8 +62,8 @@ def check_sweep_fits(space: SweepSpace, cfg: Config) -> None:
         raise ConfigError(
             f"sweep {space.name!r} needs {need:g} logical CPUs = max_concurrent_trials "
             f"{space.max_concurrent_trials} × (trial_cpus {space.trial_cpus:g} + train.num_workers "
-            f"{max(cfg.train.num_workers, 1)} × train.cpus_per_worker {cfg.train.cpus_per_worker:g} + 1 for Ray "
-            f"Data), but the Ray cluster has {have:g}: lower max_concurrent_trials or resources: in the space "
+            f"{max(cfg.train.num_workers, 1)} × train.cpus_per_worker {cfg.train.cpus_per_worker:g} + {DATA_CPUS:g} "
+            f"for Ray Data), but the Ray cluster has {have:g}: lower max_concurrent_trials or resources: in the space "
             "file, pass train.num_workers=/train.cpus_per_worker= overrides, or add nodes"
         )
 
