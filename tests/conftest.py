@@ -10,7 +10,7 @@ os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "60")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
-import pytest  # noqa: E402
+import pytest
 
 
 @pytest.fixture(scope="session")
@@ -18,7 +18,9 @@ def ray_cluster():
     """A local Ray instance with 4 logical CPUs (scheduling tokens) shared by the whole session."""
     import ray
 
-    ray.init(address="local", num_cpus=4, log_to_driver=False)
+    from raydist.train.trainer import start_local_ray
+
+    start_local_ray(4, log_to_driver=False)
     yield ray
     ray.shutdown()
 

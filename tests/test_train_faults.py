@@ -88,8 +88,8 @@ def test_resume_by_path_and_by_run_name(ray_cluster, tiny_dataset, tmp_path):
                          evaluate_test=False)
     assert [m["epoch"] for m in again.history] == [1, 2]
     assert again.resumed_at == [first.history[-1]["step"]]
-    by_path = run_training(tiny(tiny_dataset, tmp_path, **{"train.epochs": 2}), resume_from=first.run_dir,
-                           evaluate_test=False)
+    by_path = run_training(tiny(tiny_dataset, tmp_path, **{"train.epochs": 2}),
+                           resume_from=first.latest_checkpoint, evaluate_test=False)
     assert by_path.resumed_at == [first.history[-1]["step"]]
     assert [m["epoch"] for m in by_path.history] == [1, 2]
 

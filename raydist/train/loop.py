@@ -271,7 +271,8 @@ def _report(
 ) -> None:
     """Every rank reports (a barrier); rank 0 attaches the checkpoint."""
     metrics = {**metrics, "epoch": state.epoch, "step": state.global_step}
-    metrics.setdefault("val/rsum", state.best_rsum if state.history else 0.0)
+    # Mid-epoch checkpoints have no validation of their own: -1 keeps them out of "best by val rsum".
+    metrics.setdefault("val/rsum", -1.0)
     if rank != 0:
         ray.train.report(metrics)
         return

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 import time
 import uuid
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from typing import Any
 
 from raydist.config import Config, ConfigError
 from raydist.data import check_split_size, ensure_default_dataset, load_manifest, validate_dataset
+from raydist.distributed import rows_per_worker
 
 # Logical CPUs that Ray Data needs beside the train workers, or the streaming pipeline waits forever
 # (RAY_NOTES.md, "CPU budget").
@@ -56,7 +58,30 @@ def init_ray(cpus_needed: float) -> None:
     except ConnectionError:
         pass
     # Logical CPUs are scheduling tokens: oversubscribing a small machine is fine for small models.
-    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(cpus_needed), 4), log_to_driver=True)
+    start_local_ray(max(os.cpu_count() or 1, math.ceil(cpus_needed), 4))
+
+
+def start_local_ray(num_cpus: int, *, log_to_driver: bool = True) -> None:
+    """Start a private local Ray instance whose actors find its own State API.
+
+    Ray Train's placement-group cleaner looks the State API up by address; with two Ray instances on
+    one machine that lookup fails ("multiple active Ray instances") and a stopped Tune trial never frees
+    its workers' CPUs. Pinning ``RAY_API_SERVER_ADDRESS`` to this instance's dashboard avoids it.
+    """
+    import ray
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    api = f"http://127.0.0.1:{port}"
+    os.environ["RAY_API_SERVER_ADDRESS"] = api
+    ray.init(
+        address="local",
+        num_cpus=num_cpus,
+        dashboard_port=port,
+        log_to_driver=log_to_driver,
+        runtime_env={"env_vars": {"RAY_API_SERVER_ADDRESS": api}},
+    )
 
 
 def check_cluster_fits(cpus_needed: float) -> None:
@@ -148,7 +173,8 @@ def run_training(
 
     data_dir = resolve_data_dir(cfg)
     validate_dataset(data_dir).raise_if_problems()
-    check_split_size(data_dir, "train", cfg.train.batch_size)
+    workers = max(cfg.train.num_workers, 1)
+    check_split_size(data_dir, "train", workers * rows_per_worker(cfg.train.batch_size, cfg.loss.negative_set_size, workers))
     if resume_from:
         resume_from = str(find_checkpoint(resume_from))
     init_ray(run_cpus(cfg))
