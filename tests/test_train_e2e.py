@@ -1,5 +1,8 @@
 """End-to-end: Ray Data shards → 2 Ray Train workers (gloo DDP) → VSE++ loss → val retrieval."""
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -26,6 +29,7 @@ def test_tiny_two_workers_learn(ray_cluster, tiny_dataset, tmp_path):
     before = untrained_rsum(cfg, tiny_dataset)
     outcome = run_training(cfg)
     assert [m["epoch"] for m in outcome.history] == [1, 2, 3]
+    assert json.loads((Path(outcome.run_dir) / "history.json").read_text()) == outcome.history
     after = outcome.history[-1]["val/rsum"]
     assert after > before + 60, (before, after)
     # The best checkpoint reloads and reproduces its validation score outside Ray.

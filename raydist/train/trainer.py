@@ -3,6 +3,7 @@ and summarise (per-epoch table, best checkpoint, test metrics)."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import socket
@@ -198,6 +199,8 @@ def run_training(
     )
     if evaluate_test and outcome.best_checkpoint and "test" in load_manifest(data_dir).splits:
         outcome.test_metrics = evaluate_checkpoint(outcome.best_checkpoint, data_dir, "test")
+    if "://" not in outcome.run_dir:  # per-epoch metrics next to the checkpoints
+        Path(outcome.run_dir, "history.json").write_text(json.dumps(outcome.history, indent=1))
     return outcome
 
 
