@@ -9,6 +9,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,21 @@ def resolve_data_dir(cfg: Config) -> Path:
     if cfg.data.path:
         return Path(cfg.data.path).expanduser().resolve()
     return ensure_default_dataset()
+
+
+def rows_per_step(cfg: Config) -> int:
+    """Rows all workers embed together in one step: the global batch, or a larger negative set."""
+    workers = max(cfg.train.num_workers, 1)
+    return workers * rows_per_worker(cfg.train.batch_size, cfg.loss.negative_set_size, workers)
+
+
+def checked_data_dir(cfg: Config, configs: Iterable[Config] = ()) -> Path:
+    """The dataset folder, fully validated, with a train split big enough for one step of ``cfg`` and of
+    every config in ``configs`` (e.g. all trials of a sweep)."""
+    data_dir = resolve_data_dir(cfg)
+    validate_dataset(data_dir).raise_if_problems()
+    check_split_size(data_dir, "train", max(rows_per_step(c) for c in (cfg, *configs)))
+    return data_dir
 
 
 def init_ray(cpus_needed: float) -> None:
@@ -172,10 +188,7 @@ def run_training(
     from raydist.eval.evaluate import evaluate_checkpoint
     from raydist.train.checkpoint import find_checkpoint
 
-    data_dir = resolve_data_dir(cfg)
-    validate_dataset(data_dir).raise_if_problems()
-    workers = max(cfg.train.num_workers, 1)
-    check_split_size(data_dir, "train", workers * rows_per_worker(cfg.train.batch_size, cfg.loss.negative_set_size, workers))
+    data_dir = checked_data_dir(cfg)
     if resume_from:
         resume_from = str(find_checkpoint(resume_from))
     init_ray(run_cpus(cfg))

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from raydist.config import Config, ConfigError, dump_yaml, from_dict
-from raydist.train.trainer import DATA_CPUS, build_trainer, init_ray, resolve_data_dir, run_cpus
+from raydist.train.trainer import DATA_CPUS, build_trainer, checked_data_dir, init_ray, run_cpus
 from raydist.tune.space import SweepSpace, parse_space, trial_config, trial_configs
 
 SWEEP_FILE = "raydist_sweep.yaml"  # space + base config + data folder: what `--resume` needs
@@ -234,20 +234,8 @@ def format_results(outcome: SweepOutcome) -> str:
 
 
 def _checked_data(space: SweepSpace, cfg: Config) -> Path:
-    """The dataset folder, validated and big enough for the most rows per step any trial embeds (the
-    global batch, or a larger negative set)."""
-    from raydist.data import check_split_size, validate_dataset
-    from raydist.distributed import rows_per_worker
-
-    data_dir = resolve_data_dir(cfg)
-    validate_dataset(data_dir).raise_if_problems()
-    rows = max(
-        rows_per_worker(c.train.batch_size, c.loss.negative_set_size, max(c.train.num_workers, 1))
-        * max(c.train.num_workers, 1)
-        for c in trial_configs(space, cfg)
-    )
-    check_split_size(data_dir, "train", rows)
-    return data_dir
+    """The dataset folder, validated and big enough for the most rows per step any trial embeds."""
+    return checked_data_dir(cfg, trial_configs(space, cfg))
 
 
 def _start_ray(space: SweepSpace, cfg: Config) -> None:
