@@ -1,21 +1,21 @@
-"""Typed run configuration: dataclass defaults, YAML presets and dotted ``key=value`` overrides.
+"""Typed run configuration: pydantic v2 sections, YAML presets and dotted ``key=value`` overrides.
 
-The dataclasses below are the single source of defaults; presets, CLI overrides and Tune spaces all
-address the same dotted keys (``loss.margin``, ``train.batch_size`` ...).
+The models below are the single source of defaults, types and per-field bounds; presets, CLI overrides,
+checkpoints and Tune spaces all address the same dotted keys (``loss.margin``, ``train.batch_size`` ...).
+Why pydantic: it validates nested typed models (lists, optionals, literals, bounds) with errors that carry
+the field's location, which we turn into messages naming the dotted key; it ships with Ray already.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import types
-import typing
+import difflib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 AMP_MODES = ("none", "bf16", "fp16")
 
@@ -24,84 +24,94 @@ class ConfigError(ValueError):
     """A configuration that cannot be run: unknown key, wrong type or impossible combination."""
 
 
-@dataclass
-class DataSection:
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DataSection(_Section):
     """Where the dataset lives and how batches are formed."""
 
     path: str = ""  # dataset folder; "" = the embedded default synthetic dataset (cached)
-    shuffle_buffer: int = 1024  # rows in each worker's local shuffle buffer (0 = no shuffle)
-    max_caption_len: int = 48  # tokens kept per caption, <start>/<end> included
+    shuffle_buffer: int = Field(1024, ge=0)  # rows in each worker's local shuffle buffer (0 = no shuffle)
+    max_caption_len: int = Field(48, ge=1)  # tokens kept per caption, <start>/<end> included
+    # A train split whose features take at most this many MiB is read once into every worker's memory and
+    # reshuffled each epoch; larger ones stream through Ray Data. 0 = always stream.
+    in_memory_max_mb: int = Field(512, ge=0)
 
 
-@dataclass
-class ModelSection:
-    """Joint embedding model (VSE++): linear image projection + GRU text encoder."""
+class ModelSection(_Section):
+    """Encoders: VSE++ (linear image projection + GRU text) for ``pairs``, an MLP for ``labels``."""
 
-    embed_dim: int = 1024  # joint space dimension (= GRU hidden size)
-    word_dim: int = 300
-    num_layers: int = 1
+    embed_dim: int = Field(1024, ge=1)  # joint space dimension (= GRU hidden size)
+    word_dim: int = Field(300, ge=1)
+    num_layers: int = Field(1, ge=1)
     no_imgnorm: bool = False  # VSE0 option: do not L2-normalise image embeddings
+    mlp_hidden: list[int] = Field(default_factory=lambda: [256])  # labels task: MLP hidden layer widths
 
 
-@dataclass
-class LossSection:
-    """Ranking loss (DESIGN.md §4) and the cross-worker negative set (DESIGN.md §3)."""
+class LossSection(_Section):
+    """Ranking loss (hinge terms over mined negatives) and the cross-worker negative set."""
 
-    margin: float = 0.2
-    hardest: bool = True  # True = MH (VSE++), False = SH (VSE0)
-    warmup_sh_epochs: int = 0  # epochs of SH before switching to MH
-    reduction: str = "sum"  # "sum" (VSE++) or "mean"
-    similarity: str = "dot"  # "dot" or "order"
+    margin: float = Field(0.2, ge=0)
+    hardest: bool = True  # True = MH (VSE++, hardest-negative miner), False = SH (all negatives)
+    warmup_sh_epochs: int = Field(0, ge=0)  # epochs of SH before switching to MH
+    reduction: Literal["sum", "mean"] = "sum"  # "sum" (VSE++) or "mean"
+    similarity: Literal["dot", "order"] = "dot"
     gather: bool = True  # mine negatives from the global batch of all workers
     negative_set_size: int | None = None  # None = the global batch
+    tile: int = Field(4096, ge=1)  # keys per tile of the hardest-negative miner (memory O(rows · tile))
 
 
-@dataclass
-class TrainSection:
+class TrainSection(_Section):
     """Optimisation, workers, checkpoints and logging."""
 
-    epochs: int = 30
+    epochs: int = Field(30, ge=1)
     batch_size: int = 128  # GLOBAL batch (all workers together); split equally across workers
-    lr: float = 2e-4
-    lr_decay_epoch: int = 15  # lr *= lr_decay_factor at this epoch (VSE++ lr_update)
-    lr_decay_factor: float = 0.1
-    grad_clip: float = 2.0  # max grad norm; 0 disables
+    lr: float = Field(2e-4, gt=0)
+    lr_decay_epoch: int = Field(15, ge=1)  # lr *= lr_decay_factor at this epoch (VSE++ lr_update)
+    lr_decay_factor: float = Field(0.1, gt=0)
+    grad_clip: float = Field(2.0, ge=0)  # max grad norm; 0 disables
     seed: int = 0
-    num_workers: int = 2  # Ray Train workers; 0 = in-process local mode
+    num_workers: int = Field(2, ge=0)  # Ray Train workers; 0 = in-process local mode
     use_gpu: bool = False
-    amp: str = "none"  # mixed precision for the encoders: "none", "bf16" or "fp16" (loss stays fp32)
-    cpus_per_worker: float = 0.5  # logical CPUs per worker; leave some for Ray Data
-    checkpoint_every: int = 0  # also checkpoint every N steps (0 = per epoch only)
-    max_failures: int = 0  # Ray Train FailureConfig(max_failures)
-    keep_checkpoints: int = 2
-    log_every: int = 10  # steps between progress lines
+    amp: Literal["none", "bf16", "fp16"] = "none"  # mixed precision for the encoders (loss stays fp32)
+    cpus_per_worker: float = Field(0.5, gt=0)  # logical CPUs per worker; leave some for Ray Data
+    checkpoint_every: int = Field(0, ge=0)  # also checkpoint every N steps (0 = per epoch only)
+    max_failures: int = Field(0, ge=0)  # Ray Train FailureConfig(max_failures)
+    keep_checkpoints: int = Field(2, ge=1)
+    log_every: int = Field(10, ge=1)  # steps between progress lines
     storage_path: str = ""  # "" = ./runs (local); shared storage on multi-node clusters
     run_name: str = ""  # "" = a fresh unique name; a stable name resumes
-    fail_at_step: int = -1  # fault injection: worker `fail_rank` exits hard at this global step
-    fail_rank: int = 0
 
 
-@dataclass
-class EvalSection:
-    """Validation/test retrieval evaluation."""
+class EvalSection(_Section):
+    """Validation/test evaluation."""
 
-    folds: int = 1  # 5 = COCO 1K protocol
-    batch_size: int = 512  # rows per embedding forward pass
+    folds: int = Field(1, ge=1)  # pairs: 5 = COCO 1K protocol
+    batch_size: int = Field(512, ge=1)  # rows per embedding forward pass
+    recall_at: list[int] = Field(default_factory=lambda: [1, 2, 4, 8])  # labels: Recall@K values reported
 
 
-@dataclass
-class Config:
+class DebugSection(_Section):
+    """Fault injection for tests and chaos drills (a hook outside the training loop, off by default)."""
+
+    fail_at_step: int = -1  # worker `fail_rank` exits hard once at this global step (-1 = never)
+    fail_rank: int = Field(0, ge=0)
+
+
+class Config(_Section):
     """A complete raydist run configuration."""
 
-    data: DataSection = field(default_factory=DataSection)
-    model: ModelSection = field(default_factory=ModelSection)
-    loss: LossSection = field(default_factory=LossSection)
-    train: TrainSection = field(default_factory=TrainSection)
-    eval: EvalSection = field(default_factory=EvalSection)
+    data: DataSection = Field(default_factory=DataSection)
+    model: ModelSection = Field(default_factory=ModelSection)
+    loss: LossSection = Field(default_factory=LossSection)
+    train: TrainSection = Field(default_factory=TrainSection)
+    eval: EvalSection = Field(default_factory=EvalSection)
+    debug: DebugSection = Field(default_factory=DebugSection)
 
     def to_dict(self) -> dict[str, Any]:
         """Nested plain dict (YAML/JSON serialisable)."""
-        return dataclasses.asdict(self)
+        return self.model_dump()
 
     def flat(self) -> dict[str, Any]:
         """``{"section.field": value}`` for every field."""
@@ -113,61 +123,66 @@ def valid_keys() -> list[str]:
     return sorted(Config().flat())
 
 
-def _field_type(section: Any, name: str) -> Any:
-    hints = typing.get_type_hints(type(section))
-    return hints[name]
+def field_annotation(key: str) -> Any:
+    """The type annotation of a dotted config key (e.g. ``int | None``)."""
+    section, _, name = key.partition(".")
+    return Config.model_fields[section].annotation.model_fields[name].annotation
 
 
-def coerce(key: str, value: Any, typ: Any) -> Any:
-    """Convert ``value`` (a YAML scalar or CLI string) to ``typ`` or raise ConfigError naming ``key``."""
-    origin = typing.get_origin(typ)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(typ) if a is not type(None)]
-        if value is None or (isinstance(value, str) and value.lower() in ("none", "null", "")):
-            return None
-        return coerce(key, value, args[0])
-    if isinstance(value, str):
-        try:
-            value = yaml.safe_load(value) if typ is not str else value
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{key}: cannot parse {value!r}: {e}") from e
-    if typ is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{key}: expected true/false, got {value!r}")
-    if typ is int:
-        if isinstance(value, bool) or not (
-            isinstance(value, int) or (isinstance(value, float) and value.is_integer())
-        ):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
-        return int(value)
-    if typ is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key}: expected a number, got {value!r}")
-        return float(value)
-    if typ is str:
-        if value is None:
-            raise ConfigError(f"{key}: expected a string, got null")
-        return str(value)
-    raise ConfigError(f"{key}: unsupported type {typ}")
+def _unknown_key(key: str) -> ConfigError:
+    """Name the closest valid keys, else the keys of the section, else the sections."""
+    close = difflib.get_close_matches(key, valid_keys(), n=3, cutoff=0.6)
+    section = key.partition(".")[0] + "."
+    nearby = close or [k for k in valid_keys() if k.startswith(section)]
+    if nearby:
+        return ConfigError(f"unknown config key {key!r}; did you mean: {', '.join(nearby)}?")
+    return ConfigError(f"unknown config key {key!r}; sections: {', '.join(Config.model_fields)}")
 
 
-def apply_overrides(cfg: Config, overrides: Mapping[str, Any]) -> Config:
-    """Return a copy of ``cfg`` with dotted keys set; unknown keys raise with the valid list."""
-    cfg = dataclasses.replace(cfg, **{s: dataclasses.replace(getattr(cfg, s)) for s in _sections()})
-    for key, value in overrides.items():
-        section_name, _, name = key.partition(".")
-        section = getattr(cfg, section_name, None) if section_name in _sections() else None
-        if section is None or not name or name not in {f.name for f in dataclasses.fields(section)}:
-            raise ConfigError(
-                f"unknown config key {key!r}; valid keys are:\n  " + "\n  ".join(valid_keys())
-            )
-        setattr(section, name, coerce(key, value, _field_type(section, name)))
-    return cfg
+def _parse_text(key: str, value: Any) -> Any:
+    """A CLI/YAML string becomes the YAML value it spells (``3``, ``true``, ``[8, 16]``, ``null``), except
+    for string fields; ``none``/``""`` mean null for optional fields."""
+    if not isinstance(value, str):
+        return value
+    annotation = field_annotation(key)
+    if annotation is str:
+        return value
+    if "None" in str(annotation) and value.strip().lower() in ("none", "null", ""):
+        return None
+    try:
+        return yaml.safe_load(value)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{key}: cannot parse {value!r}: {e}") from e
 
 
-def _sections() -> list[str]:
-    return [f.name for f in dataclasses.fields(Config)]
+_MESSAGES = {
+    "int_parsing": "expected an integer",
+    "int_type": "expected an integer",
+    "int_from_float": "expected an integer",
+    "bool_parsing": "expected true/false",
+    "bool_type": "expected true/false",
+    "float_parsing": "expected a number",
+    "float_type": "expected a number",
+    "string_type": "expected a string",
+    "list_type": "expected a list",
+}
+
+
+def _config_error(e: ValidationError, prefix: str = "") -> ConfigError:
+    """One line per problem, each naming the dotted key."""
+    lines = []
+    for err in e.errors():
+        loc = [str(p) for p in err["loc"] if not str(p).startswith(("int", "none", "function"))]
+        key = prefix + ".".join(loc)
+        if err["type"] == "extra_forbidden":
+            return _unknown_key(key)
+        bound = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<="}.get(err["type"])
+        if bound:
+            limit = next(iter(err.get("ctx", {}).values()), "?")
+            lines.append(f"{key}={err.get('input')!r}: must be {bound} {limit}")
+        else:
+            lines.append(f"{key}: {_MESSAGES.get(err['type'], err['msg'])}, got {err.get('input')!r}")
+    return ConfigError("\n".join(dict.fromkeys(lines)))
 
 
 def flatten(nested: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -180,6 +195,21 @@ def flatten(nested: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[key] = v
     return out
+
+
+def apply_overrides(cfg: Config, overrides: Mapping[str, Any]) -> Config:
+    """Return a copy of ``cfg`` with dotted keys set (each value validated); unknown keys are refused
+    with the closest valid keys."""
+    nested = cfg.to_dict()
+    for key, value in overrides.items():
+        section, _, name = key.partition(".")
+        if section not in nested or name not in nested[section]:
+            raise _unknown_key(key)
+        nested[section][name] = _parse_text(key, value)
+    try:
+        return Config.model_validate(nested)
+    except ValidationError as e:
+        raise _config_error(e) from e
 
 
 def from_dict(nested: Mapping[str, Any]) -> Config:
@@ -236,7 +266,7 @@ def load_config(
 
 
 def validate(cfg: Config) -> None:
-    """Refuse impossible combinations before any Ray work starts."""
+    """Refuse combinations of fields that are each valid alone, before any Ray work starts."""
     problems = []
     t, lo = cfg.train, cfg.loss
     workers = max(t.num_workers, 1)
@@ -255,28 +285,10 @@ def validate(cfg: Config) -> None:
                 f"loss.negative_set_size={lo.negative_set_size} > batch size must divide evenly over "
                 f"train.num_workers={t.num_workers}"
             )
-    if lo.margin < 0:
-        problems.append(f"loss.margin={lo.margin}: must be >= 0")
-    if lo.reduction not in ("sum", "mean"):
-        problems.append(f"loss.reduction={lo.reduction!r}: expected 'sum' or 'mean'")
-    if lo.similarity not in ("dot", "order"):
-        problems.append(f"loss.similarity={lo.similarity!r}: expected 'dot' or 'order'")
-    if t.amp not in AMP_MODES:
-        problems.append(f"train.amp={t.amp!r}: expected one of {', '.join(AMP_MODES)}")
-    if t.epochs < 1:
-        problems.append(f"train.epochs={t.epochs}: must be >= 1")
-    if t.lr <= 0:
-        problems.append(f"train.lr={t.lr}: must be > 0")
-    if t.num_workers < 0:
-        problems.append(f"train.num_workers={t.num_workers}: must be >= 0")
-    if t.cpus_per_worker <= 0:
-        problems.append(f"train.cpus_per_worker={t.cpus_per_worker}: must be > 0")
-    if cfg.eval.folds < 1:
-        problems.append(f"eval.folds={cfg.eval.folds}: must be >= 1")
-    for key in ("model.embed_dim", "model.word_dim", "model.num_layers", "data.max_caption_len"):
-        section, name = key.split(".")
-        if getattr(getattr(cfg, section), name) < 1:
-            problems.append(f"{key} must be >= 1")
+    if any(w < 1 for w in cfg.model.mlp_hidden):
+        problems.append(f"model.mlp_hidden={cfg.model.mlp_hidden}: widths must be >= 1")
+    if not cfg.eval.recall_at or any(k < 1 for k in cfg.eval.recall_at):
+        problems.append(f"eval.recall_at={cfg.eval.recall_at}: need one or more K >= 1")
     if problems:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
 

@@ -204,7 +204,7 @@ def reference(name: str, model: TinyVSE, bank: dict, *, ids_override: list[int] 
     if case.via == "step" and not cfg.gather:
         half = len(case.rows) // WORLD
         loss = sum(
-            ranking_loss(img[s], cap[s], hardest=case.hardest, image_ids=torch.tensor(ids[s]))
+            dense_loss(img[s], cap[s], hardest=case.hardest, image_ids=torch.tensor(ids[s]))
             for s in (slice(0, half), slice(half, None))
         )
     elif case.via == "step" and cfg.negative_set_size is not None:
@@ -213,7 +213,7 @@ def reference(name: str, model: TinyVSE, bank: dict, *, ids_override: list[int] 
             img, cap, ids, margin=cfg.margin, hardest=case.hardest, queries=queries, keys=keys
         )
     else:
-        loss = ranking_loss(
+        loss = dense_loss(
             img,
             cap,
             margin=cfg.margin,
@@ -223,6 +223,14 @@ def reference(name: str, model: TinyVSE, bank: dict, *, ids_override: list[int] 
             similarity=cfg.similarity,
         )
     return loss, _grads(model, loss)
+
+
+def dense_loss(img, cap, *, margin=0.2, hardest=True, image_ids=None, reduction="sum", similarity="dot"):
+    """The dense reference: every [N, N] score and hinge cost materialised (no miner)."""
+    ids = torch.arange(img.shape[0]) if image_ids is None else image_ids
+    terms = ranking_terms(img, cap, img, cap, ids, ids, margin=margin, hardest=hardest, similarity=similarity)
+    total = terms.image_queries.sum() + terms.caption_queries.sum()
+    return total / (2 * img.shape[0]) if reduction == "mean" else total
 
 
 def _assert_grads_close(got: dict, want: dict) -> None:

@@ -1,10 +1,14 @@
-"""All-gather across the default process group, with and without autograd.
+"""All-gather across the default process group, with and without autograd, and the step's gather.
 
 The only module that calls collectives; without an initialised process group everything is the identity.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as functional
 from torch import Tensor
@@ -39,3 +43,42 @@ def all_gather_with_grad(x: Tensor) -> Tensor:
 def all_gather_tensor(x: Tensor) -> Tensor:
     """Like :func:`all_gather_with_grad` but without autograd (for ids and statistics)."""
     return all_gather_with_grad(x.detach())
+
+
+@dataclass
+class GatheredBatch:
+    """The gather step's output: this rank's rows and the global batch of all ranks (rank-major).
+
+    ``keys[name]`` is the all-gather of ``local[name]`` — with autograd for embeddings, without for ids —
+    or the local rows themselves when gathering is off. ``positions``/``key_positions`` are global row
+    positions (rank r's local row i is ``r·rows + i``). Views of the same embeddings (e.g. nested prefixes)
+    are sliced from here after the one gather.
+    """
+
+    local: dict[str, Tensor]
+    keys: dict[str, Tensor]
+    positions: Tensor
+    key_positions: Tensor
+    rank: int
+    world: int
+
+    @property
+    def rows(self) -> int:
+        """Rows each rank holds."""
+        return int(self.positions.numel())
+
+
+def gather_step(
+    embeddings: Mapping[str, Tensor], ids: Mapping[str, Tensor], *, enabled: bool = True
+) -> GatheredBatch:
+    """All-gather ``embeddings`` (with autograd) and ``ids`` (without) across the ranks, once per step."""
+    world, rank = world_size(), global_rank()
+    first = next(iter(embeddings.values()))
+    rows, device = first.shape[0], first.device
+    positions = torch.arange(rank * rows, (rank + 1) * rows, device=device)
+    local = {**embeddings, **ids}
+    if not enabled:
+        return GatheredBatch(local, dict(local), positions, positions, rank, world)
+    keys = {name: all_gather_with_grad(x) for name, x in embeddings.items()}
+    keys.update({name: all_gather_tensor(x) for name, x in ids.items()})
+    return GatheredBatch(local, keys, positions, torch.arange(world * rows, device=device), rank, world)

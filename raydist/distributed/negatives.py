@@ -1,6 +1,7 @@
 """Cross-worker hard-negative mining: the global negative set, its random subsets, and the per-rank loss.
 
-The loss maths is :func:`raydist.losses.ranking_terms`; this module only chooses rows and keys.
+The loss maths is :func:`raydist.losses.mined_ranking_terms`; this module only chooses rows and keys.
+:class:`StepPlan` holds the rows-per-step rule; a run computes it once and passes it along.
 
 Row positions. Each of the W ranks holds ``m`` rows; global position of local row i on rank r is
 ``r·m + i`` (rank-major, the order of :func:`all_gather_with_grad`).
@@ -19,7 +20,7 @@ way — the training loop uses ``torch.Generator().manual_seed(seed * 1_000_003 
    rank r's query rows (every rank makes all W draws and keeps its own, sorted);
 2. only if ``n < W·m``: ``torch.randperm(W·m, generator)[:n]`` — the key positions (sorted).
 
-With :func:`rows_per_worker` the loop fetches ``W·m = max(batch_size, n)`` rows, so at most one draw happens.
+With :class:`StepPlan` the loop fetches ``W·m = max(batch_size, n)`` rows, so at most one draw happens.
 
 Loss scaling. Rank r returns ``W · reduce(L_r)``, where ``L_r`` sums its 2·(batch_size/W) query terms and
 ``reduce`` is the identity for "sum" and division by the global ``2·batch_size`` for "mean". Since the
@@ -34,14 +35,14 @@ its own rank holds (of the common subset, when there is one) — gradients of ``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from raydist.config import LossSection
-from raydist.distributed.gather import all_gather_tensor, all_gather_with_grad, global_rank, world_size
-from raydist.losses import RankingTerms, ranking_terms, reduce_queries
+from raydist.config import Config, LossSection
+from raydist.distributed.gather import GatheredBatch, gather_step, global_rank, world_size
+from raydist.losses import HardestNegatives, mined_ranking_terms, reduce_queries, scale_for_world
 
 
 def rows_per_worker(batch_size: int, negative_set_size: int | None, world_size: int) -> int:
@@ -66,6 +67,38 @@ class NegativeSet:
 
     query_rows: Tensor
     key_rows: Tensor | None
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """The step's row plan, computed once per run: global query batch, negative-set size and world size
+    give the rows each worker embeds (:func:`rows_per_worker`) and the draws of each step."""
+
+    batch_size: int
+    negative_set_size: int | None
+    world: int
+    rows_per_worker: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        rows = rows_per_worker(self.batch_size, self.negative_set_size, self.world)
+        object.__setattr__(self, "rows_per_worker", rows)
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> StepPlan:
+        """The plan of a run config (W = ``train.num_workers``, at least 1)."""
+        return cls(cfg.train.batch_size, cfg.loss.negative_set_size, max(cfg.train.num_workers, 1))
+
+    @property
+    def rows_per_step(self) -> int:
+        """Rows all workers embed together in one step."""
+        return self.rows_per_worker * self.world
+
+    def draw(self, rank: int, generator: torch.Generator | None) -> NegativeSet:
+        """This step's draws for rank ``rank`` (module docstring, "Draws")."""
+        return sample_negative_set(
+            self.rows_per_worker, self.world, rank, batch_size=self.batch_size,
+            negative_set_size=self.negative_set_size, generator=generator,
+        )  # fmt: skip
 
 
 def sample_negative_set(
@@ -97,87 +130,65 @@ def sample_negative_set(
     return NegativeSet(query_rows=query_rows, key_rows=key_rows)
 
 
-def negative_set_stats(
-    terms: RankingTerms, query_pos: Tensor, key_pos: Tensor, rows: int, rank: int
-) -> dict[str, float]:
-    """Per-step statistics of this rank's queries (both directions).
+def negative_set_stats(mined: HardestNegatives, key_pos: Tensor, rows: int, rank: int) -> dict[str, float]:
+    """Per-step statistics of this rank's queries (both directions), from the miner's pass.
 
     ``neg/remote_hardest_frac``: fraction of hardest negatives (highest-scoring negative key of each query
     with at least one negative) owned by another rank; ``neg/hardest_sim``: their mean score;
     ``neg/masked_pairs``: (query, key) pairs, both directions, not negatives although the key is not the
     query's own row (same image id); ``neg/keys``: keys in the negative set. Empty means are 0.
     """
-    with torch.no_grad():
-        negatives = terms.negatives
-        remote = (key_pos // rows) != rank
-        valid = negatives.any(1)
-        sims, remote_flags = [], []
-        for scores in (terms.image_query_scores, terms.caption_query_scores):
-            if scores.shape[1] == 0:
-                continue
-            best, index = scores.masked_fill(~negatives, -torch.inf).max(1)
-            sims.append(best[valid])
-            remote_flags.append(remote[index][valid])
-        sim = torch.cat(sims) if sims else torch.zeros(0)
-        flags = torch.cat(remote_flags) if remote_flags else torch.zeros(0, dtype=torch.bool)
-        same_image = ~negatives & (key_pos.unsqueeze(0) != query_pos.unsqueeze(1))
-        return {
-            "neg/remote_hardest_frac": float(flags.double().mean()) if flags.numel() else 0.0,
-            "neg/hardest_sim": float(sim.double().mean()) if sim.numel() else 0.0,
-            "neg/masked_pairs": float(2 * same_image.sum()),
-            "neg/keys": float(key_pos.numel()),
-        }
+    keys = torch.cat([mined.image_query_key, mined.caption_query_key])
+    sims = torch.cat([mined.image_query_score, mined.caption_query_score])
+    valid = keys >= 0
+    remote = (key_pos[keys[valid]] // rows) != rank
+    return {
+        "neg/remote_hardest_frac": float(remote.double().mean()) if remote.numel() else 0.0,
+        "neg/hardest_sim": float(sims[valid].double().mean()) if valid.any() else 0.0,
+        "neg/masked_pairs": float(mined.masked_pairs),
+        "neg/keys": float(key_pos.numel()),
+    }
 
 
-def _rank_ranking_loss(
-    img: Tensor,
-    cap: Tensor,
+def rank_ranking_loss(
+    batch: GatheredBatch,
+    negative_set: NegativeSet,
     *,
-    image_ids: Tensor | None,
-    sample_ids: Tensor | None,
-    gather: bool,
+    ids: str,
     margin: float,
     hardest: bool,
-    negative_set_size: int | None,
-    batch_size: int | None,
-    generator: torch.Generator | None,
-    reduction: str,
-    similarity: str,
-    stats: dict[str, float] | None,
+    reduction: str = "sum",
+    similarity: str = "dot",
+    tile: int = 4096,
+    stats: dict[str, float] | None = None,
 ) -> Tensor:
-    """This rank's scaled loss; ``gather=False`` keeps only keys of this rank (same draws and scaling)."""
-    world, rank, rows = world_size(), global_rank(), img.shape[0]
-    device = img.device
-    plan = sample_negative_set(
-        rows, world, rank, batch_size=batch_size, negative_set_size=negative_set_size, generator=generator
-    )
-    positions = torch.arange(rank * rows, (rank + 1) * rows, device=device)
-    ids = image_ids if image_ids is not None else sample_ids
-    ids = positions if ids is None else ids.to(device=device, dtype=torch.long)
-    if gather:
-        key_img, key_cap = all_gather_with_grad(img), all_gather_with_grad(cap)
-        key_ids, key_pos = all_gather_tensor(ids), torch.arange(world * rows, device=device)
-    else:
-        key_img, key_cap, key_ids, key_pos = img, cap, ids, positions
-    if plan.key_rows is not None:
-        keep = torch.isin(key_pos, plan.key_rows.to(device))
+    """This rank's scaled ranking loss on a gathered batch (embeddings ``img``/``cap``, ids ``ids``): its
+    queries of ``negative_set`` against the common keys; scaling in the module docstring."""
+    img, cap, own_ids = batch.local["img"], batch.local["cap"], batch.local[ids]
+    key_img, key_cap, key_ids, key_pos = batch.keys["img"], batch.keys["cap"], batch.keys[ids], batch.key_positions
+    if negative_set.key_rows is not None:
+        keep = torch.isin(key_pos, negative_set.key_rows.to(key_pos.device))
         key_img, key_cap, key_ids, key_pos = key_img[keep], key_cap[keep], key_ids[keep], key_pos[keep]
-    q = plan.query_rows.to(device)
-    terms = ranking_terms(
-        img[q],
-        cap[q],
-        key_img,
-        key_cap,
-        ids[q],
-        key_ids,
-        margin=margin,
-        hardest=hardest,
-        similarity=similarity,
-    )
+    q = negative_set.query_rows.to(img.device)
+    if q.numel() != batch.rows:  # a query subset (the negative set is larger than the query batch)
+        img, cap, own_ids = img[q], cap[q], own_ids[q]
+    image_terms, caption_terms, mined = mined_ranking_terms(
+        img, cap, key_img, key_cap, own_ids, key_ids, margin=margin, hardest=hardest, similarity=similarity,
+        tile=tile, query_positions=batch.positions[q], key_positions=key_pos,
+    )  # fmt: skip
     if stats is not None:
-        stats.update(negative_set_stats(terms, positions[q], key_pos, rows, rank))
-    total = terms.image_queries.sum() + terms.caption_queries.sum()
-    return world * reduce_queries(total, reduction, 2 * world * q.numel())
+        stats.update(negative_set_stats(mined, key_pos, batch.rows, batch.rank))
+    total = image_terms.sum() + caption_terms.sum()
+    return scale_for_world(reduce_queries(total, reduction, 2 * batch.world * q.numel()), batch.world)
+
+
+def ranking_ids(image_ids: Tensor | None, sample_ids: Tensor | None, rows: int, device: torch.device) -> Tensor:
+    """The ids that decide negatives: image ids, else sample ids, else global row positions."""
+    ids = image_ids if image_ids is not None else sample_ids
+    if ids is None:
+        start = global_rank() * rows
+        return torch.arange(start, start + rows, device=device)
+    return ids.to(device=device, dtype=torch.long)
 
 
 def cross_worker_ranking_loss(
@@ -195,7 +206,7 @@ def cross_worker_ranking_loss(
     batch_size: int | None = None,
     stats: dict[str, float] | None = None,
 ) -> Tensor:
-    """VSE++ ranking loss of this rank's queries against the global negative set (DESIGN.md §3 step 4).
+    """VSE++ ranking loss of this rank's queries against the global negative set (gather, draw, loss).
 
     Call on every rank with that rank's m rows (the same m everywhere). Embeddings are gathered with
     autograd, ids without; pairs sharing an ``image_id`` are never negatives (without image ids, pairs
@@ -204,21 +215,17 @@ def cross_worker_ranking_loss(
     the mean over ranks of the returned values equals :func:`raydist.losses.ranking_loss` on the
     concatenated batch (with the same queries and keys), and so do the gradients after DDP averaging.
     """
-    return _rank_ranking_loss(
-        img,
-        cap,
-        image_ids=image_ids,
-        sample_ids=sample_ids,
-        gather=True,
-        margin=margin,
-        hardest=hardest,
-        negative_set_size=negative_set_size,
-        batch_size=batch_size,
+    rows = img.shape[0]
+    ids = ranking_ids(image_ids, sample_ids, rows, img.device)
+    batch = gather_step({"img": img, "cap": cap}, {"ids": ids})
+    negative_set = sample_negative_set(
+        rows, batch.world, batch.rank, batch_size=batch_size, negative_set_size=negative_set_size,
         generator=generator,
-        reduction=reduction,
-        similarity=similarity,
-        stats=stats,
-    )
+    )  # fmt: skip
+    return rank_ranking_loss(
+        batch, negative_set, ids="ids", margin=margin, hardest=hardest, reduction=reduction,
+        similarity=similarity, stats=stats,
+    )  # fmt: skip
 
 
 def step_ranking_loss(
@@ -233,31 +240,21 @@ def step_ranking_loss(
     generator: torch.Generator | None = None,
     stats: dict[str, float] | None = None,
 ) -> Tensor:
-    """The training step's loss from ``loss_cfg``: the one entry point the loop calls.
+    """The ranking loss a training step computes from ``loss_cfg``: gather (``loss.gather``), draw, loss.
 
-    ``loss.gather=True``: :func:`cross_worker_ranking_loss`. ``loss.gather=False``: the same draws and
-    scaling but each query only sees keys on its own rank (no collective), i.e. gradients of the sum over
-    ranks of per-rank losses. ``hardest`` overrides ``loss_cfg.hardest`` (SH warm-up). ``img`` must hold
-    :func:`rows_per_worker` rows.
+    ``loss.gather=False``: the same draws and scaling but each query only sees keys on its own rank (no
+    collective), i.e. gradients of the sum over ranks of per-rank losses. ``hardest`` overrides
+    ``loss_cfg.hardest`` (SH warm-up). ``img`` must hold :attr:`StepPlan.rows_per_worker` rows.
     """
-    expected = rows_per_worker(batch_size, loss_cfg.negative_set_size, world_size())
-    if img.shape[0] != expected:
+    plan = StepPlan(batch_size, loss_cfg.negative_set_size, world_size())
+    if img.shape[0] != plan.rows_per_worker:
         raise ValueError(
-            f"got {img.shape[0]} rows on this worker, expected {expected} "
-            f"(batch_size={batch_size}, negative_set_size={loss_cfg.negative_set_size}, W={world_size()})"
+            f"got {img.shape[0]} rows on this worker, expected {plan.rows_per_worker} "
+            f"(batch_size={batch_size}, negative_set_size={loss_cfg.negative_set_size}, W={plan.world})"
         )
-    return _rank_ranking_loss(
-        img,
-        cap,
-        image_ids=image_ids,
-        sample_ids=sample_ids,
-        gather=loss_cfg.gather,
-        margin=loss_cfg.margin,
-        hardest=hardest,
-        negative_set_size=loss_cfg.negative_set_size,
-        batch_size=batch_size,
-        generator=generator,
-        reduction=loss_cfg.reduction,
-        similarity=loss_cfg.similarity,
-        stats=stats,
-    )
+    ids = ranking_ids(image_ids, sample_ids, img.shape[0], img.device)
+    batch = gather_step({"img": img, "cap": cap}, {"ids": ids}, enabled=loss_cfg.gather)
+    return rank_ranking_loss(
+        batch, plan.draw(batch.rank, generator), ids="ids", margin=loss_cfg.margin, hardest=hardest,
+        reduction=loss_cfg.reduction, similarity=loss_cfg.similarity, tile=loss_cfg.tile, stats=stats,
+    )  # fmt: skip

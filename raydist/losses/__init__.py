@@ -1,14 +1,16 @@
-"""raydist.losses: similarities and ranking losses (DESIGN.md §4)."""
+"""raydist.losses: similarities, miners (index tuples), per-element terms, reducers; ranking losses."""
 
+from raydist.losses.miners import HardestNegatives, NegativePairs, mine_all_negatives, mine_hardest_negatives
 from raydist.losses.ranking import (
-    REDUCTIONS,
     RankingTerms,
     hinge_costs,
+    hinge_terms,
+    mined_ranking_terms,
     ranking_loss,
     ranking_terms,
     reduce_negatives,
-    reduce_queries,
 )
+from raydist.losses.reducers import REDUCTIONS, reduce_queries, scale_for_world
 from raydist.losses.similarity import (
     SIMILARITIES,
     l2_normalize,
@@ -19,13 +21,20 @@ from raydist.losses.similarity import (
 __all__ = [
     "REDUCTIONS",
     "SIMILARITIES",
+    "HardestNegatives",
+    "NegativePairs",
     "RankingTerms",
     "hinge_costs",
+    "hinge_terms",
     "l2_normalize",
+    "mine_all_negatives",
+    "mine_hardest_negatives",
+    "mined_ranking_terms",
     "paired_similarity",
     "pairwise_similarity",
     "ranking_loss",
     "ranking_terms",
     "reduce_negatives",
     "reduce_queries",
+    "scale_for_world",
 ]

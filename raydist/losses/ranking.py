@@ -1,19 +1,22 @@
 """Bidirectional hinge ranking losses of VSE++ (Faghri et al. 2018): SH (sum of hinges) and MH (max of hinges).
 
-One core, :func:`ranking_terms`, scores queries against keys (square in one process, rectangular
-``[local queries × global keys]`` across workers); :func:`ranking_loss` is its single-process use.
+A ranking loss is a miner (raydist.losses.miners: hardest negatives for MH, all negatives for SH) followed
+by hinge terms on the mined (query, positive, negative) tuples and a reducer (raydist.losses.reducers).
+:func:`mined_ranking_terms` is that composition for queries against keys (square in one process,
+rectangular ``[local queries × global keys]`` across workers); :func:`ranking_loss` is its single-process
+use. :func:`ranking_terms` is the dense reference (every [Q, K] score and cost materialised).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import Tensor
 
+from raydist.losses.miners import mine_all_negatives, mine_hardest_negatives
+from raydist.losses.reducers import reduce_queries
 from raydist.losses.similarity import paired_similarity, pairwise_similarity
-
-REDUCTIONS = ("sum", "mean")
 
 
 def hinge_costs(scores: Tensor, positives: Tensor, negatives: Tensor, margin: float) -> Tensor:
@@ -31,17 +34,8 @@ def reduce_negatives(costs: Tensor, hardest: bool) -> Tensor:
         return costs.sum(1)
     return costs.amax(1) if hardest else costs.sum(1)
 
-
-def reduce_queries(total: Tensor, reduction: str, num_query_terms: int) -> Tensor:
-    """``"sum"``: the total as is (VSE++); ``"mean"``: the total divided by the number of query terms.
-
-    In :func:`ranking_loss` there are ``2N`` query terms (N image queries + N caption queries).
-    """
-    if reduction == "sum":
-        return total
-    if reduction == "mean":
-        return total / num_query_terms
-    raise ValueError(f"reduction={reduction!r}: expected one of {REDUCTIONS}")
+if TYPE_CHECKING:
+    from raydist.losses.miners import HardestNegatives
 
 
 class RankingTerms(NamedTuple):
@@ -84,6 +78,72 @@ def ranking_terms(
     )
 
 
+def hinge_terms(positives: Tensor, negatives: Tensor, margin: float) -> Tensor:
+    """Per-element hinge ``[α − s⁺ + s⁻]₊`` of mined tuples (same shapes)."""
+    return (margin - positives + negatives).clamp(min=0)
+
+
+def _hardest_direction(positives: Tensor, query_emb: Tensor, key_emb: Tensor, key: Tensor, margin: float,
+                       similarity: str, image_is_query: bool) -> Tensor:
+    """MH terms of one direction: the hinge on each query's mined key row (0 where none was mined)."""
+    has = key >= 0
+    rows = key_emb[key.clamp(min=0)]
+    pair = (query_emb, rows) if image_is_query else (rows, query_emb)
+    terms = hinge_terms(positives, paired_similarity(*pair, similarity), margin)
+    return torch.where(has, terms, torch.zeros_like(terms))
+
+
+def _all_direction(positives: Tensor, scores: Tensor, pairs: tuple[Tensor, Tensor], margin: float) -> Tensor:
+    """SH terms of one direction: hinges of every mined (query, key) pair summed per query."""
+    queries, keys = pairs
+    costs = hinge_terms(positives[queries], scores[queries, keys], margin)
+    return torch.zeros_like(positives).index_add(0, queries, costs)
+
+
+def mined_ranking_terms(
+    query_img: Tensor,
+    query_cap: Tensor,
+    key_img: Tensor,
+    key_cap: Tensor,
+    query_ids: Tensor,
+    key_ids: Tensor,
+    *,
+    margin: float,
+    hardest: bool,
+    similarity: str = "dot",
+    tile: int = 4096,
+    query_positions: Tensor | None = None,
+    key_positions: Tensor | None = None,
+) -> tuple[Tensor, Tensor, "HardestNegatives"]:
+    """Per-query terms ``([Q] image queries, [Q] caption queries, hardest negatives)``.
+
+    MH: the hardest-negative miner (no autograd, tiled over keys) then the hinge on the mined rows only —
+    memory O(Q·D) kept for backward. SH: the all-negatives miner and the hinge on every mined pair of the
+    score blocks. The hardest negatives are returned in both cases (the step's statistics use them).
+    """
+    positives = paired_similarity(query_img, query_cap, similarity)
+    mined = mine_hardest_negatives(
+        query_img, query_cap, key_img, key_cap, query_ids, key_ids, similarity=similarity, tile=tile,
+        query_positions=query_positions, key_positions=key_positions,
+    )  # fmt: skip
+    if hardest:
+        image_terms = _hardest_direction(
+            positives, query_img, key_cap, mined.image_query_key, margin, similarity, True
+        )
+        caption_terms = _hardest_direction(
+            positives, query_cap, key_img, mined.caption_query_key, margin, similarity, False
+        )
+        return image_terms, caption_terms, mined
+    pairs = tuple(mine_all_negatives(query_ids, key_ids))
+    image_scores = pairwise_similarity(query_img, key_cap, similarity)
+    caption_scores = pairwise_similarity(key_img, query_cap, similarity).T
+    return (
+        _all_direction(positives, image_scores, pairs, margin),
+        _all_direction(positives, caption_scores, pairs, margin),
+        mined,
+    )
+
+
 def ranking_loss(
     img: Tensor,
     cap: Tensor,
@@ -100,9 +160,11 @@ def ranking_loss(
     ``Σ_k Σ_{l≠k} [α − S_kk + S_kl]₊ + Σ_l Σ_{k≠l} [α − S_ll + S_kl]₊`` and MH (``hardest=True``) replaces
     each inner Σ by max (DESIGN.md §4). Rows sharing an ``image_id`` are never each other's negatives
     (without ids only the diagonal is masked). ``reduction="mean"`` divides the sum by the 2N query terms.
+    MH runs as the hardest-negative miner plus a hinge on the mined rows (:func:`mined_ranking_terms`).
     """
     n = img.shape[0]
     ids = torch.arange(n, device=img.device) if image_ids is None else image_ids.to(img.device)
-    terms = ranking_terms(img, cap, img, cap, ids, ids, margin=margin, hardest=hardest, similarity=similarity)
-    total = terms.image_queries.sum() + terms.caption_queries.sum()
-    return reduce_queries(total, reduction, 2 * n)
+    image_terms, caption_terms, _ = mined_ranking_terms(
+        img, cap, img, cap, ids, ids, margin=margin, hardest=hardest, similarity=similarity
+    )
+    return reduce_queries(image_terms.sum() + caption_terms.sum(), reduction, 2 * n)

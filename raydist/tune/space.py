@@ -13,7 +13,16 @@ from typing import Any
 
 import yaml
 
-from raydist.config import Config, ConfigError, apply_overrides, flatten, load_config, valid_keys, validate
+from raydist.config import (
+    Config,
+    ConfigError,
+    apply_overrides,
+    field_annotation,
+    flatten,
+    load_config,
+    valid_keys,
+    validate,
+)
 
 DISTRIBUTIONS = ("choice", "grid", "uniform", "loguniform", "randint")
 SEARCHES = ("random", "grid", "optuna")
@@ -254,8 +263,7 @@ def _is_number(value: Any, want: type) -> bool:
 
 def _field_types(key: str) -> set[type]:
     """The non-None types a config field holds (``int | None`` → {int})."""
-    section, name = key.split(".")
-    hint = typing.get_type_hints(type(getattr(Config(), section)))[name]
+    hint = field_annotation(key)
     return {t for t in (typing.get_args(hint) or (hint,)) if t is not type(None)}
 
 
