@@ -6,8 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from raydist.losses import l2_normalize, mine_all_negatives, mine_hardest_negatives, mined_ranking_terms
-from raydist.losses import ranking_terms
+from raydist.losses import (
+    l2_normalize,
+    mine_all_negatives,
+    mine_hardest_negatives,
+    mined_ranking_terms,
+    ranking_terms,
+)
 
 
 def _batch(q: int, k: int, seed: int = 0, dim: int = 5):

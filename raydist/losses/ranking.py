@@ -9,12 +9,12 @@ use. :func:`ranking_terms` is the dense reference (every [Q, K] score and cost m
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from raydist.losses.miners import mine_all_negatives, mine_hardest_negatives
+from raydist.losses.miners import HardestNegatives, mine_all_negatives, mine_hardest_negatives
 from raydist.losses.reducers import reduce_queries
 from raydist.losses.similarity import paired_similarity, pairwise_similarity
 
@@ -33,9 +33,6 @@ def reduce_negatives(costs: Tensor, hardest: bool) -> Tensor:
     if costs.shape[1] == 0:
         return costs.sum(1)
     return costs.amax(1) if hardest else costs.sum(1)
-
-if TYPE_CHECKING:
-    from raydist.losses.miners import HardestNegatives
 
 
 class RankingTerms(NamedTuple):
@@ -114,7 +111,7 @@ def mined_ranking_terms(
     tile: int = 4096,
     query_positions: Tensor | None = None,
     key_positions: Tensor | None = None,
-) -> tuple[Tensor, Tensor, "HardestNegatives"]:
+) -> tuple[Tensor, Tensor, HardestNegatives]:
     """Per-query terms ``([Q] image queries, [Q] caption queries, hardest negatives)``.
 
     MH: the hardest-negative miner (no autograd, tiled over keys) then the hinge on the mined rows only —
