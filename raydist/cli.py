@@ -43,7 +43,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 0
     outcome = run_training(cfg, resume_from=args.resume)
     print("\n== per-epoch metrics ==")
-    print(format_history(outcome.history))
+    print(format_history(outcome.history, outcome.columns))
     if outcome.test_metrics:
         print("\n== test split, best checkpoint ==")
         print(format_metrics(outcome.test_metrics))

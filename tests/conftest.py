@@ -18,7 +18,7 @@ def ray_cluster():
     """A local Ray instance with 4 logical CPUs (scheduling tokens) shared by the whole session."""
     import ray
 
-    from raydist.train.trainer import start_local_ray
+    from raydist.runtime import start_local_ray
 
     start_local_ray(4, log_to_driver=False)
     yield ray

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from raydist.config import ConfigError, load_config
-from raydist.train.checkpoint import load_checkpoint
+from raydist.checkpoint import load_checkpoint
 from raydist.train.trainer import run_training
 
 
@@ -34,7 +34,7 @@ def test_injected_fault_restarts_from_checkpoint_and_matches_uninterrupted(ray_c
     clean = run_training(tiny(tiny_dataset, tmp_path / "a", **common), evaluate_test=False)
     fail_at = steps_per_epoch(clean) + 3  # mid second epoch
     faulty = run_training(
-        tiny(tiny_dataset, tmp_path / "b", **common, **{"train.fail_at_step": fail_at, "train.max_failures": 1}),
+        tiny(tiny_dataset, tmp_path / "b", **common, **{"debug.fail_at_step": fail_at, "train.max_failures": 1}),
         evaluate_test=False,
     )
     resumed = faulty.resumed_at
@@ -95,7 +95,7 @@ def test_resume_by_path_and_by_run_name(ray_cluster, tiny_dataset, tmp_path):
 
 
 def test_incompatible_checkpoint_is_refused_with_differing_keys(tiny_dataset, tmp_path):
-    from raydist.train.checkpoint import check_compatible
+    from raydist.checkpoint import check_compatible
 
     a = tiny(tiny_dataset, tmp_path)
     b = tiny(tiny_dataset, tmp_path, **{"model.embed_dim": 32, "model.word_dim": 16})

@@ -33,7 +33,7 @@ FAILING_SPACE = {
     "base": {"train.epochs": 2, "train.log_every": 1000},
     # Trial order follows the grid: the first trial's rank 0 exits hard at its first step
     # (fault injection, once per run folder), the second trains until ASHA stops it.
-    "space": {"train.fail_at_step": {"grid": [0, -1]}, "loss.margin": {"uniform": [0.1, 0.3]}},
+    "space": {"debug.fail_at_step": {"grid": [0, -1]}, "loss.margin": {"uniform": [0.1, 0.3]}},
 }
 
 
@@ -115,7 +115,7 @@ def failing_sweep(ray_cluster, tiny_dataset, tmp_path_factory):
 @pytest.mark.timeout(240)
 def test_failed_trial_is_reported_and_the_sweep_goes_on(failing_sweep, capsys):
     cfg, outcome = failing_sweep
-    rows = {r.values["train.fail_at_step"]: r for r in outcome.rows}
+    rows = {r.values["debug.fail_at_step"]: r for r in outcome.rows}
     assert set(rows) == {0, -1}
     failed, ok = rows[0], rows[-1]
     assert failed.status == "ERROR" and failed.error and failed.metric is None
@@ -128,7 +128,7 @@ def test_failed_trial_is_reported_and_the_sweep_goes_on(failing_sweep, capsys):
 
     best = load_config(preset_file=outcome.best_config_path)
     assert best.loss.margin == pytest.approx(ok.values["loss.margin"])
-    assert (best.train.fail_at_step, best.train.epochs, best.model.embed_dim) == (-1, 2, cfg.model.embed_dim)
+    assert (best.debug.fail_at_step, best.train.epochs, best.model.embed_dim) == (-1, 2, cfg.model.embed_dim)
     assert main(["train", "--preset-file", outcome.best_config_path, "--print-config"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["loss"]["margin"] == pytest.approx(
         ok.values["loss.margin"]

@@ -1,4 +1,4 @@
-"""Embed a dataset split with a trained model and compute retrieval metrics; load checkpoints for eval."""
+"""Embed an image–caption split with a VSE model and compute retrieval metrics; evaluate checkpoints."""
 
 from __future__ import annotations
 
@@ -9,9 +9,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from raydist.data import Vocab, split_arrays
+from raydist.data import Vocab
 from raydist.eval.metrics import retrieval_metrics
-from raydist.models import build_model
 
 
 @dataclass
@@ -79,18 +78,15 @@ def evaluate_arrays(
 def evaluate_checkpoint(
     checkpoint: str | Path, data_dir: str | Path, split: str = "test", *, folds: int | None = None
 ) -> dict[str, float]:
-    """Load a checkpoint (or the newest one in a run folder) and evaluate it on ``split``."""
-    from raydist.train.checkpoint import load_checkpoint
+    """Load a checkpoint (or the newest one in a run folder) and evaluate it on ``split`` of ``data_dir``
+    with its task's evaluator (``folds`` overrides ``eval.folds`` of the pairs task)."""
+    from raydist.checkpoint import load_checkpoint, load_task_info
+    from raydist.tasks import DataInfo, build_task
 
     state, cfg, folder = load_checkpoint(checkpoint)
-    vocab = Vocab.load(folder / "vocab.json")
-    model = build_model(cfg, state["feature_dim"], len(vocab))
+    if folds is not None:
+        cfg.eval.folds = folds
+    task = build_task(cfg, DataInfo.from_checkpoint(folder, load_task_info(folder), data_dir))
+    model = task.build_model()
     model.load_state_dict(state["model"])
-    return evaluate_arrays(
-        model,
-        vocab,
-        split_arrays(data_dir, split),
-        max_len=cfg.data.max_caption_len,
-        folds=cfg.eval.folds if folds is None else folds,
-        batch_size=cfg.eval.batch_size,
-    )
+    return task.evaluate(model, split)

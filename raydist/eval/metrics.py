@@ -101,7 +101,10 @@ def retrieval_metrics(
 
 
 def format_metrics(metrics: dict[str, float]) -> str:
-    """A small text table: rows i2t / t2i, columns R@1 R@5 R@10 medr meanr, then rsum."""
+    """A small text table: rows i2t / t2i, columns R@1 R@5 R@10 medr meanr, then rsum (retrieval
+    metrics); other metrics (e.g. a labelled set's) one ``name value`` line each."""
+    if "rsum" not in metrics:
+        return "\n".join(f"{k:8}{v:8.2f}" for k, v in metrics.items())
     lines = [f"{'':6}{'R@1':>8}{'R@5':>8}{'R@10':>8}{'medr':>8}{'meanr':>9}"]
     for d in ("i2t", "t2i"):
         lines.append(

@@ -1,27 +1,20 @@
-"""Driver side of a training run: resolve data, start or join Ray, build the TorchTrainer, fit,
-and summarise (per-epoch table, best checkpoint, test metrics)."""
+"""Driver side of a training run: resolve and check data, start or join Ray, build the TorchTrainer, fit,
+and summarise (per-epoch table, best checkpoint by the task's validation metric, test metrics)."""
 
 from __future__ import annotations
 
 import json
-import math
-import os
-import socket
-import time
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from raydist.config import Config, ConfigError
+from raydist.config import Config
 from raydist.data import check_split_size, ensure_default_dataset, load_manifest, validate_dataset
-from raydist.distributed import rows_per_worker
-
-# Logical CPUs that Ray Data needs beside the train workers, or the streaming pipeline waits forever
-# (RAY_NOTES.md, "CPU budget").
-DATA_CPUS = 1.0
-TRAIN_COLUMNS = ["image_id", "sample_id", "image", "caption"]
+from raydist.data.stream import fits_in_memory, train_dataset
+from raydist.distributed import StepPlan
+from raydist.runtime import check_cluster_fits, init_ray, is_uri, run_cpus, run_name, storage_root
+from raydist.tasks import DataInfo, build_task
 
 
 @dataclass
@@ -35,6 +28,7 @@ class TrainOutcome:
     history: list[dict[str, Any]]
     resumed_at: list[int]
     test_metrics: dict[str, float] | None = None
+    columns: list[tuple[str, str]] | None = None  # the task's (validation metric, header) table columns
 
 
 def resolve_data_dir(cfg: Config) -> Path:
@@ -44,79 +38,13 @@ def resolve_data_dir(cfg: Config) -> Path:
     return ensure_default_dataset()
 
 
-def rows_per_step(cfg: Config) -> int:
-    """Rows all workers embed together in one step: the global batch, or a larger negative set."""
-    workers = max(cfg.train.num_workers, 1)
-    return workers * rows_per_worker(cfg.train.batch_size, cfg.loss.negative_set_size, workers)
-
-
 def checked_data_dir(cfg: Config, configs: Iterable[Config] = ()) -> Path:
     """The dataset folder, fully validated, with a train split big enough for one step of ``cfg`` and of
     every config in ``configs`` (e.g. all trials of a sweep)."""
     data_dir = resolve_data_dir(cfg)
     validate_dataset(data_dir).raise_if_problems()
-    check_split_size(data_dir, "train", max(rows_per_step(c) for c in (cfg, *configs)))
+    check_split_size(data_dir, "train", max(StepPlan.from_config(c).rows_per_step for c in (cfg, *configs)))
     return data_dir
-
-
-def init_ray(cpus_needed: float) -> None:
-    """Join the cluster a job runs in (RAY_ADDRESS) or start a local one sized for the run."""
-    import ray
-
-    if ray.is_initialized():
-        return
-    os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(log_to_driver=True)
-        return
-    try:
-        ray.init(address="auto", log_to_driver=True)
-        return
-    except ConnectionError:
-        pass
-    # Logical CPUs are scheduling tokens: oversubscribing a small machine is fine for small models.
-    start_local_ray(max(os.cpu_count() or 1, math.ceil(cpus_needed), 4))
-
-
-def start_local_ray(num_cpus: int, *, log_to_driver: bool = True) -> None:
-    """Start a private local Ray instance whose actors find its own State API.
-
-    Ray Train's placement-group cleaner looks the State API up by address; with two Ray instances on
-    one machine that lookup fails ("multiple active Ray instances") and a stopped Tune trial never frees
-    its workers' CPUs. Pinning ``RAY_API_SERVER_ADDRESS`` to this instance's dashboard avoids it.
-    """
-    import ray
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    api = f"http://127.0.0.1:{port}"
-    os.environ["RAY_API_SERVER_ADDRESS"] = api
-    ray.init(
-        address="local",
-        num_cpus=num_cpus,
-        dashboard_port=port,
-        log_to_driver=log_to_driver,
-        runtime_env={"env_vars": {"RAY_API_SERVER_ADDRESS": api}},
-    )
-
-
-def check_cluster_fits(cpus_needed: float) -> None:
-    """Fail fast instead of waiting forever for resources that will never come."""
-    import ray
-
-    have = ray.cluster_resources().get("CPU", 0.0)
-    if cpus_needed > have:
-        raise ConfigError(
-            f"this run needs {cpus_needed:g} logical CPUs (train workers × train.cpus_per_worker + "
-            f"{DATA_CPUS:g} for Ray Data) but the Ray cluster has {have:g}: lower train.num_workers or "
-            "train.cpus_per_worker, or add nodes"
-        )
-
-
-def run_cpus(cfg: Config) -> float:
-    """Logical CPUs one training run occupies (workers + Ray Data)."""
-    return max(cfg.train.num_workers, 1) * cfg.train.cpus_per_worker + DATA_CPUS
 
 
 def build_trainer(
@@ -125,32 +53,27 @@ def build_trainer(
     *,
     resume_from: str | None = None,
     callbacks: list[Any] | None = None,
-    run_name: str | None = None,
+    run_name_override: str | None = None,
     storage_path: str | None = None,
 ) -> Any:
-    """A ``TorchTrainer`` for ``cfg`` (gloo on CPU, nccl on GPU via ``train.use_gpu``)."""
-    import ray.data
+    """A ``TorchTrainer`` for ``cfg`` (gloo on CPU, nccl on GPU via ``train.use_gpu``). A train split that
+    fits ``data.in_memory_max_mb`` is read once by every worker; a larger one streams through Ray Data."""
     from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    from raydist.data import split_files
-    from raydist.train.loop import train_loop_per_worker
+    from raydist.train.ray_worker import train_loop_per_worker
 
-    manifest = load_manifest(data_dir)
-    ctx = ray.data.DataContext.get_current()
-    ctx.execution_options.preserve_order = True  # deterministic row order for a fixed seed
-    ctx.enable_progress_bars = False
-    train_ds = ray.data.read_parquet(split_files(data_dir, "train")).select_columns(TRAIN_COLUMNS)
-    storage = storage_path or cfg.train.storage_path or str(Path("runs").resolve())
-    if "://" not in storage:
-        storage = str(Path(storage).expanduser().resolve())
-    name = run_name or cfg.train.run_name or f"raydist-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    task = build_task(cfg, DataInfo.from_dataset(data_dir))
+    source = "memory" if fits_in_memory(data_dir, "train", cfg.data.in_memory_max_mb) else "stream"
+    datasets = {"train": train_dataset(data_dir, task.columns, task.transform)} if source == "stream" else {}
+    storage = storage_root(cfg, storage_path)
+    name = run_name(cfg, run_name_override)
     loop_config = {
         "cfg": cfg.to_dict(),
         "data_dir": str(data_dir),
-        "feature_dim": manifest.feature_dim,
+        "source": source,
         "resume_from": str(resume_from) if resume_from else None,
-        "marker_dir": str(Path(storage) / name) if "://" not in storage else None,
+        "marker_dir": None if is_uri(storage) else str(Path(storage) / name),
     }
     return TorchTrainer(
         train_loop_per_worker,
@@ -166,13 +89,13 @@ def build_trainer(
             failure_config=FailureConfig(max_failures=cfg.train.max_failures),
             checkpoint_config=CheckpointConfig(
                 num_to_keep=cfg.train.keep_checkpoints,
-                checkpoint_score_attribute="val/rsum",
+                checkpoint_score_attribute=f"val/{task.primary_metric}",
                 checkpoint_score_order="max",
             ),
             callbacks=callbacks or [],
         ),
-        datasets={"train": train_ds},
-        dataset_config=DataConfig(datasets_to_split=["train"]),
+        datasets=datasets,
+        dataset_config=DataConfig(datasets_to_split=["train"] if datasets else []),
     )
 
 
@@ -185,8 +108,8 @@ def run_training(
     """Validate data, fit the TorchTrainer, evaluate the best checkpoint on the test split."""
     from ray.train import TrainingFailedError
 
+    from raydist.checkpoint import find_checkpoint
     from raydist.eval.evaluate import evaluate_checkpoint
-    from raydist.train.checkpoint import find_checkpoint
 
     data_dir = checked_data_dir(cfg)
     if resume_from:
@@ -199,9 +122,10 @@ def run_training(
     except TrainingFailedError as e:
         raise RuntimeError(f"training failed: {e}") from e
     returned = result.return_value if isinstance(result.return_value, dict) else {}
-    best_ckpt, best_metrics = None, None
-    if result.best_checkpoints:
-        best_ckpt, best_metrics = max(result.best_checkpoints, key=lambda cm: cm[1].get("val/rsum", -1.0))
+    task = build_task(cfg, DataInfo.from_dataset(data_dir))
+    metric = f"val/{task.primary_metric}"
+    best_ckpt = result.get_best_checkpoint(metric, "max") if result.best_checkpoints else None
+    best_metrics = next((m for c, m in result.best_checkpoints if best_ckpt and c.path == best_ckpt.path), None)
     outcome = TrainOutcome(
         run_dir=str(result.path),
         best_checkpoint=best_ckpt.path if best_ckpt else None,
@@ -209,21 +133,22 @@ def run_training(
         latest_checkpoint=result.checkpoint.path if result.checkpoint else None,
         history=returned.get("history", []),
         resumed_at=returned.get("resumed_at", []),
+        columns=task.history_columns(),
     )
     if evaluate_test and outcome.best_checkpoint and "test" in load_manifest(data_dir).splits:
         outcome.test_metrics = evaluate_checkpoint(outcome.best_checkpoint, data_dir, "test")
-    if "://" not in outcome.run_dir:  # per-epoch metrics next to the checkpoints
+    if not is_uri(outcome.run_dir):  # per-epoch metrics next to the checkpoints
         Path(outcome.run_dir, "history.json").write_text(json.dumps(outcome.history, indent=1))
     return outcome
 
 
-def format_history(history: list[dict[str, Any]]) -> str:
-    """Per-epoch table: epoch, step, train loss, samples/s, val R@1 (i2t, t2i), val rsum."""
-    lines = [f"{'epoch':>5} {'step':>6} {'loss':>9} {'samples/s':>10} {'i2t R@1':>8} {'t2i R@1':>8} {'rsum':>7}"]
+def format_history(history: list[dict[str, Any]], columns: list[tuple[str, str]] | None = None) -> str:
+    """Per-epoch table: epoch, step, train loss, samples/s and the task's validation columns
+    (default: the pairs task's i2t R@1, t2i R@1, rsum)."""
+    columns = columns or [("i2t_r1", "i2t R@1"), ("t2i_r1", "t2i R@1"), ("rsum", "rsum")]
+    head = f"{'epoch':>5} {'step':>6} {'loss':>9} {'samples/s':>10}"
+    lines = [head + "".join(f" {title:>8}" for _, title in columns)]
     for m in history:
-        lines.append(
-            f"{m['epoch']:>5} {m['step']:>6} {m['train/loss']:>9.4f} {m['train/samples_per_s']:>10.0f} "
-            f"{m.get('val/i2t_r1', float('nan')):>8.1f} {m.get('val/t2i_r1', float('nan')):>8.1f} "
-            f"{m.get('val/rsum', float('nan')):>7.1f}"
-        )
+        row = f"{m['epoch']:>5} {m['step']:>6} {m['train/loss']:>9.4f} {m['train/samples_per_s']:>10.0f}"
+        lines.append(row + "".join(f" {m.get('val/' + key, float('nan')):>8.1f}" for key, _ in columns))
     return "\n".join(lines)

@@ -14,7 +14,8 @@ from typing import Any
 import yaml
 
 from raydist.config import Config, ConfigError, dump_yaml, from_dict
-from raydist.train.trainer import DATA_CPUS, build_trainer, checked_data_dir, init_ray, run_cpus
+from raydist.runtime import DATA_CPUS, init_ray, run_cpus
+from raydist.train.trainer import build_trainer, checked_data_dir
 from raydist.tune.space import SweepSpace, parse_space, trial_config, trial_configs
 
 SWEEP_FILE = "raydist_sweep.yaml"  # space + base config + data folder: what `--resume` needs
@@ -96,7 +97,7 @@ def trial_driver(
         cfg,
         Path(data_dir),
         callbacks=[TuneReportCallback()],
-        run_name=TRAIN_RUN_NAME,
+        run_name_override=TRAIN_RUN_NAME,
         storage_path=trial_folder,
     )
     trainer.fit()

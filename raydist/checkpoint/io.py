@@ -1,5 +1,5 @@
-"""Training checkpoints: one folder with ``state.pt`` (model, optimizer, scheduler, counters, RNG
-states, history), ``config.yaml`` and the dataset's ``vocab.json``.
+"""Checkpoint folders: ``state.pt`` (model, optimizer, scheduler, counters, RNG states, history, the state
+of every registered component), ``config.yaml``, ``task.json`` and the task's extra files (``vocab.json``).
 
 Files are written to temporary names and renamed, and ``state.pt`` is written last, so a crash while
 writing never leaves a folder that loads half.
@@ -7,6 +7,7 @@ writing never leaves a folder that loads half.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -21,11 +22,13 @@ from raydist.config import Config, ConfigError, from_dict
 
 STATE_FILE = "state.pt"
 CONFIG_FILE = "config.yaml"
-VOCAB_FILE = "vocab.json"
+TASK_FILE = "task.json"
 
 # Config keys that change the shape of the saved model or the meaning of its vocabulary: a checkpoint
 # whose values differ cannot be loaded into the current run.
-ARCHITECTURE_KEYS = ("model.embed_dim", "model.word_dim", "model.num_layers", "model.no_imgnorm")
+ARCHITECTURE_KEYS = (
+    "model.embed_dim", "model.word_dim", "model.num_layers", "model.no_imgnorm", "model.mlp_hidden",
+)  # fmt: skip
 
 
 def _atomic_write_bytes(path: Path, write: Any) -> None:
@@ -53,12 +56,24 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
 
 
-def save_checkpoint(folder: str | Path, state: dict[str, Any], cfg: Config, vocab_path: str | Path) -> Path:
-    """Write a checkpoint folder; ``state.pt`` last, each file via a temporary name."""
+def save_checkpoint(
+    folder: str | Path,
+    state: dict[str, Any],
+    cfg: Config,
+    *,
+    task: dict[str, Any] | None = None,
+    files: dict[str, Path] | None = None,
+) -> Path:
+    """Write a checkpoint folder: ``files`` (name → source, e.g. the vocab), ``task.json`` (the task's name
+    and data facts), ``config.yaml``, then ``state.pt`` last, each file via a temporary name."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(vocab_path, folder / (VOCAB_FILE + ".tmp"))
-    os.replace(folder / (VOCAB_FILE + ".tmp"), folder / VOCAB_FILE)
+    for name, src in (files or {}).items():
+        shutil.copyfile(src, folder / (name + ".tmp"))
+        os.replace(folder / (name + ".tmp"), folder / name)
+    if task is not None:
+        task_text = json.dumps(task, indent=1).encode()
+        _atomic_write_bytes(folder / TASK_FILE, lambda f: f.write(task_text))
     text = yaml.safe_dump(cfg.to_dict(), sort_keys=False).encode()
     _atomic_write_bytes(folder / CONFIG_FILE, lambda f: f.write(text))
     _atomic_write_bytes(folder / STATE_FILE, lambda f: torch.save(state, f))
@@ -103,3 +118,14 @@ def check_compatible(saved: Config, current: Config, *, saved_from: str) -> None
     diff = [f"{k}: checkpoint={a[k]!r} run={b[k]!r}" for k in ARCHITECTURE_KEYS if a[k] != b[k]]
     if diff:
         raise ConfigError(f"checkpoint {saved_from} is incompatible with this config:\n  " + "\n  ".join(diff))
+
+
+def load_task_info(folder: str | Path) -> dict[str, Any]:
+    """``task.json`` of a checkpoint folder (task name and data facts); pairs for older checkpoints."""
+    path = Path(folder) / TASK_FILE
+    if not path.is_file():
+        return {"task": "pairs"}
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: unreadable checkpoint task file: {e}") from e

@@ -1,0 +1,82 @@
+"""Train batches for the workers: a split small enough is read once into memory and reshuffled every
+epoch; a larger one streams through Ray Data (``read_parquet`` → ``map_batches`` with the task's
+transform, split across workers by Ray Train)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from raydist.data.manifest import load_manifest
+from raydist.data.schema import IMAGE
+from raydist.data.shards import feature_matrix, read_split, split_files
+
+Batch = dict[str, np.ndarray]
+Transform = Callable[[Batch], Batch]
+
+
+def fits_in_memory(data_dir: str | Path, split: str, max_mb: int) -> bool:
+    """Whether the split's float32 features take at most ``max_mb`` MiB (0 = never)."""
+    manifest = load_manifest(data_dir)
+    size = manifest.splits[split].rows * manifest.feature_dim * 4 / 2**20
+    return max_mb > 0 and size <= max_mb
+
+
+def split_columns(data_dir: str | Path, split: str, columns: Sequence[str], *, verify: bool = False) -> Batch:
+    """Columns of a split as numpy arrays (``image`` as float32 [N, D])."""
+    table = read_split(data_dir, split, verify=verify)
+    return {c: feature_matrix(table.column(c)) if c == IMAGE else table.column(c).to_numpy(zero_copy_only=False)
+            for c in columns}  # fmt: skip
+
+
+class InMemoryBatches:
+    """Equal-size batches of a transformed in-memory split for rank ``rank`` of ``world``.
+
+    Epoch e draws one permutation of all N rows from ``(seed, e)`` (the same on every rank); step s gives
+    rank r the rows ``perm[s·W·m + r·m : s·W·m + (r+1)·m]`` (m = rows per worker); the remainder of
+    N mod (W·m) rows is left out of that epoch, a different remainder each epoch.
+    """
+
+    def __init__(self, arrays: Batch, *, rows: int, rank: int, world: int, seed: int) -> None:
+        self.arrays, self.rows, self.rank, self.world, self.seed = arrays, rows, rank, world, seed
+        self.num_rows = len(next(iter(arrays.values())))
+
+    def steps_per_epoch(self) -> int:
+        """Full steps one epoch holds."""
+        return self.num_rows // (self.rows * self.world)
+
+    def epoch(self, epoch: int) -> Iterator[Batch]:
+        """This rank's batches of epoch ``epoch``."""
+        g = torch.Generator().manual_seed((self.seed * 7919 + epoch) * 131 + 17)
+        perm = torch.randperm(self.num_rows, generator=g).numpy()
+        step_rows = self.rows * self.world
+        for s in range(self.steps_per_epoch()):
+            start = s * step_rows + self.rank * self.rows
+            idx = perm[start : start + self.rows]
+            yield {k: v[idx] for k, v in self.arrays.items()}
+
+
+def train_dataset(data_dir: str | Path, columns: Sequence[str], transform: Transform) -> Any:
+    """The Ray Data stream of the train split: shards → selected columns → the task's transform."""
+    import ray.data
+
+    ctx = ray.data.DataContext.get_current()
+    ctx.execution_options.preserve_order = True  # deterministic row order for a fixed seed
+    ctx.enable_progress_bars = False
+    ds = ray.data.read_parquet(split_files(data_dir, "train")).select_columns(list(columns))
+    return ds.map_batches(transform, batch_format="numpy")
+
+
+def stream_epoch(shard: Any, *, rows: int, shuffle_buffer: int, seed: int, epoch: int, rank: int) -> Iterator[Batch]:
+    """This worker's batches of a streamed epoch; the local shuffle is seeded by (seed, epoch, rank)."""
+    return shard.iter_batches(
+        batch_size=rows,
+        batch_format="numpy",
+        drop_last=True,
+        local_shuffle_buffer_size=shuffle_buffer if shuffle_buffer > 0 else None,
+        local_shuffle_seed=(seed * 7919 + epoch) * 131 + rank if shuffle_buffer > 0 else None,
+    )

@@ -1,0 +1,157 @@
+"""The task interface: what is specific to one kind of data (columns, batch → tensors, model, loss,
+evaluator, checkpoint extras), and the registry that finds a task by the manifest's ``task`` name."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from raydist.config import Config
+from raydist.data.manifest import load_manifest
+from raydist.distributed import GatheredBatch, NegativeSet
+
+
+@dataclass(frozen=True)
+class DataInfo:
+    """Facts about the data a task's model depends on; from a dataset folder or a checkpoint's task.json."""
+
+    task: str
+    feature_dim: int
+    num_classes: int | None = None
+    data_dir: Path | None = None  # the dataset folder, when there is one
+    files: dict[str, Path] = field(default_factory=dict)  # extra files the task needs (e.g. vocab.json)
+
+    @classmethod
+    def from_dataset(cls, data_dir: str | Path) -> DataInfo:
+        """From a dataset folder's manifest."""
+        data_dir = Path(data_dir)
+        m = load_manifest(data_dir)
+        files = {m.vocab: data_dir / m.vocab} if m.vocab else {}
+        return cls(m.task, m.feature_dim, m.num_classes, data_dir, files)
+
+    @classmethod
+    def from_checkpoint(cls, folder: str | Path, info: dict[str, Any], data_dir: str | Path | None = None) -> DataInfo:
+        """From a checkpoint folder's ``task.json`` (its extra files live in the checkpoint folder)."""
+        folder = Path(folder)
+        files = {name: folder / name for name in info.get("files", [])}
+        return cls(info["task"], int(info["feature_dim"]), info.get("num_classes"),
+                   Path(data_dir) if data_dir else None, files)  # fmt: skip
+
+    def to_json(self) -> dict[str, Any]:
+        """What a checkpoint's ``task.json`` records."""
+        return {"task": self.task, "feature_dim": self.feature_dim, "num_classes": self.num_classes,
+                "files": sorted(self.files)}  # fmt: skip
+
+
+@dataclass
+class Encoded:
+    """A step's model outputs: embeddings (gathered with autograd), ids (gathered without), and
+    rank-local extras (logits, targets)."""
+
+    embeddings: dict[str, Tensor]
+    ids: dict[str, Tensor]
+    extras: dict[str, Tensor] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """Where the loop is: epoch (0-based), global step, rank and world size."""
+
+    epoch: int
+    global_step: int
+    rank: int
+    world: int
+
+
+class Task(ABC):
+    """One kind of data. Subclasses set the class attributes and implement the abstract methods, then
+    register with :func:`register_task`; the loop, trainer and evaluator never look inside."""
+
+    name: ClassVar[str]
+    columns: ClassVar[tuple[str, ...]]  # shard columns read for training
+    primary_metric: ClassVar[str]  # validation metric that picks the best checkpoint (higher is better)
+    gathers: ClassVar[bool] = True  # whether the loss needs the global batch of all workers
+
+    def __init__(self, cfg: Config, info: DataInfo) -> None:
+        self.cfg, self.info = cfg, info
+
+    @abstractmethod
+    def transform(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Shard columns → model-ready numpy arrays (runs in Ray Data ``map_batches``, or once in memory)."""
+
+    @abstractmethod
+    def build_model(self) -> nn.Module:
+        """A fresh model for this data."""
+
+    @abstractmethod
+    def encode(self, model: nn.Module, batch: dict[str, Tensor]) -> Encoded:
+        """Forward pass of one step's batch."""
+
+    @abstractmethod
+    def loss(
+        self,
+        encoded: Encoded,
+        gathered: GatheredBatch,
+        negative_set: NegativeSet,
+        ctx: StepContext,
+        stats: dict[str, float],
+    ) -> Tensor:
+        """This rank's loss (scaled so that DDP's average gives the global loss's gradient); may add
+        per-step statistics to ``stats``."""
+
+    @abstractmethod
+    def evaluate(self, model: nn.Module, split: str, device: torch.device | str = "cpu") -> dict[str, float]:
+        """Metrics of ``model`` on a split of ``info.data_dir`` (clean labels where there are any)."""
+
+    def epoch_metrics(self, epoch: int) -> dict[str, Any]:
+        """Extra per-epoch facts for the history (e.g. which loss phase ran)."""
+        return {}
+
+    def summary(self, metrics: dict[str, Any]) -> str:
+        """A short text of validation metrics for the progress line."""
+        return f"val {self.primary_metric} {metrics.get(self.primary_metric, float('nan')):.1f}"
+
+    def history_columns(self) -> list[tuple[str, str]]:
+        """(validation metric key, column header) pairs of the per-epoch table."""
+        return [(self.primary_metric, self.primary_metric)]
+
+
+_TASKS: dict[str, type[Task]] = {}
+
+
+def register_task(cls: type[Task]) -> type[Task]:
+    """Class decorator: make ``cls`` the task of datasets whose manifest says ``task: cls.name``."""
+    if cls.name in _TASKS and _TASKS[cls.name] is not cls:
+        raise ValueError(f"task {cls.name!r} is already registered by {_TASKS[cls.name].__module__}")
+    _TASKS[cls.name] = cls
+    return cls
+
+
+def task_names() -> list[str]:
+    """Registered task names (the shipped ones are registered when raydist.tasks is imported)."""
+    import raydist.tasks  # noqa: F401  (registers pairs and labels)
+
+    return sorted(_TASKS)
+
+
+def get_task(name: str) -> type[Task]:
+    """The task class registered as ``name``."""
+    if name not in task_names():
+        raise ValueError(f"unknown task {name!r}; registered tasks: {', '.join(task_names())}")
+    return _TASKS[name]
+
+
+def build_task(cfg: Config, info: DataInfo) -> Task:
+    """The task that ``info.task`` names, for this config and data."""
+    return get_task(info.task)(cfg, info)
+
+
+def to_tensors(batch: dict[str, np.ndarray], device: torch.device | str) -> dict[str, Tensor]:
+    """Numeric numpy columns → tensors on ``device`` (other columns are left out)."""
+    return {k: torch.as_tensor(v).to(device) for k, v in batch.items() if v.dtype != object}

@@ -1,0 +1,89 @@
+"""Task ``pairs``: image–caption retrieval (VSE++). Captions are tokenised in the data pipeline; the loss
+is the bidirectional hinge ranking loss over negatives mined from the global batch (SH warm-up, then MH);
+evaluation is the VSE++ retrieval protocol."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from raydist.data import Vocab, feature_matrix, split_arrays
+from raydist.distributed import GatheredBatch, NegativeSet, rank_ranking_loss
+from raydist.eval.evaluate import evaluate_arrays
+from raydist.models import build_model
+from raydist.tasks.base import Encoded, StepContext, Task, register_task
+
+
+@register_task
+class PairsTask(Task):
+    """Image–caption pairs: one row per caption, captions of an image share its ``image_id``."""
+
+    name = "pairs"
+    columns = ("image_id", "sample_id", "image", "caption")
+    primary_metric = "rsum"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.vocab = Vocab.load(self.info.files["vocab.json"])
+        self._splits: dict[str, tuple] = {}
+
+    def transform(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Features as float32 [B, D]; captions as token ids padded to ``data.max_caption_len`` + lengths."""
+        max_len = self.cfg.data.max_caption_len
+        tokens, lengths = self.vocab.encode_batch(list(batch["caption"]), max_len)
+        padded = np.zeros((len(lengths), max_len), dtype=np.int64)
+        padded[:, : tokens.shape[1]] = tokens
+        return {
+            "image": feature_matrix(batch["image"]),
+            "tokens": padded,
+            "lengths": lengths,
+            "image_id": np.asarray(batch["image_id"], dtype=np.int64),
+            "sample_id": np.asarray(batch["sample_id"], dtype=np.int64),
+        }
+
+    def build_model(self) -> nn.Module:
+        return build_model(self.cfg, self.info.feature_dim, len(self.vocab))
+
+    def encode(self, model: nn.Module, batch: dict[str, Tensor]) -> Encoded:
+        lengths = batch["lengths"]
+        tokens = batch["tokens"][:, : int(lengths.max())]
+        img, cap = model(batch["image"].float(), tokens, lengths)
+        return Encoded({"img": img, "cap": cap}, {"image_id": batch["image_id"], "sample_id": batch["sample_id"]})
+
+    def hardest(self, epoch: int) -> bool:
+        """MH after ``loss.warmup_sh_epochs`` epochs of SH (when ``loss.hardest``)."""
+        return self.cfg.loss.hardest and epoch >= self.cfg.loss.warmup_sh_epochs
+
+    def loss(
+        self, encoded: Encoded, gathered: GatheredBatch, negative_set: NegativeSet, ctx: StepContext,
+        stats: dict[str, float],
+    ) -> Tensor:  # fmt: skip
+        lo = self.cfg.loss
+        return rank_ranking_loss(
+            gathered, negative_set, ids="image_id", margin=lo.margin, hardest=self.hardest(ctx.epoch),
+            reduction=lo.reduction, similarity=lo.similarity, tile=lo.tile, stats=stats,
+        )  # fmt: skip
+
+    def evaluate(self, model: nn.Module, split: str, device: torch.device | str = "cpu") -> dict[str, float]:
+        """VSE++ retrieval metrics (R@1/5/10, medr, meanr, rsum); ``eval.folds`` except on val."""
+        if split not in self._splits:
+            self._splits[split] = split_arrays(self.info.data_dir, split, verify=False)
+        return evaluate_arrays(
+            model, self.vocab, self._splits[split], max_len=self.cfg.data.max_caption_len,
+            folds=1 if split == "val" else self.cfg.eval.folds, batch_size=self.cfg.eval.batch_size,
+            device=device,
+        )  # fmt: skip
+
+    def epoch_metrics(self, epoch: int) -> dict[str, Any]:
+        return {"loss/hardest": int(self.hardest(epoch))}
+
+    def summary(self, metrics: dict[str, Any]) -> str:
+        return (
+            f"val rsum {metrics['rsum']:.1f} (i2t R@1 {metrics['i2t_r1']:.1f}, t2i R@1 {metrics['t2i_r1']:.1f})"
+        )
+
+    def history_columns(self) -> list[tuple[str, str]]:
+        return [("i2t_r1", "i2t R@1"), ("t2i_r1", "t2i R@1"), ("rsum", "rsum")]

@@ -1,0 +1,41 @@
+"""Loop hooks: the only way optional machinery joins the training loop. A hook may register state for
+checkpoints (``setup``), act before a step, after backward (gradient statistics), and at the end of an
+epoch (evaluation)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from raydist.checkpoint import StateRegistry
+from raydist.tasks import StepContext, Task
+
+
+class Hook:
+    """Base class: override the methods you need; all default to doing nothing."""
+
+    def setup(self, model: nn.Module, registry: StateRegistry) -> None:
+        """Called once before training (before a checkpoint is restored): register state here."""
+
+    def before_step(self, ctx: StepContext) -> None:
+        """Called before each optimisation step."""
+
+    def after_backward(self, ctx: StepContext, model: nn.Module) -> None:
+        """Called after backward, before gradient clipping and the optimizer step (gradients in place)."""
+
+    def end_of_epoch(self, ctx: StepContext, model: nn.Module, metrics: dict[str, Any]) -> None:
+        """Called after each epoch on every rank; may add entries to ``metrics``."""
+
+
+class ValidationHook(Hook):
+    """Rank 0 evaluates the model on the val split at the end of each epoch (``val/<metric>`` entries)."""
+
+    def __init__(self, task: Task, device: Any = "cpu") -> None:
+        self.task, self.device = task, device
+
+    def end_of_epoch(self, ctx: StepContext, model: nn.Module, metrics: dict[str, Any]) -> None:
+        if ctx.rank != 0:
+            return
+        inner = model.module if hasattr(model, "module") else model
+        metrics.update({f"val/{k}": v for k, v in self.task.evaluate(inner, "val", self.device).items()})

@@ -1,0 +1,80 @@
+"""The Ray Train side of the loop: ``train_loop_per_worker`` builds the task and a :class:`RayRuntime`
+(context, dataset shard or in-memory split, report, checkpoint) and runs :func:`raydist.train.loop.run_loop`."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray.train
+import ray.train.torch
+from torch import nn
+
+from raydist.config import Config, from_dict
+from raydist.data.stream import InMemoryBatches, split_columns, stream_epoch
+from raydist.distributed import StepPlan
+from raydist.tasks import DataInfo, Task, build_task
+from raydist.train.faults import FailAtStep
+from raydist.train.hooks import Hook, ValidationHook
+from raydist.train.loop import run_loop
+
+
+class RayRuntime:
+    """Rank, device, batches, reports and restarts from Ray Train."""
+
+    def __init__(self, cfg: Config, task: Task, plan: StepPlan, source: str) -> None:
+        ctx = ray.train.get_context()
+        self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
+        self.device = ray.train.torch.get_device()
+        self.cfg, self.plan = cfg, plan
+        self._memory: InMemoryBatches | None = None
+        self._shard: Any = None
+        if source == "memory":
+            arrays = task.transform(split_columns(task.info.data_dir, "train", task.columns))
+            self._memory = InMemoryBatches(
+                arrays, rows=plan.rows_per_worker, rank=self.rank, world=self.world, seed=cfg.train.seed
+            )
+        else:
+            self._shard = ray.train.get_dataset_shard("train")
+
+    def prepare_model(self, model: nn.Module) -> nn.Module:
+        return ray.train.torch.prepare_model(model)
+
+    def train_batches(self, epoch: int) -> Iterable[dict[str, np.ndarray]]:
+        if self._memory is not None:
+            return self._memory.epoch(epoch)
+        return stream_epoch(
+            self._shard, rows=self.plan.rows_per_worker, shuffle_buffer=self.cfg.data.shuffle_buffer,
+            seed=self.cfg.train.seed, epoch=epoch, rank=self.rank,
+        )  # fmt: skip
+
+    def checkpoint_to_restore(self) -> str | None:
+        ckpt = ray.train.get_checkpoint()
+        return ckpt.to_directory() if ckpt is not None else None
+
+    def report(self, metrics: dict[str, Any], checkpoint_dir: str | None) -> None:
+        checkpoint = ray.train.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
+        ray.train.report(metrics, checkpoint=checkpoint)
+
+
+def build_hooks(cfg: Config, task: Task, device: Any, marker_dir: str | None) -> list[Hook]:
+    """The hooks of a run: validation, plus fault injection when ``debug.fail_at_step`` asks for it."""
+    hooks: list[Hook] = [ValidationHook(task, device)]
+    if cfg.debug.fail_at_step >= 0:
+        hooks.insert(0, FailAtStep(cfg.debug.fail_at_step, cfg.debug.fail_rank, marker_dir or tempfile.gettempdir()))
+    return hooks
+
+
+def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any] | None:
+    """Ray Train entry point. ``loop_config``: ``cfg`` (nested dict), ``data_dir``, ``source`` ("memory" or
+    "stream"), optional ``resume_from`` (checkpoint folder) and ``marker_dir`` (fault-injection markers)."""
+    cfg = from_dict(loop_config["cfg"])
+    task = build_task(cfg, DataInfo.from_dataset(Path(loop_config["data_dir"])))
+    world = ray.train.get_context().get_world_size()
+    plan = StepPlan(cfg.train.batch_size, cfg.loss.negative_set_size, world)
+    runtime = RayRuntime(cfg, task, plan, loop_config["source"])
+    hooks = build_hooks(cfg, task, runtime.device, loop_config.get("marker_dir"))
+    return run_loop(cfg, task, runtime, plan, hooks=hooks, resume_from=loop_config.get("resume_from"))
