@@ -70,12 +70,28 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_make_data(args: argparse.Namespace) -> int:
     from raydist.data import make_synthetic
+    from raydist.data.synthetic_labels import make_synthetic_labels
 
+    if args.kind == "synthetic-labels":
+        out = make_synthetic_labels(
+            args.out,
+            classes=args.classes,
+            train_per_class=args.train_per_class,
+            val_per_class=args.val_per_class,
+            test_per_class=args.test_per_class,
+            dim=args.dim or 32,
+            overlap=args.overlap,
+            duplicates=args.duplicates,
+            seed=args.seed,
+            overwrite=args.overwrite,
+        )
+        print(f"wrote dataset {out}")
+        return 0
     out = make_synthetic(
         args.out,
         images=args.images,
         captions_per_image=args.captions_per_image,
-        dim=args.dim,
+        dim=args.dim or 128,
         seed=args.seed,
         val_images=args.val_images,
         test_images=args.test_images,
@@ -183,14 +199,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="write the metrics to this JSON file")
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("make-data", help="write a dataset")
-    p.add_argument("kind", choices=["synthetic"])
+    p = sub.add_parser("make-data", help="write a synthetic dataset: image–caption pairs or labelled vectors")
+    p.add_argument("kind", choices=["synthetic", "synthetic-labels"])
     p.add_argument("--out", required=True)
-    p.add_argument("--images", type=int, default=3000, help="train images")
+    p.add_argument("--images", type=int, default=3000, help="synthetic: train images")
     p.add_argument("--val-images", type=int, default=500)
     p.add_argument("--test-images", type=int, default=1000)
     p.add_argument("--captions-per-image", type=int, default=5)
-    p.add_argument("--dim", type=int, default=128, help="image feature dimension")
+    p.add_argument("--dim", type=int, default=None, help="feature dimension (default 128; labels: 32)")
+    p.add_argument("--classes", type=int, default=10, help="synthetic-labels: classes K")
+    p.add_argument("--train-per-class", type=int, default=100, help="synthetic-labels: train rows per class")
+    p.add_argument("--val-per-class", type=int, default=20, help="synthetic-labels: val rows per class")
+    p.add_argument("--test-per-class", type=int, default=40, help="synthetic-labels: test rows per class")
+    p.add_argument("--overlap", type=float, default=0.5,
+                   help="synthetic-labels: class overlap in [0, 1] (shared probability mass of two classes)")
+    p.add_argument("--duplicates", type=int, default=1, help="synthetic-labels: copies of each train example")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset folder")
     p.set_defaults(func=cmd_make_data)

@@ -32,3 +32,13 @@ def tiny_dataset(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("data") / "tiny"
     return make_synthetic(out, images=400, captions_per_image=5, dim=32, seed=3, val_images=100, test_images=100)
+
+
+@pytest.fixture(scope="session")
+def labels_dataset(tmp_path_factory):
+    """A small synthetic labelled dataset (10 classes, 32-d features) shared by the session's tests."""
+    from raydist.data.synthetic_labels import make_synthetic_labels
+
+    out = tmp_path_factory.mktemp("data") / "labels"
+    return make_synthetic_labels(out, classes=10, train_per_class=60, val_per_class=20, test_per_class=30,
+                                 dim=32, overlap=0.2, seed=3)  # fmt: skip

@@ -120,8 +120,13 @@ def manifest_from_dict(raw: Any, where: str = MANIFEST_NAME) -> Manifest:
             f"{where}: field 'format_version': unknown version {version}; this raydist reads {FORMAT_VERSION}"
         )
     task = _get(raw, "task", str, where, "task")
-    if task not in TASKS:
-        raise RaydistDataError(f"{where}: field 'task': unknown task {task!r}; expected one of {TASKS}")
+    if task not in TASKS:  # a task registered by a user module (raydist.tasks.register_task)
+        from raydist.tasks.base import task_names
+
+        if task not in task_names():
+            raise RaydistDataError(
+                f"{where}: field 'task': unknown task {task!r}; expected one of {task_names()}"
+            )
     dim = _get(raw, "feature_dim", int, where, "feature_dim")
     if dim < 1:
         raise RaydistDataError(f"{where}: field 'feature_dim': expected >= 1, got {dim}")

@@ -1,6 +1,7 @@
 """Shard schema (DESIGN.md §2): column names and Arrow types, dataset layout constants, the data error.
 
-One Parquet row per caption (task ``pairs``) or per sample (task ``labels``).
+One Parquet row per caption (task ``pairs``) or per sample (task ``labels``, and any other registered task,
+which uses the labelled layout).
 """
 
 from __future__ import annotations
