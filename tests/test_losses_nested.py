@@ -1,0 +1,107 @@
+"""Matryoshka loss against hand-written float64 sums over independently normalised prefixes."""
+
+import numpy as np
+import pytest
+import torch
+
+from raydist.losses.nested import nested_loss, nested_views
+from raydist.losses.ranking import ranking_loss
+from raydist.losses.similarity import l2_normalize
+
+
+def unit_prefix(x: np.ndarray, m: int) -> np.ndarray:
+    p = x[:, :m]
+    return p / np.sqrt((p * p).sum(1, keepdims=True))
+
+
+def vsepp_mh(img: np.ndarray, cap: np.ndarray, margin: float) -> float:
+    """VSE++ MH loss by loops: Σ_k max_{l≠k} [α − S_kk + S_kl]₊ + Σ_l max_{k≠l} [α − S_ll + S_kl]₊."""
+    s = img @ cap.T
+    n = len(s)
+    total = 0.0
+    for k in range(n):
+        total += max(max(0.0, margin - s[k, k] + s[k, j]) for j in range(n) if j != k)
+        total += max(max(0.0, margin - s[k, k] + s[j, k]) for j in range(n) if j != k)
+    return total
+
+
+def squared_sum(z: torch.Tensor) -> torch.Tensor:
+    return (z.sum(0) ** 2).sum()
+
+
+def test_single_full_dim_is_the_plain_loss():
+    x = torch.randn(12, 16)
+    nested = nested_loss(squared_sum, [16])
+    assert torch.equal(nested(x), squared_sum(l2_normalize(x)))
+
+
+def test_gradient_beyond_largest_prefix_is_zero():
+    x = torch.randn(10, 32, requires_grad=True)
+    nested_loss(squared_sum, [4, 8, 20])(x).backward()
+    assert torch.equal(x.grad[:, 20:], torch.zeros(10, 12))
+    assert (x.grad[:, :20].abs() > 0).any(1).all()
+
+
+def test_weights_scale_each_prefix_term():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((9, 24))
+    dims, weights = [3, 6, 12, 24], [0.5, 2.0, 0.0, 1.5]
+    expected = sum(c * float((unit_prefix(x, m).sum(0) ** 2).sum()) for m, c in zip(dims, weights))
+    got = nested_loss(squared_sum, dims, weights)(torch.from_numpy(x))
+    assert got.dtype == torch.float64
+    assert got.item() == pytest.approx(expected, rel=1e-12)
+
+
+def test_default_weights_are_one_and_terms_are_unweighted():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((7, 10))
+    nested = nested_loss(squared_sum, [2, 5, 10])
+    terms = [float((unit_prefix(x, m).sum(0) ** 2).sum()) for m in (2, 5, 10)]
+    np.testing.assert_allclose([t.item() for t in nested.terms(torch.from_numpy(x))], terms, rtol=1e-12)
+    assert nested(torch.from_numpy(x)).item() == pytest.approx(sum(terms), rel=1e-12)
+
+
+def test_ranking_loss_on_image_caption_pairs():
+    rng = np.random.default_rng(2)
+    img = rng.standard_normal((8, 32))
+    cap = img + 0.8 * rng.standard_normal((8, 32))
+    dims, weights, margin = [4, 8, 32], [1.0, 0.5, 2.0], 0.2
+    expected = sum(
+        c * vsepp_mh(unit_prefix(img, m), unit_prefix(cap, m), margin) for m, c in zip(dims, weights)
+    )
+    nested = nested_loss(ranking_loss, dims, weights)
+    got = nested((torch.from_numpy(img), torch.from_numpy(cap)), margin=margin, hardest=True)
+    assert got.item() == pytest.approx(expected, rel=1e-12)
+
+
+def test_extra_positional_args_pass_through():
+    x = torch.randn(6, 8, dtype=torch.float64)
+    scale = torch.tensor(3.0, dtype=torch.float64)
+    nested = nested_loss(lambda z, s: s * squared_sum(z), [4, 8])
+    expected = 3.0 * sum(float((unit_prefix(x.numpy(), m).sum(0) ** 2).sum()) for m in (4, 8))
+    assert nested(x, scale).item() == pytest.approx(expected, rel=1e-12)
+
+
+def test_nested_views_are_unit_prefixes():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((5, 12))
+    views = nested_views(torch.from_numpy(x), (3, 12))
+    assert [tuple(v.shape) for v in views] == [(5, 3), (5, 12)]
+    for v, m in zip(views, (3, 12)):
+        np.testing.assert_allclose(v.numpy(), unit_prefix(x, m), rtol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "dims, weights",
+    [([], None), ([8, 8], None), ([16, 8], None), ([0, 4], None), ([2.5], None), ([True], None),
+     ([4, 8], [1.0]), ([4, 8], [1.0, -0.1]), ([4, 8], [1.0, float("nan")])],
+)  # fmt: skip
+def test_invalid_configuration(dims, weights):
+    with pytest.raises((ValueError, TypeError)):
+        nested_loss(squared_sum, dims, weights)
+
+
+def test_largest_dim_checked_on_call():
+    nested = nested_loss(squared_sum, [4, 32])
+    with pytest.raises(ValueError, match="exceeds the embedding dim 16"):
+        nested(torch.randn(3, 16))
