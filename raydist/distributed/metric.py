@@ -1,0 +1,63 @@
+"""Cross-worker metric-learning losses (triplet, margin) mined over the global batch, exact under DDP.
+
+Each of the W ranks passes its own m rows (the same m everywhere); global row ``r·m + i`` is local row i of
+rank r (the order of :func:`all_gather_with_grad`). Embeddings are gathered with autograd, labels without.
+
+Mining. Every rank mines the same global W·m batch with the same miner and a generator seeded identically on
+every rank, so every rank holds the same global triplets (the single-process triplets of the concatenated
+batch, random draws included). Rank r keeps the triplets whose anchor is one of its rows.
+
+Scaling. Rank r returns ``W · total_r / count`` (``W · total_r`` for "sum"), where ``total_r`` sums the
+terms of its triplets and ``count`` is the global denominator: the sum over ranks of the per-rank counts.
+Each global triplet is on exactly one rank (its anchor's owner), so ``Σ_r total_r`` and ``count`` are the
+single-process total and count (e.g. of non-zero terms), and ``L = Σ_r total_r / count`` is the
+single-process loss. The gather's backward sums every rank's gradient with respect to the rows it gathered
+back to their owner, so rank r's rows receive ``W · ∂L/∂x``; DDP then divides by W. A parameter of the
+loss (margin β, a DDP parameter too) receives ``W · ∂(total_r / count)/∂β`` on rank r, whose mean over
+ranks is ``∂L/∂β``. The mean over ranks of the returned values is L. The ×W is
+:func:`raydist.losses.reducers.scale_for_world`, the one place it happens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from raydist.distributed.gather import all_gather_tensor, all_gather_with_grad, global_rank, world_size
+from raydist.losses.reducers import scale_for_world
+from raydist.losses.triplets import TermSum, Triplets, check_labels
+
+Miner = Callable[..., Triplets]
+LossParts = Callable[[Tensor, Tensor, Triplets], TermSum]
+
+
+def cross_worker_metric_loss(
+    emb: Tensor,
+    labels: Tensor,
+    *,
+    miner: Miner,
+    loss_parts: LossParts,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """This rank's share of a metric loss over the global batch (module docstring: mining and scaling).
+
+    ``miner(global_emb, global_labels, generator=generator)`` returns the global :class:`Triplets`, e.g.
+    ``functools.partial(mine_triplets, strategy="semihard-random", margin=0.2)``; ``generator`` must be
+    seeded identically on every rank for the random strategies. ``loss_parts(global_emb, global_labels,
+    triplets)`` returns the :class:`TermSum` of the given triplets, e.g. :func:`margin_loss_parts` or
+    ``reduce_terms(triplet_terms(emb, triplets, ...), reduction)``. With one process this is
+    ``loss_parts(emb, labels, miner(emb, labels)).value()``.
+    """
+    labels = check_labels(emb, labels)
+    world, rank, rows = world_size(), global_rank(), emb.shape[0]
+    global_emb = all_gather_with_grad(emb)
+    global_labels = all_gather_tensor(labels)
+    triplets = miner(global_emb.detach(), global_labels, generator=generator)
+    own = triplets.anchors // rows == rank
+    parts = loss_parts(global_emb, global_labels, Triplets(*(index[own] for index in triplets)))
+    if parts.count is None:
+        return scale_for_world(parts.total, world)
+    count = all_gather_tensor(parts.count.reshape(1)).sum()
+    return scale_for_world(parts.value(count), world)
