@@ -17,6 +17,7 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset-file", help="a preset YAML file (e.g. the best config a Tune sweep wrote)")
     p.add_argument("--storage", help="train.storage_path: local folder, or s3:// gs:// NFS on clusters")
     p.add_argument("--name", help="train.run_name: a stable name resumes that run")
+    p.add_argument("--address", help="join this Ray cluster (default: RAY_ADDRESS, else a private local Ray)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides, e.g. loss.margin=0.1")
 
 
@@ -41,7 +42,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.print_config:
         print(dump_yaml(cfg))
         return 0
-    outcome = run_training(cfg, resume_from=args.resume)
+    outcome = run_training(cfg, resume_from=args.resume, address=args.address)
     print("\n== per-epoch metrics ==")
     print(format_history(outcome.history, outcome.columns))
     if outcome.test_metrics:
@@ -112,10 +113,24 @@ def _split_pairs(text: str | None) -> list[tuple[str, str]] | None:
     return [(a, c) for a, _, c in pairs]
 
 
+def cmd_corrupt_labels(args: argparse.Namespace) -> int:
+    from raydist.data.labels_io import corrupt_labels
+
+    out = corrupt_labels(args.src, args.out, p=args.p, seed=args.seed, overwrite=args.overwrite)
+    print(f"wrote dataset {out} (train labels flipped with p={args.p}, seed {args.seed}; clean labels kept)")
+    return 0
+
+
 def cmd_convert(args: argparse.Namespace) -> int:
     from raydist.data import convert_coco_json, convert_vsepp_precomp
+    from raydist.data.labels_io import convert_npz
 
-    if args.format == "vsepp-precomp":
+    if args.format == "npz":
+        if not args.src:
+            raise ValueError("convert npz: give --src FILE.npz")
+        out = convert_npz(args.src, args.out, val_fraction=args.val_fraction, test_fraction=args.test_fraction,
+                          seed=args.seed, overwrite=args.overwrite)  # fmt: skip
+    elif args.format == "vsepp-precomp":
         out = convert_vsepp_precomp(
             args.src,
             args.out,
@@ -159,7 +174,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from raydist.tune.sweep import format_results, resume_sweep, run_sweep
 
     if args.resume:
-        outcome = resume_sweep(args.resume, resume_errored=args.resume_errored)
+        outcome = resume_sweep(args.resume, resume_errored=args.resume_errored, address=args.address)
     else:
         space = load_space(args.space)
         if args.num_samples:
@@ -169,7 +184,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             overrides["data.path"] = str(Path(args.data).expanduser().resolve())
         preset = args.preset or (None if args.preset_file else "default")
         cfg = resolve_base_config(space, preset=preset, preset_file=args.preset_file, overrides=overrides)
-        outcome = run_sweep(space, cfg, storage_path=args.storage)
+        outcome = run_sweep(space, cfg, storage_path=args.storage, address=args.address)
     print("\n== sweep results ==")
     print(format_results(outcome))
     print(f"\nexperiment folder: {outcome.experiment_path}")
@@ -219,9 +234,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_make_data)
 
     p = sub.add_parser("convert", help="convert a public layout into a raydist dataset")
-    p.add_argument("format", choices=["vsepp-precomp", "coco-json"])
+    p.add_argument("format", choices=["vsepp-precomp", "coco-json", "npz"])
     p.add_argument("--out", required=True)
-    p.add_argument("--src", help="vsepp-precomp: folder with {split}_ims.npy and {split}_caps.txt")
+    p.add_argument("--src", help="vsepp-precomp: folder with {split}_ims.npy and {split}_caps.txt; "
+                   "npz: a .npz file with X (N×D features), y (labels) and optional split")
+    p.add_argument("--val-fraction", type=float, default=0.1, help="npz without split: val share per class")
+    p.add_argument("--test-fraction", type=float, default=0.2, help="npz without split: test share per class")
+    p.add_argument("--seed", type=int, default=0, help="npz without split: seed of the stratified split")
     p.add_argument("--captions", help="coco-json: captions JSON file")
     p.add_argument("--features", help="coco-json: .npy feature matrix, one row per image")
     p.add_argument("--feature-ids", help="coco-json: .npy/.json image id of each feature row")
@@ -237,6 +256,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset folder")
     p.set_defaults(func=cmd_convert)
 
+    p = sub.add_parser("corrupt-labels", help="copy a labelled dataset with train labels flipped at rate p")
+    p.add_argument("--src", required=True, help="labelled dataset folder")
+    p.add_argument("--out", required=True)
+    p.add_argument("--p", type=float, required=True, help="flip probability in [0, 1): uniform to another class")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--overwrite", action="store_true", help="replace an existing dataset folder")
+    p.set_defaults(func=cmd_corrupt_labels)
+
     p = sub.add_parser("validate", help="run every data check without training and print a summary")
     p.add_argument("dir")
     p.set_defaults(func=cmd_validate)
@@ -249,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-samples", type=int, help="override the space file's num_samples")
     p.add_argument("--resume", metavar="EXPERIMENT_FOLDER", help="continue an interrupted sweep")
     p.add_argument("--resume-errored", action="store_true", help="with --resume: also re-run failed trials")
+    p.add_argument("--address", help="join this Ray cluster (default: RAY_ADDRESS, else a private local Ray)")
     p.add_argument("space", nargs="?", help="space file, e.g. tune_spaces/margin.yaml")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides every trial shares")
     p.set_defaults(func=cmd_tune)

@@ -17,6 +17,7 @@ from raydist.distributed.negatives import (
     ranking_ids,
     rows_per_worker,
     sample_negative_set,
+    step_generator,
     step_ranking_loss,
 )
 
@@ -34,6 +35,7 @@ __all__ = [
     "ranking_ids",
     "rows_per_worker",
     "sample_negative_set",
+    "step_generator",
     "step_ranking_loss",
     "world_size",
 ]

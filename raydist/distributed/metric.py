@@ -25,12 +25,39 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from raydist.distributed.gather import all_gather_tensor, all_gather_with_grad, global_rank, world_size
+from raydist.distributed.gather import GatheredBatch, all_gather_tensor, gather_step
 from raydist.losses.reducers import scale_for_world
 from raydist.losses.triplets import TermSum, Triplets, check_labels
 
 Miner = Callable[..., Triplets]
 LossParts = Callable[[Tensor, Tensor, Triplets], TermSum]
+
+
+def rank_metric_loss(
+    batch: GatheredBatch,
+    *,
+    emb: str,
+    labels: str,
+    miner: Miner,
+    loss_parts: LossParts,
+    generator: torch.Generator | None = None,
+    observe: Callable[[Tensor, Tensor, Triplets], None] | None = None,
+) -> Tensor:
+    """This rank's share of a metric loss on a gathered batch (embeddings ``emb``, labels ``labels``):
+    mining over the global batch, the triplets whose anchor this rank owns, the global denominator and ×W
+    (module docstring). ``observe(global_emb, global_labels, own_triplets)`` sees the mined triplets
+    (statistics such as the sampler skew)."""
+    global_emb, global_labels = batch.keys[emb], check_labels(batch.keys[emb], batch.keys[labels])
+    triplets = miner(global_emb.detach(), global_labels, generator=generator)
+    own = batch.key_positions[triplets.anchors] // batch.rows == batch.rank
+    mine = Triplets(*(index[own] for index in triplets))
+    if observe is not None:
+        observe(global_emb.detach(), global_labels, mine)
+    parts = loss_parts(global_emb, global_labels, mine)
+    if parts.count is None:
+        return scale_for_world(parts.total, batch.world)
+    count = all_gather_tensor(parts.count.reshape(1)).sum()
+    return scale_for_world(parts.value(count), batch.world)
 
 
 def cross_worker_metric_loss(
@@ -51,13 +78,6 @@ def cross_worker_metric_loss(
     ``loss_parts(emb, labels, miner(emb, labels)).value()``.
     """
     labels = check_labels(emb, labels)
-    world, rank, rows = world_size(), global_rank(), emb.shape[0]
-    global_emb = all_gather_with_grad(emb)
-    global_labels = all_gather_tensor(labels)
-    triplets = miner(global_emb.detach(), global_labels, generator=generator)
-    own = triplets.anchors // rows == rank
-    parts = loss_parts(global_emb, global_labels, Triplets(*(index[own] for index in triplets)))
-    if parts.count is None:
-        return scale_for_world(parts.total, world)
-    count = all_gather_tensor(parts.count.reshape(1)).sum()
-    return scale_for_world(parts.value(count), world)
+    batch = gather_step({"emb": emb}, {"labels": labels})
+    return rank_metric_loss(batch, emb="emb", labels="labels", miner=miner, loss_parts=loss_parts,
+                            generator=generator)  # fmt: skip

@@ -14,7 +14,7 @@ Negative set (thesis Fig. 3.6, "negative set size" n; the query count is ``batch
   keys with the query's image id are never negatives.
 
 Draws (made identically on every rank, from the caller's ``generator``, which every rank seeds the same
-way — the training loop uses ``torch.Generator().manual_seed(seed * 1_000_003 + global_step)``), in order:
+way — the training loop uses :func:`step_generator` (seed, global step)), in order:
 
 1. only if ``batch_size < W·m``: for r = 0 … W−1, ``torch.randperm(m, generator)[:batch_size // W]`` —
    rank r's query rows (every rank makes all W draws and keeps its own, sorted);
@@ -59,6 +59,12 @@ def rows_per_worker(batch_size: int, negative_set_size: int | None, world_size: 
             f"batch_size={batch_size} and rows per step={rows} must divide over {world_size} workers"
         )
     return rows // world_size
+
+
+def step_generator(seed: int, global_step: int, stream: int = 0) -> torch.Generator:
+    """The generator of a step's draws, identical on every rank: seeded by (seed, step, stream); stream 0
+    is the negative-set draw, stream 1 a miner's random picks."""
+    return torch.Generator().manual_seed((seed * 1_000_003 + global_step) * 7 + stream)
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ class LabelsModel(nn.Module):
         self.encoder = MLPEncoder(feature_dim, hidden, embed_dim)
         self.head = nn.Linear(embed_dim, num_classes)
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, probe: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """``probe=True``: the head sees the detached embedding (a linear probe; no encoder gradient)."""
         emb = self.encoder(x)
-        return emb, self.head(emb)
+        return emb, self.head(emb.detach() if probe else emb)

@@ -1,20 +1,50 @@
 """Task ``labels``: class-labelled feature vectors. An MLP encoder with an L2-normalised output and a
-cross-entropy classification head; evaluation on the CLEAN labels of a split (``clean_label`` when the
-dataset has one): top-1 of the head, and Recall@K, P@k, mAP@k, NMI and 1-NN of the embeddings."""
+classification head; the loss is cross-entropy on the head (``loss.kind=cross_entropy``, the default) or a
+metric loss on the embeddings mined over the global batch of all workers (``triplet`` or ``margin``, with
+``loss.miner``). Evaluation on the CLEAN labels of a split (``clean_label`` when the dataset has one): top-1
+of the head, and Recall@K, P@k, mAP@k, NMI and 1-NN of the embeddings."""
 
 from __future__ import annotations
+
+from functools import partial
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from raydist.config import ConfigError
 from raydist.data import feature_matrix, read_split
 from raydist.data.schema import CLEAN_LABEL, IMAGE, LABEL
-from raydist.distributed import GatheredBatch, NegativeSet
+from raydist.distributed import GatheredBatch, NegativeSet, step_generator
+from raydist.distributed.metric import rank_metric_loss
 from raydist.eval.label_metrics import label_metrics
+from raydist.losses.margin import MarginBeta, margin_loss_parts
+from raydist.losses.noise import sampler_skew
+from raydist.losses.triplets import (
+    RANDOM_STRATEGIES,
+    mine_triplets,
+    negative_probabilities,
+    reduce_terms,
+    triplet_terms,
+)
 from raydist.models.mlp import LabelsModel
 from raydist.tasks.base import Encoded, StepContext, Task, register_task
+
+
+def mining_stats(emb: Tensor, labels: Tensor, triplets: Any, *, strategy: str, margin: float,
+                 distance: str) -> dict[str, float]:  # fmt: skip
+    """Per-step mining statistics: ``noise/eta_neg`` — the sampler skew η₋ of the drawn negatives against
+    uniform 1-1 sampling (:func:`raydist.losses.noise.sampler_skew`: mean over triplets of the number of
+    candidate negatives of the anchor times the probability the miner gave the drawn one) — and
+    ``noise/triplets``, the triplets mined for this rank's anchors."""
+    if triplets.anchors.numel() == 0:
+        return {"noise/triplets": 0.0}
+    probs = negative_probabilities(emb, labels, *triplets, strategy=strategy, margin=margin, distance=distance)
+    candidates = (labels.unsqueeze(0) != labels[triplets.anchors].unsqueeze(1)).sum(1)
+    return {"noise/eta_neg": sampler_skew(probs.cpu(), candidates.cpu()),
+            "noise/triplets": float(triplets.anchors.numel())}  # fmt: skip
 
 
 @register_task
@@ -24,7 +54,16 @@ class LabelsTask(Task):
     name = "labels"
     columns = ("sample_id", "image", "label")
     primary_metric = "top1"
-    gathers = False
+    LOSSES = ("cross_entropy", "triplet", "margin")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        kind = self.cfg.loss.kind
+        self.kind = "cross_entropy" if kind == "auto" else kind
+        if self.kind not in self.LOSSES:
+            raise ConfigError(f"loss.kind={kind!r} does not fit task 'labels'; use one of {', '.join(self.LOSSES)}")
+        self.gathers = self.kind != "cross_entropy"  # metric losses mine the global batch
+        self.primary_metric = "top1" if self.kind == "cross_entropy" else "r1"
 
     def transform(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {
@@ -36,21 +75,54 @@ class LabelsTask(Task):
     def build_model(self) -> nn.Module:
         if not self.info.num_classes:
             raise ValueError("task 'labels' needs num_classes in the dataset manifest")
-        m = self.cfg.model
-        return LabelsModel(self.info.feature_dim, m.mlp_hidden, m.embed_dim, self.info.num_classes)
+        m, lo = self.cfg.model, self.cfg.loss
+        model = LabelsModel(self.info.feature_dim, m.mlp_hidden, m.embed_dim, self.info.num_classes)
+        if self.kind == "margin":  # β is a model parameter: DDP averages its gradient, the optimizer steps it
+            model.beta = MarginBeta(self.info.num_classes if lo.beta_per_class else None, init=lo.beta)
+        return model
 
     def encode(self, model: nn.Module, batch: dict[str, Tensor]) -> Encoded:
-        emb, logits = model(batch["image"].float())
+        emb, logits = model(batch["image"].float(), probe=self.kind != "cross_entropy")
         ids = {"label": batch["label"], "sample_id": batch["sample_id"]}
-        return Encoded({"emb": emb}, ids, {"logits": logits})
+        extras = {"logits": logits}
+        inner = model.module if hasattr(model, "module") else model
+        if self.kind == "margin":
+            extras["beta"] = inner.beta.beta
+        return Encoded({"emb": emb}, ids, extras)
 
     def loss(
         self, encoded: Encoded, gathered: GatheredBatch, negative_set: NegativeSet, ctx: StepContext,
         stats: dict[str, float],
     ) -> Tensor:  # fmt: skip
-        """Mean cross-entropy of this rank's rows; DDP's average over ranks is the global-batch mean."""
-        logits = encoded.extras["logits"].float()
-        return F.cross_entropy(logits, encoded.ids["label"])
+        """Cross-entropy: the mean over this rank's rows (DDP's average over ranks is the global-batch mean).
+        Triplet / margin: mined over the global batch, this rank's anchors, exact under DDP
+        (:func:`raydist.distributed.metric.rank_metric_loss`); averaged over triplets (triplet) or over the
+        non-zero pair terms (margin); plus the cross-entropy of the head as a linear probe on detached
+        embeddings (so ``top1`` stays meaningful without changing the encoder's gradient)."""
+        head_loss = F.cross_entropy(encoded.extras["logits"].float(), encoded.ids["label"])
+        if self.kind == "cross_entropy":
+            return head_loss
+        lo = self.cfg.loss
+        miner = partial(mine_triplets, strategy=lo.miner, margin=lo.margin, distance=lo.distance)
+        generator = step_generator(self.cfg.train.seed, ctx.global_step, 1) if lo.miner in RANDOM_STRATEGIES else None
+        if self.kind == "triplet":
+            def parts(emb: Tensor, labels: Tensor, triplets: Any) -> Any:
+                terms = triplet_terms(emb, triplets, margin=lo.margin, hinged=lo.hinged, distance=lo.distance)
+                return reduce_terms(terms, "mean")
+        else:
+            beta = encoded.extras["beta"]
+
+            def parts(emb: Tensor, labels: Tensor, triplets: Any) -> Any:
+                return margin_loss_parts(emb, labels, triplets, beta=beta, alpha=lo.margin, nu=lo.nu,
+                                         distance=lo.distance)  # fmt: skip
+        def observe(emb: Tensor, labels: Tensor, triplets: Any) -> None:
+            stats.update(mining_stats(emb, labels, triplets, strategy=lo.miner, margin=lo.margin,
+                                      distance=lo.distance))  # fmt: skip
+
+        metric = rank_metric_loss(gathered, emb="emb", labels="label", miner=miner, loss_parts=parts,
+                                  generator=generator, observe=observe)  # fmt: skip
+        stats.update({"loss/metric": float(metric.detach()), "loss/probe": float(head_loss.detach())})
+        return metric + head_loss  # the head is a linear probe on detached embeddings: no encoder gradient
 
     @torch.no_grad()
     def embed_split(self, model: nn.Module, split: str, device: torch.device | str = "cpu"):

@@ -28,7 +28,7 @@ from raydist.checkpoint import (
     set_rng_state,
 )
 from raydist.config import Config, ConfigError
-from raydist.distributed import StepPlan, gather_step
+from raydist.distributed import StepPlan, gather_step, step_generator
 from raydist.tasks import StepContext, Task, to_tensors
 from raydist.train.hooks import Hook
 
@@ -69,11 +69,6 @@ def say(*parts: Any) -> None:
     logger, which prints every line twice on the driver; writing to the stream does not.)"""
     sys.stdout.write(" ".join(str(p) for p in parts) + "\n")
     sys.stdout.flush()
-
-
-def step_generator(seed: int, global_step: int) -> torch.Generator:
-    """The generator for a step's negative-set draws: identical on every rank, seeded by (seed, step)."""
-    return torch.Generator().manual_seed(seed * 1_000_003 + global_step)
 
 
 def autocast(amp: str, device: torch.device) -> torch.autocast:
@@ -140,6 +135,7 @@ def run_loop(
         epoch = state.epoch
         model.train()
         t0, seen, loss_sum, n_steps = time.perf_counter(), 0, 0.0, 0
+        stat_sums: dict[str, float] = {}
         for i, batch in enumerate(runtime.train_batches(epoch)):
             if i < state.step_in_epoch:  # resumed mid-epoch: these steps were done before
                 continue
@@ -153,6 +149,8 @@ def run_loop(
             seen += plan.rows_per_step
             loss_sum += loss
             n_steps += 1
+            for k, v in stats.items():
+                stat_sums[k] = stat_sums.get(k, 0.0) + v
             if rank == 0 and state.global_step % cfg.train.log_every == 0:
                 rate = seen / max(time.perf_counter() - t0, 1e-9)
                 extra = "".join(f" {k.split('/')[-1]} {v:.3g}" for k, v in stats.items())
@@ -168,6 +166,7 @@ def run_loop(
             "step": state.global_step,
             "train/loss": loss_sum / max(n_steps, 1),
             "train/samples_per_s": seen / max(time.perf_counter() - t0, 1e-9),
+            **{f"train/{k}": v / max(n_steps, 1) for k, v in stat_sums.items()},  # epoch means of step stats
             **task.epoch_metrics(epoch),
         }
         ctx = StepContext(epoch, state.global_step, rank, runtime.world)

@@ -104,8 +104,10 @@ def run_training(
     *,
     resume_from: str | None = None,
     evaluate_test: bool = True,
+    address: str | None = None,
 ) -> TrainOutcome:
-    """Validate data, fit the TorchTrainer, evaluate the best checkpoint on the test split."""
+    """Validate data, fit the TorchTrainer, evaluate the best checkpoint on the test split. Joins the Ray
+    cluster at ``address`` (or ``RAY_ADDRESS``) when given, else starts a private local instance."""
     from ray.train import TrainingFailedError
 
     from raydist.checkpoint import find_checkpoint
@@ -114,7 +116,7 @@ def run_training(
     data_dir = checked_data_dir(cfg)
     if resume_from:
         resume_from = str(find_checkpoint(resume_from))
-    init_ray(run_cpus(cfg))
+    init_ray(run_cpus(cfg), address)
     check_cluster_fits(run_cpus(cfg))
     trainer = build_trainer(cfg, data_dir, resume_from=resume_from)
     try:

@@ -108,7 +108,9 @@ def trial_dirname(trial: Any) -> str:
     return f"trial_{trial.trial_id}"
 
 
-def run_sweep(space: SweepSpace, cfg: Config, *, storage_path: str | None = None) -> SweepOutcome:
+def run_sweep(
+    space: SweepSpace, cfg: Config, *, storage_path: str | None = None, address: str | None = None
+) -> SweepOutcome:
     """Check data and resources, run every trial, summarise, write the best config."""
     from ray import tune
 
@@ -117,7 +119,7 @@ def run_sweep(space: SweepSpace, cfg: Config, *, storage_path: str | None = None
     storage = _absolute(storage_path or cfg.train.storage_path or "runs")
     name = f"tune-{space.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     experiment_path = f"{storage}/{name}"
-    _start_ray(space, cfg)
+    _start_ray(space, cfg, address)
     _write_text(
         experiment_path,
         SWEEP_FILE,
@@ -145,7 +147,7 @@ def run_sweep(space: SweepSpace, cfg: Config, *, storage_path: str | None = None
     return summarise(tuner.fit(), space, cfg, experiment_path)
 
 
-def resume_sweep(path: str, *, resume_errored: bool = False) -> SweepOutcome:
+def resume_sweep(path: str, *, resume_errored: bool = False, address: str | None = None) -> SweepOutcome:
     """Continue an interrupted sweep from its experiment folder (unfinished trials continue; their
     Train runs resume from their last checkpoint). ``resume_errored`` also re-runs failed trials."""
     from ray import tune
@@ -158,7 +160,7 @@ def resume_sweep(path: str, *, resume_errored: bool = False) -> SweepOutcome:
     if not tune.Tuner.can_restore(experiment_path):
         raise ConfigError(f"{path} has no Tune experiment state to resume from")
     space, cfg = parse_space(saved["space"], name=saved["name"]), from_dict(saved["config"])
-    _start_ray(space, cfg)
+    _start_ray(space, cfg, address)
     tuner = tune.Tuner.restore(
         experiment_path,
         trainable=_trainable(space, cfg, Path(saved["data_dir"]), experiment_path),
@@ -174,8 +176,7 @@ def summarise(grid: Any, space: SweepSpace, base: Config, experiment_path: str) 
         row, checkpoints[Path(result.path).name] = _trial_row(result, space, base)
         rows.append(row)
     rows.sort(key=lambda r: r.trial)
-    scored = [r for r in rows if r.metric is not None and r.status != "ERROR"]
-    best = (max if space.mode == "max" else min)(scored, key=lambda r: r.metric) if scored else None
+    best = _best_row(grid, space, rows)
     return SweepOutcome(
         experiment_path=experiment_path,
         metric=space.metric,
@@ -189,6 +190,17 @@ def summarise(grid: Any, space: SweepSpace, base: Config, experiment_path: str) 
     )
 
 
+def _best_row(grid: Any, space: SweepSpace, rows: list[TrialRow]) -> TrialRow | None:
+    """The best trial by Ray's own pick: ``ResultGrid.get_best_result`` over every report of every trial
+    (finite values only). A trial that failed after reporting can be the best by what it reported."""
+    try:
+        best = grid.get_best_result(metric=space.metric, mode=space.mode, scope="all", filter_nan_and_inf=True)
+    except RuntimeError:  # no trial reported a finite value of the metric
+        return None
+    name = Path(best.path).name
+    return next((r for r in rows if r.trial == name and r.metric is not None), None)
+
+
 def _trial_row(result: Any, space: SweepSpace, base: Config) -> tuple[TrialRow, str | None]:
     """A trial's table row and the checkpoint of its best report (per ``metric``/``mode``)."""
     import pandas as pd
@@ -196,6 +208,7 @@ def _trial_row(result: Any, space: SweepSpace, base: Config) -> tuple[TrialRow, 
     values = _trial_values(result, space)
     df = result.metrics_dataframe if result.metrics_dataframe is not None else pd.DataFrame()
     reports = df.dropna(subset=[space.metric]) if space.metric in df else df.iloc[0:0]
+    reports = reports[reports[space.metric].abs() != float("inf")] if len(reports) else reports
     best = None
     if len(reports):
         metric = reports[space.metric]
@@ -239,8 +252,8 @@ def _checked_data(space: SweepSpace, cfg: Config) -> Path:
     return checked_data_dir(cfg, trial_configs(space, cfg))
 
 
-def _start_ray(space: SweepSpace, cfg: Config) -> None:
-    init_ray(sweep_cpus(space, cfg))
+def _start_ray(space: SweepSpace, cfg: Config, address: str | None = None) -> None:
+    init_ray(sweep_cpus(space, cfg), address)
     check_sweep_fits(space, cfg)
 
 

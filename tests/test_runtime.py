@@ -1,0 +1,46 @@
+"""raydist.runtime: without RAY_ADDRESS/--address every run starts a private Ray instance, so two runs
+started at once on one machine both finish (joining one shared instance killed the second run)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from raydist.config import load_config
+from raydist.runtime import is_uri, run_name, storage_root
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_two_concurrent_runs_both_finish(tiny_dataset, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
+    procs = []
+    for i in range(2):
+        cmd = [sys.executable, "-m", "raydist.cli", "train", "--preset", "tiny", "--data", str(tiny_dataset),
+               "--storage", str(tmp_path / "runs"), "--json", str(tmp_path / f"run{i}.json"),
+               "train.epochs=1", f"train.seed={i}"]  # fmt: skip
+        log = open(tmp_path / f"run{i}.log", "w")  # noqa: SIM115  (closed with the process below)
+        procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+    for proc, log in procs:
+        proc.wait(timeout=380)
+        log.close()
+    for i, (proc, _) in enumerate(procs):
+        text = (tmp_path / f"run{i}.log").read_text()
+        assert proc.returncode == 0, text[-3000:]
+        outcome = json.loads((tmp_path / f"run{i}.json").read_text())
+        assert outcome["test_metrics"]["rsum"] > 0
+        assert "Started a local Ray instance" in text
+    dirs = {json.loads((tmp_path / f"run{i}.json").read_text())["run_dir"] for i in range(2)}
+    assert len(dirs) == 2
+
+
+def test_storage_and_run_names(tmp_path):
+    cfg = load_config("tiny")
+    assert storage_root(cfg, "s3://bucket/runs") == "s3://bucket/runs" and is_uri("gs://x")
+    assert storage_root(cfg, str(tmp_path / "r")) == str((tmp_path / "r").resolve())
+    assert run_name(cfg, "mine") == "mine" and run_name(cfg).startswith("raydist-")
+    assert run_name(cfg) != run_name(cfg)
