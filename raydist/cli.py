@@ -34,11 +34,26 @@ def config_from_args(args: argparse.Namespace, default_preset: str | None = "def
     return load_config(preset=preset, preset_file=args.preset_file, overrides=overrides)
 
 
+def resume_config_from_args(args: argparse.Namespace):
+    """``--resume``: the checkpoint's own config with this command line's overrides (architecture keys
+    refused); prints what changed."""
+    from raydist.checkpoint import resumed_config
+
+    if args.preset or args.preset_file:
+        raise ConfigError("--resume continues with the checkpoint's config: drop --preset/--preset-file")
+    overrides = parse_overrides(args.overrides)
+    if args.data:
+        overrides["data.path"] = str(Path(args.data).expanduser().resolve())
+    cfg, changes = resumed_config(args.resume, overrides)
+    print(f"resuming with the checkpoint's config; changed: {', '.join(changes) if changes else 'nothing'}")
+    return cfg
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from raydist.eval.metrics import format_metrics
     from raydist.train.trainer import format_history, run_training
 
-    cfg = config_from_args(args)
+    cfg = resume_config_from_args(args) if args.resume else config_from_args(args)
     if args.print_config:
         print(dump_yaml(cfg))
         return 0
@@ -49,8 +64,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         print("\n== test split, best checkpoint ==")
         print(format_metrics(outcome.test_metrics))
     print(f"\nrun folder:        {outcome.run_dir}")
+    print(f"dataset:           {outcome.data_dir}")
     print(f"best checkpoint:   {outcome.best_checkpoint}")
     print(f"latest checkpoint: {outcome.latest_checkpoint}")
+    if outcome.best_checkpoint:
+        print(f"evaluate with:     raydist eval --checkpoint {outcome.best_checkpoint} --split test")
     if args.json:
         Path(args.json).write_text(json.dumps(vars(outcome), indent=2, default=str))
     return 0
@@ -208,8 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("eval", help="evaluate a checkpoint with the VSE++ retrieval protocol")
     p.add_argument("--checkpoint", required=True, help="checkpoint folder or run folder (newest checkpoint)")
-    p.add_argument("--data", required=True, help="dataset folder")
-    p.add_argument("--split", default="test")
+    p.add_argument("--data", help="dataset folder (default: the dataset the checkpoint was trained on)")
+    p.add_argument("--split", default="test", help="split to evaluate: train, val or test")
     p.add_argument("--folds", type=int, default=None, help="5 = COCO 1K protocol (default: checkpoint config)")
     p.add_argument("--json", help="write the metrics to this JSON file")
     p.set_defaults(func=cmd_eval)
@@ -299,9 +317,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, FileNotFoundError, ValueError) as e:
+    except (ConfigError, FileNotFoundError, ValueError) as e:  # bad input: config, data, paths
         print(f"raydist: error: {e}", file=sys.stderr)
         return 2
+    except RuntimeError as e:  # a run that started and failed
+        print(f"raydist: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

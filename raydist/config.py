@@ -50,9 +50,11 @@ class ModelSection(_Section):
 
 
 class LossSection(_Section):
-    """Ranking loss (hinge terms over mined negatives) and the cross-worker negative set."""
+    """The loss (ranking for pairs; cross-entropy, triplet or margin for labels) and the negative set."""
 
-    margin: float = Field(0.2, ge=0)
+    # "auto" = the task's default: ranking (pairs), cross_entropy (labels)
+    kind: Literal["auto", "ranking", "cross_entropy", "triplet", "margin"] = "auto"
+    margin: float = Field(0.2, ge=0)  # ranking / triplet margin; the margin loss's alpha
     hardest: bool = True  # True = MH (VSE++, hardest-negative miner), False = SH (all negatives)
     warmup_sh_epochs: int = Field(0, ge=0)  # epochs of SH before switching to MH
     reduction: Literal["sum", "mean"] = "sum"  # "sum" (VSE++) or "mean"
@@ -60,6 +62,15 @@ class LossSection(_Section):
     gather: bool = True  # mine negatives from the global batch of all workers
     negative_set_size: int | None = None  # None = the global batch
     tile: int = Field(4096, ge=1)  # keys per tile of the hardest-negative miner (memory O(rows · tile))
+    # triplet / margin losses (task labels)
+    miner: Literal[
+        "all", "semihard-all", "semihard-fixed", "semihard-random", "hardest", "one-to-one", "distance-weighted"
+    ] = "semihard-random"
+    distance: Literal["euclidean", "cosine"] = "euclidean"
+    hinged: bool = True  # triplet: [d_ap − d_an + α]₊ (true) or d_ap − d_an (false)
+    beta: float = 1.2  # margin loss: initial boundary β₀ (learnable)
+    beta_per_class: bool = False  # margin loss: one β per class
+    nu: float = Field(0.0, ge=0)  # margin loss: ν·β regularisation
 
 
 class TrainSection(_Section):
@@ -165,24 +176,70 @@ _MESSAGES = {
     "float_type": "expected a number",
     "string_type": "expected a string",
     "list_type": "expected a list",
+    "dict_type": "expected a mapping",
+    "model_type": "expected a mapping",
+    "dataclass_type": "expected a mapping",
 }
+_BOUNDS = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}
+_UNION_TAGS = ("int", "float", "str", "bool", "none")
 
 
-def _config_error(e: ValidationError, prefix: str = "") -> ConfigError:
-    """One line per problem, each naming the dotted key."""
+def _dotted(loc: tuple[int | str, ...]) -> str:
+    """``("splits", "train", "shards", 0, "rows")`` → ``splits.train.shards[0].rows``, without the tags
+    pydantic adds for union members and validators (``int``, ``function-after[...]``)."""
+    key = ""
+    for part in loc:
+        if isinstance(part, int):
+            key += f"[{part}]"
+        elif part.isidentifier() and part not in _UNION_TAGS:
+            key += f".{part}" if key else part
+    return key
+
+
+def _keys_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
+    """The keys (aliases where set) of the model found at ``loc`` inside ``model``; [] past the models."""
+    for part in loc:
+        info = model.model_fields.get(part) if isinstance(part, str) else None
+        model = info.annotation if info else None
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return []
+    return [info.alias or name for name, info in model.model_fields.items()]
+
+
+def describe_errors(
+    e: ValidationError, label: str = "{key}", model: type[BaseModel] | None = None
+) -> list[str]:
+    """One line per problem, naming the dotted key (``label`` formats it): ``key: expected an integer, got
+    'abc'``, ``key=-1: must be >= 0``, ``key: unknown key; valid: ...`` (the keys ``model`` accepts there)."""
     lines = []
     for err in e.errors():
-        loc = [str(p) for p in err["loc"] if not str(p).startswith(("int", "none", "function"))]
-        key = prefix + ".".join(loc)
-        if err["type"] == "extra_forbidden":
-            return _unknown_key(key)
-        bound = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<="}.get(err["type"])
-        if bound:
-            limit = next(iter(err.get("ctx", {}).values()), "?")
-            lines.append(f"{key}={err.get('input')!r}: must be {bound} {limit}")
+        kind, got, ctx = err["type"], err.get("input"), err.get("ctx", {})
+        key = _dotted(err["loc"])
+        name = label.format(key=key)
+        if kind in _BOUNDS:
+            lines.append(f"{name}={got!r}: must be {_BOUNDS[kind]} {next(iter(ctx.values()), '?')}")
+            continue
+        if kind == "extra_forbidden":
+            valid = _keys_at(model, err["loc"][:-1]) if model else []
+            problem = "unknown key" + (f"; valid: {', '.join(valid)}" if valid else "")
+        elif kind == "missing":
+            problem = "missing"
+        elif kind == "value_error":
+            problem = str(ctx["error"])
+        elif kind == "literal_error":
+            problem = f"expected {ctx['expected']}, got {got!r}"
         else:
-            lines.append(f"{key}: {_MESSAGES.get(err['type'], err['msg'])}, got {err.get('input')!r}")
-    return ConfigError("\n".join(dict.fromkeys(lines)))
+            problem = f"{_MESSAGES.get(kind, err['msg'])}, got {got!r}"
+        lines.append(f"{name}: {problem}" if key else problem)
+    return list(dict.fromkeys(lines))
+
+
+def _config_error(e: ValidationError) -> ConfigError:
+    """An unknown key names the closest valid keys; other problems get one line each."""
+    unknown = next((err for err in e.errors() if err["type"] == "extra_forbidden"), None)
+    if unknown:
+        return _unknown_key(_dotted(unknown["loc"]))
+    return ConfigError("\n".join(describe_errors(e)))
 
 
 def flatten(nested: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -92,7 +92,7 @@ def test_missing_manifest(tmp_path):
 @pytest.mark.parametrize("key, value, message", [
     ("format_version", 2, "field 'format_version': unknown version 2"),
     ("task", "triplets", "field 'task': unknown task 'triplets'"),
-    ("feature_dim", "4", "field 'feature_dim': expected int"),
+    ("feature_dim", "4", "field 'feature_dim': expected an integer, got '4'"),
 ])
 def test_manifest_bad_field(ds, key, value, message):
     raw = _manifest(ds)

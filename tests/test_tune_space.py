@@ -136,7 +136,10 @@ def test_a_new_space_is_one_file(tmp_path):
 @pytest.mark.parametrize(
     "data, message",
     [
-        (space({"loss.margin": {"choice": [0.1]}}, sampler="random"), "unknown top-level key"),
+        (
+            space({"loss.margin": {"choice": [0.1]}}, sampler="random"),
+            "sampler: unknown key; valid: metric, mode",
+        ),
         ({"metric": "val/rsum"}, "'space' must map"),
         ([1, 2], "expected a mapping"),
         (space({"loss.margn": {"choice": [0.1]}}), "'loss.margn' is not a config key"),
@@ -153,27 +156,50 @@ def test_a_new_space_is_one_file(tmp_path):
         (space({"train.seed": {"randint": [0, 2.5]}}), "low < high"),
         (space({"train.batch_size": {"uniform": [32, 64]}}), "use choice or grid"),
         (space({"loss.hardest": {"randint": [0, 2]}}), "use choice or grid"),
+        (space({"loss.reduction": {"uniform": [0.1, 0.2]}}), "loss.reduction holds str; use choice or grid"),
+        (
+            space({"model.mlp_hidden": {"randint": [8, 64]}}),
+            "model.mlp_hidden holds list; use choice or grid",
+        ),
         (space({"train.num_workers": {"choice": [1, 2]}}), "set it under 'resources:'"),
         (space({"data.path": {"choice": ["/a"]}}), "set by the sweep"),
-        (space({"loss.margin": {"choice": [0.1]}}, mode="maximum"), "mode must be one of max, min"),
-        (space({"loss.margin": {"choice": [0.1]}}, search="bayes"), "search must be one of"),
+        (space({"loss.margin": {"choice": [0.1]}}, mode="maximum"), "mode: expected 'max' or 'min'"),
+        (space({"loss.margin": {"choice": [0.1]}}, search="bayes"), "search: expected 'random', 'grid' or"),
         (space({"loss.margin": {"choice": [0.1]}}, search="grid"), "every space entry to be a 'grid'"),
         (space({"loss.margin": {"grid": [0.1]}}, search="optuna"), "optuna cannot run 'grid'"),
-        (space({"loss.margin": {"choice": [0.1]}}, num_samples=0), "num_samples must be > 0"),
-        (space({"loss.margin": {"choice": [0.1]}}, num_samples="4"), "num_samples must be a int"),
-        (space({"loss.margin": {"choice": [0.1]}}, max_concurrent_trials=1.5), "must be a int"),
-        (space({"loss.margin": {"choice": [0.1]}}, scheduler="hyperband"), "scheduler type must be one of"),
+        (space({"loss.margin": {"choice": [0.1]}}, num_samples=0), "num_samples=0: must be > 0"),
+        (space({"loss.margin": {"choice": [0.1]}}, num_samples="4"), "num_samples: expected an integer"),
+        (
+            space({"loss.margin": {"choice": [0.1]}}, max_concurrent_trials=1.5),
+            "max_concurrent_trials: expected an integer",
+        ),
+        (
+            space({"loss.margin": {"choice": [0.1]}}, scheduler="hyperband"),
+            "scheduler.type: expected 'asha' or",
+        ),
         (
             space({"loss.margin": {"choice": [0.1]}}, scheduler={"type": "asha", "max_epochs": 3}),
-            "unknown key",
+            "scheduler.max_epochs: unknown key; valid: type, max_t",
         ),
-        (space({"loss.margin": {"choice": [0.1]}}, scheduler={"type": "fifo", "max_t": 3}), "unknown key"),
-        (space({"loss.margin": {"choice": [0.1]}}, scheduler={"reduction_factor": 1}), "must be > 1"),
-        (space({"loss.margin": {"choice": [0.1]}}, resources={"gpus": 1}), "resources: unknown key"),
-        (space({"loss.margin": {"choice": [0.1]}}, resources={"trial_cpus": 0}), "trial_cpus must be > 0"),
+        (
+            space({"loss.margin": {"choice": [0.1]}}, scheduler={"type": "fifo", "max_t": 3}),
+            "scheduler: fifo takes no other keys",
+        ),
+        (
+            space({"loss.margin": {"choice": [0.1]}}, scheduler={"reduction_factor": 1}),
+            "scheduler.reduction_factor=1: must be > 1",
+        ),
+        (
+            space({"loss.margin": {"choice": [0.1]}}, resources={"gpus": 1}),
+            "resources.gpus: unknown key; valid: trial_cpus",
+        ),
+        (
+            space({"loss.margin": {"choice": [0.1]}}, resources={"trial_cpus": 0}),
+            "resources.trial_cpus=0: must be > 0",
+        ),
         (space({"loss.margin": {"choice": [0.1]}}, base={"train.num_workers": 1}), "under 'resources:'"),
         (space({"loss.margin": {"choice": [0.1]}}, base={"loss.margin": 0.3}), "both swept and set"),
-        (space({"loss.margin": {"choice": [0.1]}}, base=[1]), "base must be a mapping"),
+        (space({"loss.margin": {"choice": [0.1]}}, base=[1]), "base: expected a mapping"),
     ],
 )
 def test_parse_errors(data, message):

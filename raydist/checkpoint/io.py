@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import yaml
 
-from raydist.config import Config, ConfigError, from_dict
+from raydist.config import Config, ConfigError, apply_overrides, from_dict, validate
 
 STATE_FILE = "state.pt"
 CONFIG_FILE = "config.yaml"
@@ -121,11 +121,27 @@ def check_compatible(saved: Config, current: Config, *, saved_from: str) -> None
 
 
 def load_task_info(folder: str | Path) -> dict[str, Any]:
-    """``task.json`` of a checkpoint folder (task name and data facts); pairs for older checkpoints."""
+    """``task.json`` of a checkpoint folder (task name and data facts)."""
     path = Path(folder) / TASK_FILE
     if not path.is_file():
-        return {"task": "pairs"}
+        raise ValueError(f"{folder}: no {TASK_FILE} (a checkpoint from an older raydist): retrain to evaluate it")
     try:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"{path}: unreadable checkpoint task file: {e}") from e
+
+
+def resumed_config(checkpoint: str | Path, overrides: dict[str, Any]) -> tuple[Config, list[str]]:
+    """The config a resumed run uses: the checkpoint's own, with ``overrides`` applied; overrides of keys
+    that shape the saved model (:data:`ARCHITECTURE_KEYS`) are refused. Returns the config and one
+    ``key: old -> new`` line per changed key."""
+    _, saved, folder = load_checkpoint(checkpoint)
+    fixed = sorted(set(overrides) & set(ARCHITECTURE_KEYS))
+    if fixed:
+        raise ConfigError(
+            f"cannot change {', '.join(fixed)} when resuming from {folder}: they shape the saved model"
+        )
+    cfg = apply_overrides(saved, overrides)
+    validate(cfg)
+    before, after = saved.flat(), cfg.flat()
+    return cfg, [f"{k}: {before[k]!r} -> {after[k]!r}" for k in after if before[k] != after[k]]

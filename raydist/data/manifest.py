@@ -5,19 +5,55 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+from pydantic import AfterValidator, Field, Strict, TypeAdapter, ValidationError
+
+from raydist.config import describe_errors
 from raydist.data.schema import FEATURE_TYPES, FORMAT_VERSION, MANIFEST_NAME, SPLITS, TASKS, RaydistDataError
+
+_Count = Annotated[int, Strict(), Field(ge=0)]
+_Positive = Annotated[int, Strict(), Field(ge=1)]
+
+
+def _inside_dataset(file: str) -> str:
+    if Path(file).is_absolute() or ".." in Path(file).parts:
+        raise ValueError(f"must be a path inside the dataset folder, got {file!r}")
+    return file
+
+
+def _known_task(task: str) -> str:
+    if task not in TASKS:  # a task registered by a user module (raydist.tasks.register_task)
+        from raydist.tasks.base import task_names
+
+        if task not in task_names():
+            raise ValueError(f"unknown task {task!r}; expected one of {task_names()}")
+    return task
+
+
+def _feature_type(dtype: str) -> str:
+    if dtype not in FEATURE_TYPES:
+        raise ValueError(f"expected one of {list(FEATURE_TYPES)}, got {dtype!r}")
+    return dtype
+
+
+def _every_split(splits: dict[str, SplitInfo]) -> dict[str, SplitInfo]:
+    missing, unknown = [s for s in SPLITS if s not in splits], sorted(set(splits) - set(SPLITS))
+    problems = [f"{what} split(s) {names}" for what, names in (("missing", missing), ("unknown", unknown))
+                if names]
+    if problems:
+        raise ValueError(f"{'; '.join(problems)}; expected {list(SPLITS)}")
+    return {s: splits[s] for s in SPLITS}
 
 
 @dataclass
 class ShardInfo:
     """One Parquet shard: path relative to the dataset folder, row count, sha256 of the file bytes."""
 
-    file: str
-    rows: int
+    file: Annotated[str, AfterValidator(_inside_dataset)]
+    rows: _Count
     sha256: str
 
 
@@ -25,25 +61,25 @@ class ShardInfo:
 class SplitInfo:
     """Rows (captions or samples), distinct images, and shards of one split."""
 
-    rows: int
-    images: int
+    rows: _Count
+    images: _Count
     shards: list[ShardInfo]
 
 
 @dataclass
 class Manifest:
-    """Contents of ``manifest.json``.
+    """Contents of ``manifest.json``; the annotations are its schema (checked by ``manifest_from_dict``).
 
-    ``vocab`` is the vocab file name (task ``pairs``); ``num_classes`` is set for task ``labels``.
+    ``vocab`` is the vocab file name (task ``pairs``); ``num_classes`` is set for the other tasks.
     ``source`` is free-form provenance (generator arguments, converter inputs ...).
     """
 
-    task: str
-    feature_dim: int
-    splits: dict[str, SplitInfo]
-    feature_dtype: str = "float32"
+    task: Annotated[str, AfterValidator(_known_task)]
+    feature_dim: _Positive
+    splits: Annotated[dict[str, SplitInfo], AfterValidator(_every_split)]
+    feature_dtype: Annotated[str, AfterValidator(_feature_type)] = "float32"
     vocab: str | None = None
-    num_classes: int | None = None
+    num_classes: _Positive | None = None
     source: dict[str, Any] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
 
@@ -100,67 +136,26 @@ def load_manifest(dataset_dir: str | Path) -> Manifest:
     return manifest_from_dict(raw, where=str(path))
 
 
-def _get(obj: Any, key: str, typ: type | tuple[type, ...], where: str, label: str) -> Any:
-    if not isinstance(obj, dict) or key not in obj:
-        raise RaydistDataError(f"{where}: field '{label}' is missing")
-    value = obj[key]
-    if isinstance(value, bool) or not isinstance(value, typ):
-        names = typ.__name__ if isinstance(typ, type) else " or ".join(t.__name__ for t in typ)
-        raise RaydistDataError(f"{where}: field '{label}': expected {names}, got {value!r}")
-    return value
+_MANIFEST = TypeAdapter(Manifest)
 
 
 def manifest_from_dict(raw: Any, where: str = MANIFEST_NAME) -> Manifest:
-    """Build a Manifest from parsed JSON, checking version, task, types and required fields."""
+    """Build a Manifest from parsed JSON: the format version first, then the schema of the fields, then
+    the field the task needs (``vocab`` for pairs, ``num_classes`` for the others)."""
     if not isinstance(raw, dict):
         raise RaydistDataError(f"{where}: expected a JSON object, got {type(raw).__name__}")
-    version = _get(raw, "format_version", int, where, "format_version")
-    if version != FORMAT_VERSION:
-        raise RaydistDataError(
-            f"{where}: field 'format_version': unknown version {version}; this raydist reads {FORMAT_VERSION}"
-        )
-    task = _get(raw, "task", str, where, "task")
-    if task not in TASKS:  # a task registered by a user module (raydist.tasks.register_task)
-        from raydist.tasks.base import task_names
-
-        if task not in task_names():
-            raise RaydistDataError(
-                f"{where}: field 'task': unknown task {task!r}; expected one of {task_names()}"
-            )
-    dim = _get(raw, "feature_dim", int, where, "feature_dim")
-    if dim < 1:
-        raise RaydistDataError(f"{where}: field 'feature_dim': expected >= 1, got {dim}")
-    dtype = raw.get("feature_dtype", "float32")
-    if dtype not in FEATURE_TYPES:
-        raise RaydistDataError(f"{where}: field 'feature_dtype': expected one of {list(FEATURE_TYPES)}, "
-                               f"got {dtype!r}")
-    vocab = num_classes = None
-    if task == "pairs":
-        vocab = _get(raw, "vocab", str, where, "vocab")
-    else:
-        num_classes = _get(raw, "num_classes", int, where, "num_classes")
-        if num_classes < 1:
-            raise RaydistDataError(f"{where}: field 'num_classes': expected >= 1, got {num_classes}")
-    splits_raw = _get(raw, "splits", dict, where, "splits")
-    splits = {}
-    for name in SPLITS:
-        s = _get(splits_raw, name, dict, where, f"splits.{name}")
-        shards = []
-        for i, sh in enumerate(_get(s, "shards", list, where, f"splits.{name}.shards")):
-            label = f"splits.{name}.shards[{i}]"
-            file = _get(sh, "file", str, where, f"{label}.file")
-            if Path(file).is_absolute() or ".." in Path(file).parts:
-                raise RaydistDataError(f"{where}: field '{label}.file': must be a path inside the dataset "
-                                       f"folder, got {file!r}")
-            shards.append(ShardInfo(file, _get(sh, "rows", int, where, f"{label}.rows"),
-                                    _get(sh, "sha256", str, where, f"{label}.sha256")))
-        splits[name] = SplitInfo(_get(s, "rows", int, where, f"splits.{name}.rows"),
-                                 _get(s, "images", int, where, f"splits.{name}.images"), shards)
-    extra = sorted(set(splits_raw) - set(SPLITS))
-    if extra:
-        raise RaydistDataError(f"{where}: field 'splits': unknown split(s) {extra}; expected {list(SPLITS)}")
-    source = raw.get("source", {})
-    if not isinstance(source, dict):
-        raise RaydistDataError(f"{where}: field 'source': expected an object, got {source!r}")
-    return Manifest(task=task, feature_dim=dim, splits=splits, feature_dtype=dtype, vocab=vocab,
-                    num_classes=num_classes, source=source, format_version=version)
+    if "format_version" not in raw:
+        raise RaydistDataError(f"{where}: field 'format_version': missing")
+    version = raw["format_version"]
+    if type(version) is not int or version != FORMAT_VERSION:
+        raise RaydistDataError(f"{where}: field 'format_version': unknown version {version!r}; "
+                               f"this raydist reads {FORMAT_VERSION}")
+    try:
+        manifest = _MANIFEST.validate_python(raw)
+    except ValidationError as e:
+        lines = describe_errors(e, label="field '{key}'")
+        raise RaydistDataError("\n".join(f"{where}: {line}" for line in lines)) from e
+    needed = "vocab" if manifest.task == "pairs" else "num_classes"
+    if getattr(manifest, needed) is None:
+        raise RaydistDataError(f"{where}: field '{needed}': missing (task {manifest.task!r} needs it)")
+    return replace(manifest, num_classes=None) if needed == "vocab" else replace(manifest, vocab=None)

@@ -76,17 +76,28 @@ def evaluate_arrays(
 
 
 def evaluate_checkpoint(
-    checkpoint: str | Path, data_dir: str | Path, split: str = "test", *, folds: int | None = None
+    checkpoint: str | Path, data_dir: str | Path | None = None, split: str = "test", *, folds: int | None = None
 ) -> dict[str, float]:
     """Load a checkpoint (or the newest one in a run folder) and evaluate it on ``split`` of ``data_dir``
-    with its task's evaluator (``folds`` overrides ``eval.folds`` of the pairs task)."""
+    (default: the dataset the checkpoint was trained on) with its task's evaluator (``folds`` overrides
+    ``eval.folds`` of the pairs task). Task, feature dim, classes and vocabulary are checked against the
+    data first; a mismatch is a ConfigError naming both sides."""
     from raydist.checkpoint import load_checkpoint, load_task_info
+    from raydist.config import ConfigError
     from raydist.tasks import DataInfo, build_task
 
     state, cfg, folder = load_checkpoint(checkpoint)
+    info = load_task_info(folder)
+    data_dir = data_dir or info.get("data_dir")
+    if not data_dir or not Path(data_dir).is_dir():
+        raise ConfigError(f"checkpoint {folder} records no dataset that still exists ({data_dir}); give --data DIR")
     if folds is not None:
         cfg.eval.folds = folds
-    task = build_task(cfg, DataInfo.from_checkpoint(folder, load_task_info(folder), data_dir))
+    saved = DataInfo.from_checkpoint(folder, info, data_dir)
+    problems = saved.mismatch(DataInfo.from_dataset(data_dir))
+    if problems:
+        raise ConfigError(f"checkpoint {folder} does not fit dataset {data_dir}:\n  " + "\n  ".join(problems))
+    task = build_task(cfg, saved)
     model = task.build_model()
     model.load_state_dict(state["model"])
     return task.evaluate(model, split)

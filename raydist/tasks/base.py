@@ -44,9 +44,19 @@ class DataInfo:
                    Path(data_dir) if data_dir else None, files)  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
-        """What a checkpoint's ``task.json`` records."""
+        """What a checkpoint's ``task.json`` records (the dataset folder too, so eval can find it)."""
         return {"task": self.task, "feature_dim": self.feature_dim, "num_classes": self.num_classes,
-                "files": sorted(self.files)}  # fmt: skip
+                "files": sorted(self.files), "data_dir": str(self.data_dir) if self.data_dir else None}  # fmt: skip
+
+    def mismatch(self, other: DataInfo) -> list[str]:
+        """What differs between a checkpoint's data facts (self) and a dataset's (other), one line each:
+        task, feature dim, classes and the vocabulary."""
+        lines = [f"{name}: checkpoint={getattr(self, name)!r} data={getattr(other, name)!r}"
+                 for name in ("task", "feature_dim", "num_classes") if getattr(self, name) != getattr(other, name)]
+        for name in sorted(set(self.files) & set(other.files)):
+            if Path(self.files[name]).read_bytes() != Path(other.files[name]).read_bytes():
+                lines.append(f"{name}: the checkpoint's {name} differs from {other.files[name]}")
+        return lines
 
 
 @dataclass

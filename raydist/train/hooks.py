@@ -4,11 +4,13 @@ epoch (evaluation)."""
 
 from __future__ import annotations
 
+import tempfile
 from typing import Any
 
 from torch import nn
 
 from raydist.checkpoint import StateRegistry
+from raydist.config import Config
 from raydist.tasks import StepContext, Task
 
 
@@ -39,3 +41,14 @@ class ValidationHook(Hook):
             return
         inner = model.module if hasattr(model, "module") else model
         metrics.update({f"val/{k}": v for k, v in self.task.evaluate(inner, "val", self.device).items()})
+
+
+def build_hooks(cfg: Config, task: Task, device: Any, marker_dir: str | None) -> list[Hook]:
+    """The hooks of a run: validation, plus fault injection when ``debug.fail_at_step`` asks for it."""
+    from raydist.train.faults import FailAtStep
+
+    hooks: list[Hook] = [ValidationHook(task, device)]
+    if cfg.debug.fail_at_step >= 0:
+        marker = marker_dir or tempfile.gettempdir()
+        hooks.insert(0, FailAtStep(cfg.debug.fail_at_step, cfg.debug.fail_rank, marker))
+    return hooks

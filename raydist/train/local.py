@@ -1,5 +1,6 @@
 """A plain-process runtime for the loop: one rank, no Ray, the train split in memory, checkpoints written
-to a run folder. Unit tests of the loop and of new tasks run here."""
+to a run folder (the best ``keep`` by the task's validation metric and the newest are kept). Runs with
+``train.num_workers=0`` and unit tests of the loop and of new tasks use it."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from raydist.checkpoint import STATE_FILE
 from raydist.config import Config
 from raydist.data.stream import InMemoryBatches, split_columns
 from raydist.distributed import StepPlan
@@ -24,14 +26,19 @@ class LocalRuntime:
     rank = 0
     world = 1
 
-    def __init__(self, cfg: Config, task: Task, plan: StepPlan, run_dir: str | Path, device: str = "cpu") -> None:
+    def __init__(
+        self, cfg: Config, task: Task, plan: StepPlan, run_dir: str | Path, device: str = "cpu", *,
+        keep: int | None = None,
+    ) -> None:  # fmt: skip
         self.device = torch.device(device)
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.metric, self.keep = f"val/{task.primary_metric}", keep
         arrays = task.transform(split_columns(task.info.data_dir, "train", task.columns))
         self.batches = InMemoryBatches(arrays, rows=plan.rows_per_worker, rank=0, world=1, seed=cfg.train.seed)
         self.reports: list[dict[str, Any]] = []
-        self.checkpoints: list[Path] = []
+        self.checkpoints: list[Path] = []  # kept checkpoint folders, oldest first
+        self.scores: dict[Path, float] = {}
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         return model.to(self.device)
@@ -40,11 +47,35 @@ class LocalRuntime:
         return self.batches.epoch(epoch)
 
     def checkpoint_to_restore(self) -> str | None:
-        return None
+        """The newest checkpoint already in the run folder (a run restarted under the same name resumes)."""
+        found = sorted(p for p in self.run_dir.glob("checkpoint_*") if (p / STATE_FILE).is_file())
+        return str(found[-1]) if found else None
 
     def report(self, metrics: dict[str, Any], checkpoint_dir: str | None) -> None:
         self.reports.append(dict(metrics))
-        if checkpoint_dir:
-            folder = self.run_dir / f"checkpoint_{metrics['step']:08d}"
-            shutil.copytree(checkpoint_dir, folder, dirs_exist_ok=True)
-            self.checkpoints.append(folder)
+        if not checkpoint_dir:
+            return
+        folder = self.run_dir / f"checkpoint_{metrics['step']:08d}"
+        tmp = folder.with_name(folder.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(checkpoint_dir, tmp)
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)
+        self.checkpoints = [c for c in self.checkpoints if c != folder] + [folder]
+        self.scores[folder] = float(metrics.get(self.metric, float("-inf")))
+        self._prune()
+
+    def best_checkpoint(self) -> Path | None:
+        """The kept checkpoint with the highest validation metric (None when none was validated)."""
+        scored = [c for c in self.checkpoints if self.scores[c] > float("-inf")]
+        return max(scored, key=lambda c: self.scores[c]) if scored else None
+
+    def _prune(self) -> None:
+        """Keep the ``keep`` best by the metric and the newest; delete the others."""
+        if self.keep is None:
+            return
+        ranked = sorted(self.checkpoints, key=lambda c: self.scores[c], reverse=True)[: self.keep]
+        keep = set(ranked) | {self.checkpoints[-1]}
+        for folder in [c for c in self.checkpoints if c not in keep]:
+            shutil.rmtree(folder, ignore_errors=True)
+        self.checkpoints = [c for c in self.checkpoints if c in keep]

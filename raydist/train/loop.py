@@ -29,7 +29,7 @@ from raydist.checkpoint import (
 )
 from raydist.config import Config, ConfigError
 from raydist.distributed import StepPlan, gather_step, step_generator
-from raydist.tasks import StepContext, Task, to_tensors
+from raydist.tasks import DataInfo, StepContext, Task, to_tensors
 from raydist.train.hooks import Hook
 
 
@@ -218,10 +218,7 @@ def train_step(
 def _restore(path: str | Path, cfg: Config, task: Task, registry: StateRegistry) -> LoopState:
     state, saved_cfg, folder = load_checkpoint(path)
     check_compatible(saved_cfg, cfg, saved_from=str(folder))
-    saved = load_task_info(folder)
-    mine = task.info.to_json()
-    diff = [f"{k}: checkpoint={saved.get(k)!r} data={mine[k]!r}" for k in ("task", "feature_dim", "num_classes")
-            if k in saved and saved.get(k) != mine[k]]  # fmt: skip
+    diff = DataInfo.from_checkpoint(folder, load_task_info(folder)).mismatch(task.info)
     if diff:
         raise ConfigError(f"checkpoint {folder} does not fit this dataset:\n  " + "\n  ".join(diff))
     registry.load_state_dict(state)

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -17,8 +16,7 @@ from raydist.config import Config, from_dict
 from raydist.data.stream import InMemoryBatches, split_columns, stream_epoch
 from raydist.distributed import StepPlan
 from raydist.tasks import DataInfo, Task, build_task
-from raydist.train.faults import FailAtStep
-from raydist.train.hooks import Hook, ValidationHook
+from raydist.train.hooks import build_hooks
 from raydist.train.loop import run_loop
 
 
@@ -58,14 +56,6 @@ class RayRuntime:
     def report(self, metrics: dict[str, Any], checkpoint_dir: str | None) -> None:
         checkpoint = ray.train.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
         ray.train.report(metrics, checkpoint=checkpoint)
-
-
-def build_hooks(cfg: Config, task: Task, device: Any, marker_dir: str | None) -> list[Hook]:
-    """The hooks of a run: validation, plus fault injection when ``debug.fail_at_step`` asks for it."""
-    hooks: list[Hook] = [ValidationHook(task, device)]
-    if cfg.debug.fail_at_step >= 0:
-        hooks.insert(0, FailAtStep(cfg.debug.fail_at_step, cfg.debug.fail_rank, marker_dir or tempfile.gettempdir()))
-    return hooks
 
 
 def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any] | None:

@@ -29,6 +29,7 @@ class TrainOutcome:
     resumed_at: list[int]
     test_metrics: dict[str, float] | None = None
     columns: list[tuple[str, str]] | None = None  # the task's (validation metric, header) table columns
+    data_dir: str | None = None  # the dataset the run trained on
 
 
 def resolve_data_dir(cfg: Config) -> Path:
@@ -111,18 +112,20 @@ def run_training(
     from ray.train import TrainingFailedError
 
     from raydist.checkpoint import find_checkpoint
-    from raydist.eval.evaluate import evaluate_checkpoint
 
     data_dir = checked_data_dir(cfg)
     if resume_from:
         resume_from = str(find_checkpoint(resume_from))
+    if cfg.train.num_workers == 0:
+        outcome = train_in_process(cfg, data_dir, resume_from=resume_from)
+        return _finish(outcome, data_dir, evaluate_test)
     init_ray(run_cpus(cfg), address)
     check_cluster_fits(run_cpus(cfg))
     trainer = build_trainer(cfg, data_dir, resume_from=resume_from)
     try:
         result = trainer.fit()
     except TrainingFailedError as e:
-        raise RuntimeError(f"training failed: {e}") from e
+        raise training_failure(e) from e
     returned = result.return_value if isinstance(result.return_value, dict) else {}
     task = build_task(cfg, DataInfo.from_dataset(data_dir))
     metric = f"val/{task.primary_metric}"
@@ -137,6 +140,72 @@ def run_training(
         resumed_at=returned.get("resumed_at", []),
         columns=task.history_columns(),
     )
+    return _finish(outcome, data_dir, evaluate_test)
+
+
+def training_failure(error: Exception) -> Exception:
+    """One line for the user from a failed fit: the first worker's error (its last line), where the full
+    log is, and the kind: a ConfigError (bad input, exit 2) when a worker refused its config or data,
+    otherwise a RuntimeError (a failed run, exit 1)."""
+    from raydist.config import ConfigError
+    from raydist.data import RaydistDataError
+
+    failures = getattr(error, "worker_failures", None) or {}
+    first = next(iter(failures.values()), None) or getattr(error, "controller_failure", None) or error
+    cause = getattr(first, "cause", None) or first  # RayTaskError wraps the worker's exception
+    lines = [line.strip() for line in str(cause).strip().splitlines() if line.strip()]
+    message = f"{lines[-1] if lines else type(cause).__name__} (full log: {_session_log_dir()})"
+    if isinstance(cause, (ConfigError, RaydistDataError)):
+        return ConfigError(message)
+    return RuntimeError(f"training failed: {message}")
+
+
+def _session_log_dir() -> str:
+    """The Ray session's log folder (worker stdout/stderr and Train controller logs)."""
+    try:
+        import ray
+
+        return str(Path(ray._private.worker.global_worker.node.get_logs_dir_path()))
+    except (AttributeError, RuntimeError):  # no local node (a remote cluster): Ray's default location
+        return "/tmp/ray/session_latest/logs"
+
+
+def train_in_process(cfg: Config, data_dir: Path, *, resume_from: str | None = None) -> TrainOutcome:
+    """``train.num_workers=0``: the same loop in this process, no Ray (raydist.train.local.LocalRuntime); the
+    run folder ``storage/run_name`` holds its checkpoints, and a run restarted under its name resumes."""
+    import torch
+
+    from raydist.train.hooks import build_hooks
+    from raydist.train.local import LocalRuntime
+    from raydist.train.loop import run_loop
+
+    task = build_task(cfg, DataInfo.from_dataset(data_dir))
+    plan = StepPlan(cfg.train.batch_size, cfg.loss.negative_set_size, 1)
+    storage = storage_root(cfg)
+    if is_uri(storage):
+        raise ValueError(f"train.num_workers=0 writes to a local folder, not {storage}")
+    run_dir = Path(storage) / run_name(cfg)
+    device = "cuda" if cfg.train.use_gpu and torch.cuda.is_available() else "cpu"
+    runtime = LocalRuntime(cfg, task, plan, run_dir, device, keep=cfg.train.keep_checkpoints)
+    result = run_loop(cfg, task, runtime, plan, hooks=build_hooks(cfg, task, runtime.device, str(run_dir)),
+                      resume_from=resume_from)  # fmt: skip
+    best = runtime.best_checkpoint()
+    return TrainOutcome(
+        run_dir=str(run_dir),
+        best_checkpoint=str(best) if best else None,
+        best_metrics=next((r for r in runtime.reports if best and r["step"] == int(best.name.split("_")[-1])), None),
+        latest_checkpoint=str(runtime.checkpoints[-1]) if runtime.checkpoints else None,
+        history=result["history"],
+        resumed_at=result["resumed_at"],
+        columns=task.history_columns(),
+    )
+
+
+def _finish(outcome: TrainOutcome, data_dir: Path, evaluate_test: bool) -> TrainOutcome:
+    """Evaluate the best checkpoint on the test split and write ``history.json`` into the run folder."""
+    from raydist.eval.evaluate import evaluate_checkpoint
+
+    outcome.data_dir = str(data_dir)
     if evaluate_test and outcome.best_checkpoint and "test" in load_manifest(data_dir).splits:
         outcome.test_metrics = evaluate_checkpoint(outcome.best_checkpoint, data_dir, "test")
     if not is_uri(outcome.run_dir):  # per-epoch metrics next to the checkpoints

@@ -5,18 +5,29 @@ from __future__ import annotations
 
 import itertools
 import math
+import types
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from raydist.config import (
     Config,
     ConfigError,
     apply_overrides,
+    describe_errors,
     field_annotation,
     flatten,
     load_config,
@@ -25,25 +36,6 @@ from raydist.config import (
 )
 
 DISTRIBUTIONS = ("choice", "grid", "uniform", "loguniform", "randint")
-SEARCHES = ("random", "grid", "optuna")
-SCHEDULERS = ("asha", "fifo")
-TOP_LEVEL_KEYS = (
-    "metric",
-    "mode",
-    "scheduler",
-    "search",
-    "num_samples",
-    "max_concurrent_trials",
-    "resources",
-    "base",
-    "space",
-)
-# `resources:` entries that are config fields, and the field each one sets.
-RESOURCE_FIELDS = {
-    "num_workers": "train.num_workers",
-    "cpus_per_worker": "train.cpus_per_worker",
-    "use_gpu": "train.use_gpu",
-}
 # Keys the sweep itself sets for every trial: never swept.
 SWEEP_OWNED = {"data.path": "--data", "train.storage_path": "--storage", "train.run_name": "the trial folder"}
 
@@ -64,31 +56,82 @@ class Param:
         return list(self.args)
 
 
-@dataclass(frozen=True)
-class Scheduler:
-    """``asha`` (early stopping on ``epoch``) or ``fifo`` (every trial runs all epochs)."""
+class _FileSection(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-    kind: str = "asha"
-    max_t: int | None = None  # epochs; None = train.epochs of the base config
-    grace_period: int = 1  # epochs every trial runs before it may be stopped
-    reduction_factor: float = 4.0
+
+class Scheduler(_FileSection):
+    """``asha`` (early stopping on ``epoch``) or ``fifo`` (every trial runs all epochs). In a space file:
+    ``scheduler: fifo``, or a mapping with ``type`` (default asha) and asha's settings."""
+
+    model_config = ConfigDict(validate_by_name=True)
+
+    kind: Literal["asha", "fifo"] = Field("asha", alias="type")
+    max_t: PositiveInt | None = None  # epochs; None = train.epochs of the base config
+    grace_period: PositiveInt = 1  # epochs every trial runs before it may be stopped
+    reduction_factor: float = Field(4.0, gt=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _named(cls, data: Any) -> Any:
+        return {"type": data} if isinstance(data, str) else data
+
+    @model_validator(mode="after")
+    def _fifo_alone(self) -> Scheduler:
+        if self.kind == "fifo" and self.model_fields_set != {"kind"}:
+            raise ValueError(f"fifo takes no other keys, got {sorted(self.model_fields_set - {'kind'})}")
+        return self
+
+
+class _Resources(_FileSection):
+    """``resources:`` of each trial; the worker settings are checked by the config they set."""
+
+    trial_cpus: float = Field(0.5, gt=0)  # logical CPUs of the trial's driver function (Tune trial actor)
+    num_workers: Any = None
+    cpus_per_worker: Any = None
+    use_gpu: Any = None
+
+
+# `resources:` entries that are config fields, and the field each one sets.
+RESOURCE_FIELDS = {name: f"train.{name}" for name in _Resources.model_fields if name != "trial_cpus"}
+
+
+class _SpaceFile(_FileSection):
+    """A space file's keys (tune_spaces/margin.yaml shows each); ``space`` maps config keys to
+    distributions, checked against the config by ``parse_space``."""
+
+    metric: str = "val/rsum"
+    mode: Literal["max", "min"] = "max"
+    scheduler: Scheduler = Scheduler()
+    search: Literal["random", "grid", "optuna"] = "random"
+    num_samples: PositiveInt = 1
+    max_concurrent_trials: PositiveInt = 1
+    resources: _Resources = _Resources()
+    base: dict[str, Any] = {}  # config overrides every trial shares
+    space: dict[str, Any] = {}
+
+    @field_validator("resources", "base", mode="before")
+    @classmethod
+    def _empty(cls, value: Any) -> Any:
+        return {} if value is None else value
 
 
 @dataclass(frozen=True)
 class SweepSpace:
-    """A parsed space file. ``source`` is the file's mapping, kept so a resumed sweep re-reads it."""
+    """A parsed space file (defaults: ``_SpaceFile``). ``source`` is the file's mapping, kept so a resumed
+    sweep re-reads it."""
 
     name: str
     params: tuple[Param, ...]
-    metric: str = "val/rsum"
-    mode: str = "max"
-    scheduler: Scheduler = field(default_factory=Scheduler)
-    search: str = "random"
-    num_samples: int = 1
-    max_concurrent_trials: int = 1
-    trial_cpus: float = 0.5  # logical CPUs of each trial's driver function (the Tune trial actor)
-    base: dict[str, Any] = field(default_factory=dict)  # dotted overrides, resources included
-    source: dict[str, Any] = field(default_factory=dict)
+    metric: str
+    mode: str
+    scheduler: Scheduler
+    search: str
+    num_samples: int
+    max_concurrent_trials: int
+    trial_cpus: float  # logical CPUs of each trial's driver function (the Tune trial actor)
+    base: dict[str, Any]  # dotted overrides, resources included
+    source: dict[str, Any]
 
     @property
     def keys(self) -> list[str]:
@@ -109,44 +152,41 @@ def load_space(path: str | Path) -> SweepSpace:
 def parse_space(data: Any, name: str) -> SweepSpace:
     """Check a space mapping (see tune_spaces/margin.yaml for every key) and build a SweepSpace."""
     where = f"space {name!r}"
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{where}: expected a mapping with keys {', '.join(TOP_LEVEL_KEYS)}")
-    unknown = sorted(set(data) - set(TOP_LEVEL_KEYS))
-    if unknown:
-        raise ConfigError(f"{where}: unknown top-level key(s) {unknown}; valid: {', '.join(TOP_LEVEL_KEYS)}")
-    space = data.get("space")
-    if not isinstance(space, Mapping) or not space:
+    try:
+        file = _SpaceFile.model_validate(data)
+    except ValidationError as e:
+        lines = describe_errors(e, model=_SpaceFile)
+        raise ConfigError("\n".join(f"{where}: {line}" for line in lines)) from e
+    if not file.space:
         raise ConfigError(
             f"{where}: 'space' must map config keys to distributions, e.g. "
             "loss.margin: {uniform: [0.05, 0.4]}"
         )
-    params = tuple(_parse_param(where, key, spec) for key, spec in _flatten_space(space).items())
-    search = _one_of(where, "search", data.get("search", "random"), SEARCHES)
-    if search == "grid" and any(p.kind != "grid" for p in params):
+    params = tuple(_parse_param(where, key, spec) for key, spec in _flatten_space(file.space).items())
+    if file.search == "grid" and any(p.kind != "grid" for p in params):
         raise ConfigError(f"{where}: search: grid needs every space entry to be a 'grid' list")
-    if search == "optuna" and any(p.kind == "grid" for p in params):
+    if file.search == "optuna" and any(p.kind == "grid" for p in params):
         raise ConfigError(f"{where}: search: optuna cannot run 'grid' entries; use 'choice'")
-    trial_cpus, resources = _parse_resources(where, data.get("resources") or {})
-    base = _mapping(where, "base", data.get("base") or {})
+    base = flatten(file.base)
     misplaced = sorted(set(base) & set(RESOURCE_FIELDS.values()))
     if misplaced:
         raise ConfigError(f"{where}: set {', '.join(misplaced)} under 'resources:', not 'base:'")
     both = sorted(set(base) & {p.key for p in params})
     if both:
         raise ConfigError(f"{where}: {', '.join(both)} both swept and set in 'base:'")
+    resources = file.resources
+    workers = {RESOURCE_FIELDS[k]: getattr(resources, k) for k in resources.model_fields_set - {"trial_cpus"}}
     return SweepSpace(
         name=name,
         params=params,
-        metric=_typed(where, "metric", data.get("metric", "val/rsum"), str),
-        mode=_one_of(where, "mode", data.get("mode", "max"), ("max", "min")),
-        scheduler=_parse_scheduler(where, data.get("scheduler", "asha")),
-        search=search,
-        num_samples=_positive(where, "num_samples", data.get("num_samples", 1), int),
-        max_concurrent_trials=_positive(
-            where, "max_concurrent_trials", data.get("max_concurrent_trials", 1), int
-        ),
-        trial_cpus=trial_cpus,
-        base={**base, **resources},
+        metric=file.metric,
+        mode=file.mode,
+        scheduler=file.scheduler,
+        search=file.search,
+        num_samples=file.num_samples,
+        max_concurrent_trials=file.max_concurrent_trials,
+        trial_cpus=resources.trial_cpus,
+        base={**base, **workers},
         source=dict(data),
     )
 
@@ -211,120 +251,58 @@ def _flatten_space(space: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _parse_param(where: str, key: str, spec: Any) -> Param:
-    if key not in valid_keys():
-        raise ConfigError(
-            f"{where}: {key!r} is not a config key; valid keys are:\n  " + "\n  ".join(valid_keys())
-        )
-    if key in RESOURCE_FIELDS.values():
-        raise ConfigError(
-            f"{where}: {key} sets trial resources and cannot be swept; set it under 'resources:'"
-        )
-    if key in SWEEP_OWNED:
-        raise ConfigError(f"{where}: {key} is set by the sweep ({SWEEP_OWNED[key]}) and cannot be swept")
-    if not isinstance(spec, Mapping) or len(spec) != 1:
-        raise ConfigError(
-            f"{where}: {key} needs exactly one distribution, one of {', '.join(DISTRIBUTIONS)}; got {spec!r}"
-        )
+    problem = _param_problem(key, spec)
+    if problem:
+        raise ConfigError(f"{where}: {problem}")
     ((kind, args),) = spec.items()
-    if kind not in DISTRIBUTIONS:
-        raise ConfigError(
-            f"{where}: {key}: unknown distribution {kind!r}; use one of {', '.join(DISTRIBUTIONS)}"
-        )
-    if not isinstance(args, list) or not args:
-        raise ConfigError(f"{where}: {key}: {kind} needs a non-empty list, got {args!r}")
-    types = _field_types(key)
-    if kind in ("uniform", "loguniform", "randint"):
-        _check_range(where, key, kind, args, types)
     return Param(key, kind, tuple(args))
 
 
-def _check_range(where: str, key: str, kind: str, args: list[Any], types: set[type]) -> None:
-    """[low, high] numbers with low < high, on a field that can hold what the range draws."""
+def _param_problem(key: str, spec: Any) -> str | None:
+    """Why ``key: spec`` cannot be swept: not a sweepable config key, not one distribution with a
+    non-empty list, or a range the field cannot hold (see ``_range_problem``)."""
+    if key not in valid_keys():
+        return f"{key!r} is not a config key; valid keys are:\n  " + "\n  ".join(valid_keys())
+    if key in RESOURCE_FIELDS.values():
+        return f"{key} sets trial resources and cannot be swept; set it under 'resources:'"
+    if key in SWEEP_OWNED:
+        return f"{key} is set by the sweep ({SWEEP_OWNED[key]}) and cannot be swept"
+    if not isinstance(spec, Mapping) or len(spec) != 1:
+        return f"{key} needs exactly one distribution, one of {', '.join(DISTRIBUTIONS)}; got {spec!r}"
+    ((kind, args),) = spec.items()
+    if kind not in DISTRIBUTIONS:
+        return f"{key}: unknown distribution {kind!r}; use one of {', '.join(DISTRIBUTIONS)}"
+    if not isinstance(args, list) or not args:
+        return f"{key}: {kind} needs a non-empty list, got {args!r}"
+    return _range_problem(key, kind, args) if kind in ("uniform", "loguniform", "randint") else None
+
+
+def _range_problem(key: str, kind: str, args: list[Any]) -> str | None:
+    """[low, high] numbers with low < high (low > 0 for loguniform), on a field that can hold what the
+    range draws: ints for randint, floats otherwise."""
     want = int if kind == "randint" else float
-    fits = {float} if want is float else {int, float}
-    if not types & fits:
-        raise ConfigError(
-            f"{where}: {key}: {kind} draws {want.__name__}s but {key} holds "
-            f"{'/'.join(sorted(t.__name__ for t in types))}; use choice or grid"
-        )
+    held = _held_types(key)
+    if not held & ({float} if want is float else {int, float}):
+        names = "/".join(sorted(t.__name__ for t in held))
+        return f"{key}: {kind} draws {want.__name__}s but {key} holds {names}; use choice or grid"
     if len(args) != 2 or not all(_is_number(v, want) for v in args) or not args[0] < args[1]:
-        raise ConfigError(
-            f"{where}: {key}: {kind} needs [low, high] {want.__name__}s with low < high, got {args!r}"
-        )
+        return f"{key}: {kind} needs [low, high] {want.__name__}s with low < high, got {args!r}"
     if kind == "loguniform" and args[0] <= 0:
-        raise ConfigError(f"{where}: {key}: loguniform needs low > 0, got {args!r}")
+        return f"{key}: loguniform needs low > 0, got {args!r}"
+    return None
+
+
+def _held_types(key: str) -> set[type]:
+    """The types a config field's values have: ``int | None`` → {int}, ``Literal["sum", "mean"]`` → {str},
+    ``list[int]`` → {list}."""
+    hint = field_annotation(key)
+    if typing.get_origin(hint) is Literal:
+        return {type(v) for v in typing.get_args(hint)}
+    members = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    return {typing.get_origin(t) or t for t in members if t is not type(None)}
 
 
 def _is_number(value: Any, want: type) -> bool:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
     return isinstance(value, int) if want is int else math.isfinite(value)
-
-
-def _field_types(key: str) -> set[type]:
-    """The non-None types a config field holds (``int | None`` → {int})."""
-    hint = field_annotation(key)
-    return {t for t in (typing.get_args(hint) or (hint,)) if t is not type(None)}
-
-
-def _parse_scheduler(where: str, spec: Any) -> Scheduler:
-    if isinstance(spec, str):
-        spec = {"type": spec}
-    spec = dict(_mapping(where, "scheduler", spec))
-    kind = _one_of(where, "scheduler type", spec.pop("type", "asha"), SCHEDULERS)
-    allowed = {"max_t", "grace_period", "reduction_factor"} if kind == "asha" else set()
-    unknown = sorted(set(spec) - allowed)
-    if unknown:
-        raise ConfigError(
-            f"{where}: scheduler {kind}: unknown key(s) {unknown}; valid: {sorted(allowed) or 'none'}"
-        )
-    sched = Scheduler(
-        kind=kind,
-        max_t=_positive(where, "scheduler.max_t", spec["max_t"], int) if "max_t" in spec else None,
-        grace_period=_positive(where, "scheduler.grace_period", spec.get("grace_period", 1), int),
-        reduction_factor=_positive(
-            where, "scheduler.reduction_factor", spec.get("reduction_factor", 4), float
-        ),
-    )
-    if sched.reduction_factor <= 1:
-        raise ConfigError(f"{where}: scheduler.reduction_factor must be > 1, got {sched.reduction_factor}")
-    return sched
-
-
-def _parse_resources(where: str, spec: Any) -> tuple[float, dict[str, Any]]:
-    """``trial_cpus`` and the train.* overrides that ``resources:`` sets."""
-    spec = dict(_mapping(where, "resources", spec))
-    trial_cpus = _positive(where, "resources.trial_cpus", spec.pop("trial_cpus", 0.5), float)
-    unknown = sorted(set(spec) - set(RESOURCE_FIELDS))
-    if unknown:
-        raise ConfigError(
-            f"{where}: resources: unknown key(s) {unknown}; valid: trial_cpus, " + ", ".join(RESOURCE_FIELDS)
-        )
-    return trial_cpus, {RESOURCE_FIELDS[k]: v for k, v in spec.items()}
-
-
-def _mapping(where: str, what: str, value: Any) -> dict[str, Any]:
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"{where}: {what} must be a mapping, got {value!r}")
-    return flatten(value)
-
-
-def _typed(where: str, what: str, value: Any, typ: type) -> Any:
-    if typ is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if not isinstance(value, typ) or isinstance(value, bool):
-        raise ConfigError(f"{where}: {what} must be a {typ.__name__}, got {value!r}")
-    return value
-
-
-def _positive(where: str, what: str, value: Any, typ: type) -> Any:
-    value = _typed(where, what, value, typ)
-    if value <= 0:
-        raise ConfigError(f"{where}: {what} must be > 0, got {value!r}")
-    return value
-
-
-def _one_of(where: str, what: str, value: Any, options: tuple[str, ...]) -> str:
-    if value not in options:
-        raise ConfigError(f"{where}: {what} must be one of {', '.join(options)}, got {value!r}")
-    return value
