@@ -47,6 +47,8 @@ class ModelSection(_Section):
     num_layers: int = Field(1, ge=1)
     no_imgnorm: bool = False  # VSE0 option: do not L2-normalise image embeddings
     mlp_hidden: list[int] = Field(default_factory=lambda: [256])  # labels task: MLP hidden layer widths
+    # Matryoshka: train every prefix z[:, :m] (re-normalised) for m in this list; [] = no nesting
+    nesting: list[int] = Field(default_factory=list)
 
 
 class LossSection(_Section):
@@ -71,6 +73,7 @@ class LossSection(_Section):
     beta: float = 1.2  # margin loss: initial boundary β₀ (learnable)
     beta_per_class: bool = False  # margin loss: one β per class
     nu: float = Field(0.0, ge=0)  # margin loss: ν·β regularisation
+    nesting_weights: list[float] = Field(default_factory=list)  # c_m per model.nesting dim; [] = all 1
 
 
 class TrainSection(_Section):
@@ -342,6 +345,15 @@ def validate(cfg: Config) -> None:
                 f"loss.negative_set_size={lo.negative_set_size} > batch size must divide evenly over "
                 f"train.num_workers={t.num_workers}"
             )
+    if cfg.model.nesting or cfg.loss.nesting_weights:
+        from raydist.losses.nested import check_embedding_dim, check_nesting, check_weights
+
+        try:
+            dims = check_nesting(cfg.model.nesting)
+            check_embedding_dim(dims, cfg.model.embed_dim)
+            check_weights(cfg.loss.nesting_weights or None, len(dims))
+        except ValueError as e:
+            problems.append(f"model.nesting={cfg.model.nesting}, loss.nesting_weights={cfg.loss.nesting_weights}: {e}")
     if any(w < 1 for w in cfg.model.mlp_hidden):
         problems.append(f"model.mlp_hidden={cfg.model.mlp_hidden}: widths must be >= 1")
     if not cfg.eval.recall_at or any(k < 1 for k in cfg.eval.recall_at):

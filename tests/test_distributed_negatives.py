@@ -23,6 +23,8 @@ from raydist.config import LossSection
 from raydist.distributed import (
     all_gather_tensor,
     cross_worker_ranking_loss,
+    gather_step,
+    rank_ranking_loss,
     rows_per_worker,
     sample_negative_set,
     step_ranking_loss,
@@ -99,7 +101,9 @@ CASES = {
     "larger": Case(LARGER, via="step", loss={"negative_set_size": 16}, seed=12),
     "local": Case(DUP_REMOTE, via="step", loss={"gather": False}),
     "nograd": Case(UNIQUE, via="nograd"),
+    "nested": Case(DUP_REMOTE, via="nested"),
 }
+NESTING = (2, 5)  # Matryoshka prefixes of the 5-d embeddings (DIM = 5)
 
 
 def _naive_gather_loss(img: torch.Tensor, cap: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -116,6 +120,15 @@ def _case_loss(case: Case, img: torch.Tensor, cap: torch.Tensor, batch: dict, st
     generator = torch.Generator().manual_seed(case.seed)
     if case.via == "nograd":
         return _naive_gather_loss(img, cap, batch["image_ids"])
+    if case.via == "nested":  # one gather, every prefix sliced from it
+        gathered = gather_step({"img": img, "cap": cap}, {"ids": batch["image_ids"]})
+        negative_set = sample_negative_set(img.shape[0], WORLD, dist.get_rank(), batch_size=None,
+                                           negative_set_size=None, generator=None)  # fmt: skip
+        return sum(
+            rank_ranking_loss(gathered.view(lambda z, m=m: l2_normalize(z[:, :m]), ("img", "cap")), negative_set,
+                              ids="ids", margin=0.2, hardest=True)
+            for m in NESTING
+        )
     if case.via == "cross":
         return cross_worker_ranking_loss(
             img, cap, image_ids=batch["image_ids"], hardest=case.hardest, generator=generator, stats=stats
@@ -206,6 +219,11 @@ def reference(name: str, model: TinyVSE, bank: dict, *, ids_override: list[int] 
         loss = sum(
             dense_loss(img[s], cap[s], hardest=case.hardest, image_ids=torch.tensor(ids[s]))
             for s in (slice(0, half), slice(half, None))
+        )
+    elif case.via == "nested":
+        loss = sum(
+            dense_loss(l2_normalize(img[:, :m]), l2_normalize(cap[:, :m]), image_ids=torch.tensor(ids))
+            for m in NESTING
         )
     elif case.via == "step" and cfg.negative_set_size is not None:
         queries, keys = _subset_draws(case)

@@ -5,7 +5,7 @@ The only module that calls collectives; without an initialised process group eve
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -66,6 +66,13 @@ class GatheredBatch:
     def rows(self) -> int:
         """Rows each rank holds."""
         return int(self.positions.numel())
+
+    def view(self, fn: Callable[[Tensor], Tensor], names: Sequence[str]) -> GatheredBatch:
+        """The same batch with ``fn`` applied to the local and global rows of ``names`` (e.g. a nested
+        prefix, re-normalised): views of one gather, no collective."""
+        local = {**self.local, **{n: fn(self.local[n]) for n in names}}
+        keys = {**self.keys, **{n: fn(self.keys[n]) for n in names}}
+        return GatheredBatch(local, keys, self.positions, self.key_positions, self.rank, self.world)
 
 
 def gather_step(

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from raydist.losses import l2_normalize
+from raydist.models.matryoshka import MatryoshkaHead
 
 
 class MLPEncoder(nn.Module):
@@ -28,14 +29,21 @@ class MLPEncoder(nn.Module):
 
 
 class LabelsModel(nn.Module):
-    """Embedding encoder + classification head on the unit-norm embedding; returns (embedding, logits)."""
+    """Embedding encoder + classification head on the unit-norm embedding; returns (embedding, logits).
 
-    def __init__(self, feature_dim: int, hidden: Sequence[int], embed_dim: int, num_classes: int) -> None:
+    With ``nesting`` the head is MRL-E (one weight matrix sliced per nesting dim) and ``logits`` is the list
+    of per-dim logits, largest dim last.
+    """
+
+    def __init__(
+        self, feature_dim: int, hidden: Sequence[int], embed_dim: int, num_classes: int,
+        nesting: Sequence[int] = (),
+    ) -> None:  # fmt: skip
         super().__init__()
         self.encoder = MLPEncoder(feature_dim, hidden, embed_dim)
-        self.head = nn.Linear(embed_dim, num_classes)
+        self.head = MatryoshkaHead(embed_dim, num_classes, nesting) if nesting else nn.Linear(embed_dim, num_classes)
 
-    def forward(self, x: torch.Tensor, probe: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, probe: bool = False) -> tuple[torch.Tensor, torch.Tensor | list[torch.Tensor]]:
         """``probe=True``: the head sees the detached embedding (a linear probe; no encoder gradient)."""
         emb = self.encoder(x)
         return emb, self.head(emb.detach() if probe else emb)

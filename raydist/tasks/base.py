@@ -4,6 +4,7 @@ evaluator, checkpoint extras), and the registry that finds a task by the manifes
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -15,6 +16,7 @@ from torch import Tensor, nn
 from raydist.config import Config
 from raydist.data.manifest import load_manifest
 from raydist.distributed import GatheredBatch, NegativeSet
+from raydist.losses import l2_normalize
 
 
 @dataclass(frozen=True)
@@ -162,6 +164,22 @@ def build_task(cfg: Config, info: DataInfo) -> Task:
     return get_task(info.task)(cfg, info)
 
 
+def nested_sum(
+    cfg: Config, loss_at: Callable[[Callable[[Tensor], Tensor], bool], Tensor]
+) -> Tensor:
+    """Matryoshka: ``Σ_m c_m · loss_at(prefix_m)`` over ``model.nesting`` (weights ``loss.nesting_weights``,
+    default 1), where ``prefix_m(z) = normalize(z[:, :m])``; without nesting, ``loss_at(identity)``. The
+    flag tells ``loss_at`` whether this is the largest prefix (the one whose statistics are reported)."""
+    dims = cfg.model.nesting
+    if not dims:
+        return loss_at(lambda z: z, True)
+    weights = cfg.loss.nesting_weights or [1.0] * len(dims)
+    terms = [c * loss_at(lambda z, m=m: l2_normalize(z[:, :m]), m == dims[-1]) for m, c in zip(dims, weights)]
+    return torch.stack(terms).sum()
+
+
 def to_tensors(batch: dict[str, np.ndarray], device: torch.device | str) -> dict[str, Tensor]:
-    """Numeric numpy columns → tensors on ``device`` (other columns are left out)."""
-    return {k: torch.as_tensor(v).to(device) for k, v in batch.items() if v.dtype != object}
+    """Numeric numpy columns → tensors on ``device`` (other columns are left out; read-only arrays, e.g.
+    zero-copy Arrow buffers, are copied)."""
+    return {k: torch.as_tensor(v if v.flags.writeable else v.copy()).to(device)
+            for k, v in batch.items() if v.dtype != object}  # fmt: skip

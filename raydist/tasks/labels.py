@@ -29,8 +29,9 @@ from raydist.losses.triplets import (
     reduce_terms,
     triplet_terms,
 )
+from raydist.models.matryoshka import nested_cross_entropy
 from raydist.models.mlp import LabelsModel
-from raydist.tasks.base import Encoded, StepContext, Task, register_task
+from raydist.tasks.base import Encoded, StepContext, Task, nested_sum, register_task
 
 
 def mining_stats(emb: Tensor, labels: Tensor, triplets: Any, *, strategy: str, margin: float,
@@ -76,13 +77,13 @@ class LabelsTask(Task):
         if not self.info.num_classes:
             raise ValueError("task 'labels' needs num_classes in the dataset manifest")
         m, lo = self.cfg.model, self.cfg.loss
-        model = LabelsModel(self.info.feature_dim, m.mlp_hidden, m.embed_dim, self.info.num_classes)
+        model = LabelsModel(self.info.feature_dim, m.mlp_hidden, m.embed_dim, self.info.num_classes, m.nesting)
         if self.kind == "margin":  # β is a model parameter: DDP averages its gradient, the optimizer steps it
             model.beta = MarginBeta(self.info.num_classes if lo.beta_per_class else None, init=lo.beta)
         return model
 
     def encode(self, model: nn.Module, batch: dict[str, Tensor]) -> Encoded:
-        emb, logits = model(batch["image"].float(), probe=self.kind != "cross_entropy")
+        emb, logits = model(batch["image"], probe=self.kind != "cross_entropy")
         ids = {"label": batch["label"], "sample_id": batch["sample_id"]}
         extras = {"logits": logits}
         inner = model.module if hasattr(model, "module") else model
@@ -99,7 +100,7 @@ class LabelsTask(Task):
         (:func:`raydist.distributed.metric.rank_metric_loss`); averaged over triplets (triplet) or over the
         non-zero pair terms (margin); plus the cross-entropy of the head as a linear probe on detached
         embeddings (so ``top1`` stays meaningful without changing the encoder's gradient)."""
-        head_loss = F.cross_entropy(encoded.extras["logits"].float(), encoded.ids["label"])
+        head_loss = self._head_loss(encoded)
         if self.kind == "cross_entropy":
             return head_loss
         lo = self.cfg.loss
@@ -119,10 +120,20 @@ class LabelsTask(Task):
             stats.update(mining_stats(emb, labels, triplets, strategy=lo.miner, margin=lo.margin,
                                       distance=lo.distance))  # fmt: skip
 
-        metric = rank_metric_loss(gathered, emb="emb", labels="label", miner=miner, loss_parts=parts,
-                                  generator=generator, observe=observe)  # fmt: skip
+        def loss_at(prefix: Any, largest: bool) -> Tensor:
+            return rank_metric_loss(gathered.view(prefix, ("emb",)), emb="emb", labels="label", miner=miner,
+                                    loss_parts=parts, generator=generator, observe=observe if largest else None)  # fmt: skip
+
+        metric = nested_sum(self.cfg, loss_at)
         stats.update({"loss/metric": float(metric.detach()), "loss/probe": float(head_loss.detach())})
         return metric + head_loss  # the head is a linear probe on detached embeddings: no encoder gradient
+
+    def _head_loss(self, encoded: Encoded) -> Tensor:
+        """Cross-entropy of the head: with ``model.nesting``, the weighted sum over the MRL-E dims."""
+        logits, target = encoded.extras["logits"], encoded.ids["label"]
+        if isinstance(logits, list):
+            return nested_cross_entropy([lg.float() for lg in logits], target, self.cfg.loss.nesting_weights or None)
+        return F.cross_entropy(logits.float(), target)
 
     @torch.no_grad()
     def embed_split(self, model: nn.Module, split: str, device: torch.device | str = "cpu"):
@@ -136,7 +147,8 @@ class LabelsTask(Task):
         outs = [model(features[s : s + bs].to(device)) for s in range(0, len(features), bs)]
         model.train(was_training)
         emb = torch.cat([e.cpu() for e, _ in outs])
-        logits = torch.cat([lg.cpu() for _, lg in outs])
+        # the full-dim logits (the largest nesting dim is last)
+        logits = torch.cat([(lg[-1] if isinstance(lg, list) else lg).cpu() for _, lg in outs])
         return emb, logits, labels
 
     def evaluate(self, model: nn.Module, split: str, device: torch.device | str = "cpu") -> dict[str, float]:

@@ -4,6 +4,7 @@ evaluation is the VSE++ retrieval protocol."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,7 @@ from raydist.data import Vocab, feature_matrix, split_arrays
 from raydist.distributed import GatheredBatch, NegativeSet, rank_ranking_loss
 from raydist.eval.evaluate import evaluate_arrays
 from raydist.models import build_model
-from raydist.tasks.base import Encoded, StepContext, Task, register_task
+from raydist.tasks.base import Encoded, StepContext, Task, nested_sum, register_task
 
 
 @register_task
@@ -50,7 +51,7 @@ class PairsTask(Task):
     def encode(self, model: nn.Module, batch: dict[str, Tensor]) -> Encoded:
         lengths = batch["lengths"]
         tokens = batch["tokens"][:, : int(lengths.max())]
-        img, cap = model(batch["image"].float(), tokens, lengths)
+        img, cap = model(batch["image"], tokens, lengths)
         return Encoded({"img": img, "cap": cap}, {"image_id": batch["image_id"], "sample_id": batch["sample_id"]})
 
     def hardest(self, epoch: int) -> bool:
@@ -62,10 +63,15 @@ class PairsTask(Task):
         stats: dict[str, float],
     ) -> Tensor:  # fmt: skip
         lo = self.cfg.loss
-        return rank_ranking_loss(
-            gathered, negative_set, ids="image_id", margin=lo.margin, hardest=self.hardest(ctx.epoch),
-            reduction=lo.reduction, similarity=lo.similarity, tile=lo.tile, stats=stats,
-        )  # fmt: skip
+
+        def loss_at(prefix: Callable[[Tensor], Tensor], largest: bool) -> Tensor:
+            return rank_ranking_loss(
+                gathered.view(prefix, ("img", "cap")), negative_set, ids="image_id", margin=lo.margin,
+                hardest=self.hardest(ctx.epoch), reduction=lo.reduction, similarity=lo.similarity,
+                tile=lo.tile, stats=stats if largest else None,
+            )  # fmt: skip
+
+        return nested_sum(self.cfg, loss_at)
 
     def evaluate(self, model: nn.Module, split: str, device: torch.device | str = "cpu") -> dict[str, float]:
         """VSE++ retrieval metrics (R@1/5/10, medr, meanr, rsum); ``eval.folds`` except on val."""

@@ -1,0 +1,406 @@
+"""Retrieval with the nested (Matryoshka) embeddings of a trained checkpoint (DESIGN.md §4): embed a split,
+index re-normalised prefixes, and score single-shot, adaptive, funnel and baseline retrieval per dim.
+
+The ``evaluate_*`` functions return flat rows (method, dims, metrics, MFLOPs/query, ms/query) that
+:mod:`raydist.eval.retrieval_plots` renders; faiss and matplotlib are imported lazily.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from raydist.eval.adaptive import mflops_per_query, project_first_m, project_random, project_svd, rerank
+from raydist.eval.faiss_index import FaissIndex, PrefixIVFIndex, build_index, unit_rows
+from raydist.eval.label_metrics import map_at_k, precision_at_k
+
+INDEX_META = "indexes.json"
+DATABASE_IDS = "database_ids.npy"
+BASELINES = ("first-m", "svd", "jl")
+PAIRS_RECALLS = (1, 5, 10)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RetrievalSet:
+    """One retrieval direction: ``queries`` search ``database``; database row j is relevant to query q iff
+    ``database_keys[j] == query_keys[q]``.
+
+    ``pairs``: database = images (one row each, first-appearance order), queries = captions, keys = image row
+    (t2i, the VSE++ protocol); :meth:`directions` adds i2t (the roles swapped). ``labels``: database = queries
+    = all rows, keys = clean labels, ``exclude_self`` (query q is database row q and never retrieves itself).
+    Embeddings are the model outputs (float32); every prefix is re-normalised where it is used, and since
+    ``normalize(normalize(z)[:m]) = normalize(z[:m])`` a prefix of a unit output is the nested embedding.
+    """
+
+    task: str
+    direction: str  # "t2i" / "i2t" (pairs) or "knn" (labels)
+    database: np.ndarray  # [N, D]
+    queries: np.ndarray  # [Q, D]
+    database_keys: np.ndarray  # [N]
+    query_keys: np.ndarray  # [Q]
+    database_ids: np.ndarray  # [N] dataset ids (image_id / sample_id)
+    query_ids: np.ndarray  # [Q] dataset ids (sample_id)
+    exclude_self: bool = False
+    source: str = ""  # the checkpoint folder
+    split: str = ""
+
+    @property
+    def dim(self) -> int:
+        return self.database.shape[1]
+
+    @property
+    def prefix(self) -> str:
+        """Prefix of this direction's metric and cost keys: ``"t2i_"`` / ``"i2t_"`` for pairs, else none."""
+        return f"{self.direction}_" if self.task == "pairs" else ""
+
+    def directions(self) -> list[RetrievalSet]:
+        """The directions every metric is computed on: pairs ``[self, self with the roles swapped]``."""
+        if self.task != "pairs":
+            return [self]
+        swapped = "i2t" if self.direction == "t2i" else "t2i"
+        return [self, replace(self, direction=swapped, database=self.queries, queries=self.database,
+                              database_keys=self.query_keys, query_keys=self.database_keys,
+                              database_ids=self.query_ids, query_ids=self.database_ids)]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Cascade:
+    """A funnel: search all of the database at ``dims[0]`` keeping ``shortlists[0]``, re-rank that list at
+    ``dims[i]`` keeping ``shortlists[i]``, the last stage keeping k (``len(shortlists) == len(dims) − 1``,
+    the convention of :func:`raydist.eval.adaptive.funnel_retrieval`). Adaptive retrieval is
+    ``Cascade((D_s, D_r), (shortlist,))``."""
+
+    dims: tuple[int, ...]
+    shortlists: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.dims) < 2 or len(self.shortlists) != len(self.dims) - 1:
+            raise ValueError(f"need len(shortlists) == len(dims) - 1 >= 1, got {self.dims}, {self.shortlists}")
+        if any(a < b for a, b in itertools.pairwise(self.shortlists)):
+            raise ValueError(f"shortlists={self.shortlists}: expected non-increasing sizes")
+
+
+def load_embeddings(checkpoint: str | Path, data_dir: str | Path, split: str = "test") -> RetrievalSet:
+    """Embed ``split`` of ``data_dir`` with a checkpoint (or the newest in a run folder) and its task's model."""
+    from raydist.checkpoint import load_checkpoint, load_task_info
+    from raydist.data import split_arrays
+    from raydist.data.stream import split_columns
+    from raydist.eval.evaluate import embed_split, image_rows
+    from raydist.tasks import DataInfo, build_task
+
+    state, cfg, folder = load_checkpoint(checkpoint)
+    task = build_task(cfg, DataInfo.from_checkpoint(folder, load_task_info(folder), data_dir))
+    model = task.build_model()
+    model.load_state_dict(state["model"])
+    where = {"source": str(folder), "split": split}
+    if task.name == "pairs":
+        image_ids, sample_ids, features, captions = split_arrays(data_dir, split, verify=False)
+        emb = embed_split(model, task.vocab, features, captions, image_ids,
+                          max_len=cfg.data.max_caption_len, batch_size=cfg.eval.batch_size)  # fmt: skip
+        first, _ = image_rows(image_ids)
+        return RetrievalSet("pairs", "t2i", emb.images.numpy(), emb.captions.numpy(), np.arange(len(first)),
+                            emb.cap_to_img, image_ids[first], sample_ids, **where)  # fmt: skip
+    if task.name == "labels":
+        emb, _, labels = task.embed_split(model, split)
+        ids = split_columns(data_dir, split, ["sample_id"])["sample_id"]
+        return RetrievalSet("labels", "knn", emb.numpy(), emb.numpy(), labels, labels, ids, ids,
+                            exclude_self=True, **where)  # fmt: skip
+    raise ValueError(f"task {task.name!r}: retrieval supports the tasks 'pairs' and 'labels'")
+
+
+def check_dims(dims: Sequence[int], full: int) -> list[int]:
+    """``dims`` sorted and de-duplicated; each must lie in [1, full]."""
+    out = sorted({int(d) for d in dims})
+    if not out or out[0] < 1 or out[-1] > full:
+        raise ValueError(f"dims={list(dims)}: expected a non-empty list of dims in [1, {full}]")
+    return out
+
+
+def default_dims(full: int) -> list[int]:
+    """The powers of two from 8 below ``full``, then ``full`` itself."""
+    return [*(1 << p for p in range(3, full.bit_length()) if 1 << p < full), full]
+
+
+def interpolated_dims(dims: Sequence[int]) -> list[int]:
+    """Dims between consecutive (trained) dims a < b: the geometric midpoint ``round(√(a·b))``, kept when
+    it lies strictly between a and b (the nested model was never trained at these prefix lengths)."""
+    ordered = sorted(dims)
+    mids = [round(math.sqrt(a * b)) for a, b in itertools.pairwise(ordered)]
+    return [m for m, (a, b) in zip(mids, itertools.pairwise(ordered)) if a < m < b]
+
+
+def default_funnel(dims: Sequence[int], full: int, shortlist: int = 200, k: int = 10) -> Cascade:
+    """The smallest (up to) four dims below ``full``, then ``full``; shortlists halve from ``shortlist``
+    (never below k + 1): with dims 8…128 and D = 256, ``8→16→32→64→256`` keeping 200, 100, 50, 25."""
+    stages = [d for d in sorted(dims) if d < full][:4]
+    if not stages:
+        raise ValueError(f"dims={list(dims)}: a funnel needs a dim below the embedding dim {full}")
+    return Cascade((*stages, full), tuple(max(shortlist >> i, k + 1) for i in range(len(stages))))
+
+
+def build_indexes(
+    rset: RetrievalSet, dims: Sequence[int], kind: str = "flat", out_dir: str | Path | None = None,
+    **index_options: Any,
+) -> dict[int, FaissIndex | PrefixIVFIndex]:  # fmt: skip
+    """One index per dim over ``normalize(database[:, :dim])`` (:func:`raydist.eval.faiss_index.build_index`
+    with ``index_options``). With ``out_dir``: ``index_d{dim}.faiss`` files (``faiss.write_index``, GPU
+    indexes copied to the CPU first), ``database_ids.npy`` and ``indexes.json`` (dims, kind, checkpoint,
+    split, direction, options); see :func:`load_indexes`. ``ivf-prefix`` indexes are not faiss objects and
+    cannot be written."""
+    dims = check_dims(dims, rset.dim)
+    if out_dir is not None and kind == "ivf-prefix":
+        raise ValueError("kind='ivf-prefix' lives in numpy and cannot be written; use 'flat' or 'hnsw'")
+    indexes = {d: build_index(unit_rows(rset.database[:, :d]), kind, **index_options) for d in dims}
+    if out_dir is not None:
+        import faiss
+
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        files = {}
+        for d, index in indexes.items():
+            files[d] = f"index_d{d}.faiss"
+            native = faiss.index_gpu_to_cpu(index.index) if index.device == "gpu" else index.index
+            faiss.write_index(native, str(out / files[d]))
+        np.save(out / DATABASE_IDS, rset.database_ids)
+        meta = {"kind": kind, "dims": dims, "files": {str(d): f for d, f in files.items()},
+                "checkpoint": rset.source, "split": rset.split, "task": rset.task, "direction": rset.direction,
+                "num_database": len(rset.database), "index_options": index_options}  # fmt: skip
+        (out / INDEX_META).write_text(json.dumps(meta, indent=1))
+    return indexes
+
+
+def load_indexes(out_dir: str | Path) -> tuple[dict[int, FaissIndex], dict[str, Any]]:
+    """The indexes :func:`build_indexes` wrote (on the CPU) and its ``indexes.json``, with the database's
+    dataset ids under ``"database_ids"``."""
+    import faiss
+
+    out = Path(out_dir)
+    meta = json.loads((out / INDEX_META).read_text())
+    indexes = {int(d): FaissIndex(faiss.read_index(str(out / f)), meta["kind"], "cpu")
+               for d, f in meta["files"].items()}  # fmt: skip
+    return indexes, {**meta, "database_ids": np.load(out / DATABASE_IDS)}
+
+
+def drop_self(ids: np.ndarray, k: int) -> np.ndarray:
+    """The first k ids of each row other than the row's own index (leave-one-out), order kept."""
+    own = ids == np.arange(len(ids))[:, None]
+    return np.take_along_axis(ids, np.argsort(own, axis=1, kind="stable")[:, :k], 1)
+
+
+def search_ids(index: FaissIndex | PrefixIVFIndex, queries: np.ndarray, k: int, exclude_self: bool) -> np.ndarray:
+    """Top-k database rows of each query [Q, k], best first (k + 1 searched, then :func:`drop_self`)."""
+    _, ids = index.search(queries, k + int(exclude_self))
+    return drop_self(ids, k) if exclude_self else ids
+
+
+def cascade_ids(
+    rset: RetrievalSet, cascade: Cascade, k: int, index: FaissIndex | PrefixIVFIndex | None = None,
+    kind: str = "flat",
+) -> np.ndarray:  # fmt: skip
+    """Top-k rows [Q, k] by the funnel ``cascade`` (:class:`Cascade`): the shortlist comes from ``index``
+    (an index over ``dims[0]``; built with ``kind`` when None), each re-rank is
+    :func:`raydist.eval.adaptive.rerank`. Shortlists larger than N are cut to N; with ``exclude_self`` the
+    query's own row stays in the lists (it scores 1) and is dropped at the end."""
+    n = len(rset.database)
+    keep = k + int(rset.exclude_self)
+    check_dims(cascade.dims, rset.dim)
+    if not keep <= n or min(cascade.shortlists) < keep:
+        raise ValueError(f"shortlists={cascade.shortlists}, k={k}: need k{'+1' * rset.exclude_self} <= every "
+                         f"shortlist and <= N={n}")  # fmt: skip
+    sizes = [min(s, n) for s in cascade.shortlists]
+    index = build_index(rset.database[:, : cascade.dims[0]], kind) if index is None else index
+    _, candidates = index.search(rset.queries[:, : cascade.dims[0]], sizes[0])
+    for dim, size in zip(cascade.dims[1:], [*sizes[1:], keep]):
+        _, candidates = rerank(rset.database, rset.queries, candidates, dim, size)
+    return drop_self(candidates, k) if rset.exclude_self else candidates
+
+
+def cascade_mflops(num_database: int, cascade: Cascade) -> float:
+    """MFLOPs/query of a funnel: ``(N·D_s + Σ_i min(s_i, N)·D_{i+1}) / 10⁶``."""
+    sizes = [min(s, num_database) for s in cascade.shortlists]
+    return mflops_per_query(num_database, cascade.dims[0], zip(sizes, cascade.dims[1:]))
+
+
+def retrieval_scores(rset: RetrievalSet, ids: np.ndarray, k: int = 10) -> dict[str, float]:
+    """Metrics (%) of retrieved rows ``ids`` [Q, ≥k]. Pairs: ``{prefix}r{K}`` for K in 1, 5, 10 (a query
+    counts when a relevant row is among its first K: the best caption of an image for i2t, the VSE++
+    protocol); labels: ``nn1`` (1-NN label accuracy), ``p{k}``, ``map{k}``
+    (:mod:`raydist.eval.label_metrics`)."""
+    retrieved = rset.database_keys[ids]
+    if rset.task == "pairs":
+        if ids.shape[1] < max(PAIRS_RECALLS):
+            raise ValueError(f"R@{max(PAIRS_RECALLS)} needs {max(PAIRS_RECALLS)} retrieved rows, got {ids.shape[1]}")
+        hit = np.logical_or.accumulate(retrieved == rset.query_keys[:, None], axis=1)
+        return {f"{rset.prefix}r{r}": 100.0 * float(hit[:, r - 1].mean()) for r in PAIRS_RECALLS}
+    return {"nn1": 100.0 * float((retrieved[:, 0] == rset.query_keys).mean()),
+            f"p{k}": precision_at_k(retrieved, rset.query_keys, k),
+            f"map{k}": map_at_k(retrieved, rset.query_keys, k)}  # fmt: skip
+
+
+def _timed(fn: Callable[[], T], repeats: int) -> tuple[T, float]:
+    """``fn()``'s result and its best wall time in seconds over ``repeats`` calls."""
+    best = math.inf
+    for _ in range(max(1, repeats)):
+        start = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - start)
+    return out, best
+
+
+def _measure(rset: RetrievalSet, row: dict[str, Any], fn: Callable[[], np.ndarray], mflops: float, k: int,
+             repeats: int) -> None:  # fmt: skip
+    """Add to ``row`` the metrics of ``fn()``'s ids, its MFLOPs/query and its batched wall ms/query."""
+    ids, seconds = _timed(fn, repeats)
+    row.update(retrieval_scores(rset, ids, k))
+    row[f"{rset.prefix}mflops"] = mflops
+    row[f"{rset.prefix}ms_per_query"] = 1e3 * seconds / len(rset.queries)
+
+
+def _add_rsum(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    keys = [f"{d}_r{r}" for d in ("i2t", "t2i") for r in PAIRS_RECALLS]
+    for row in rows:
+        if all(key in row for key in keys):
+            row["rsum"] = sum(row[key] for key in keys)
+    return rows
+
+
+def evaluate_dims(
+    rset: RetrievalSet, dims: Sequence[int], *, kind: str = "flat", k: int = 10, interpolate: bool = True,
+    repeats: int = 1, **index_options: Any,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Single-shot search of the whole database at each dim (and at :func:`interpolated_dims`, rows with
+    ``interpolated=True``): one row per dim with every direction's metrics, pairs ``rsum``, MFLOPs/query
+    ``N·dim/10⁶`` (the exhaustive-scan cost, whatever ``kind``) and batched wall ms/query (search only)."""
+    dims = check_dims(dims, rset.dim)
+    every = sorted({*dims, *interpolated_dims(dims)}) if interpolate else dims
+    rows = [{"method": "single", "dim": d, "interpolated": d not in dims} for d in every]
+    for direction in rset.directions():
+        indexes = build_indexes(direction, every, kind, **index_options)
+        for row in rows:
+            d = row["dim"]
+            _measure(direction, row, lambda: search_ids(indexes[d], direction.queries[:, :d], k,
+                                                        direction.exclude_self),
+                     mflops_per_query(len(direction.database), d), k, repeats)  # fmt: skip
+    return _add_rsum(rows)
+
+
+def evaluate_cascades(
+    rset: RetrievalSet, cascades: Sequence[Cascade], *, method: str = "funnel", kind: str = "flat", k: int = 10,
+    repeats: int = 1, **index_options: Any,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """One row per cascade (:func:`cascade_ids`; ``method`` names it): ``dim`` (last stage), ``cascade``
+    (``"16>32>64"``), ``shortlists``, metrics, :func:`cascade_mflops` and batched wall ms/query (shortlist
+    search + re-ranks; the shortlist index is built beforehand, outside the timing)."""
+    rows = [{"method": method, "dim": c.dims[-1], "cascade": ">".join(map(str, c.dims)),
+             "shortlists": ">".join(map(str, c.shortlists))} for c in cascades]  # fmt: skip
+    first = check_dims([c.dims[0] for c in cascades], rset.dim)
+    for direction in rset.directions():
+        indexes = build_indexes(direction, first, kind, **index_options)
+        for row, c in zip(rows, cascades):
+            _measure(direction, row, lambda: cascade_ids(direction, c, k, indexes[c.dims[0]]),
+                     cascade_mflops(len(direction.database), c), k, repeats)  # fmt: skip
+    return _add_rsum(rows)
+
+
+def evaluate_adaptive(
+    rset: RetrievalSet, dim_pairs: Sequence[tuple[int, int]], *, shortlist: int = 200, kind: str = "flat",
+    k: int = 10, repeats: int = 1, **index_options: Any,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Adaptive retrieval for each ``(D_s, D_r)``: shortlist ``shortlist`` rows at D_s, re-rank at D_r
+    (rows as :func:`evaluate_cascades`, ``method="adaptive"``, plus ``shortlist_dim``)."""
+    cascades = [Cascade((ds, dr), (shortlist,)) for ds, dr in dim_pairs]
+    rows = evaluate_cascades(rset, cascades, method="adaptive", kind=kind, k=k, repeats=repeats, **index_options)
+    return [{**row, "shortlist_dim": c.dims[0]} for row, c in zip(rows, cascades)]
+
+
+def baseline_projection(rset: RetrievalSet, method: str, m: int, seed: int = 0) -> np.ndarray | None:
+    """The map ``P`` [D, m] of a baseline (None for ``first-m``, which keeps ``x[:, :m]``): ``svd`` is fit on
+    the database (:func:`raydist.eval.adaptive.project_svd`), ``jl`` is a Gaussian JL map (``seed``)."""
+    if method == "first-m":
+        return None
+    if method == "svd":
+        return project_svd(rset.database, m)
+    if method == "jl":
+        return project_random(rset.dim, m, seed)
+    raise ValueError(f"baseline {method!r}: expected one of {BASELINES}")
+
+
+def evaluate_baselines(
+    rset: RetrievalSet, dims: Sequence[int], *, methods: Sequence[str] = BASELINES, kind: str = "flat",
+    k: int = 10, seed: int = 0, repeats: int = 1, **index_options: Any,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Reduce a non-nested model's embeddings to m dims per method and search exhaustively at m: one row per
+    (method, m). The map is fit once on ``rset``'s database (pairs: the images) and applied to both
+    modalities; ``svd`` rows with m > min(N, D) are left out. MFLOPs/query add the query projection, ``D·m``;
+    the wall time counts projecting the queries and searching."""
+    dims = check_dims(dims, rset.dim)
+    rows = []
+    for method in methods:
+        for m in dims:
+            if method == "svd" and m > min(rset.database.shape):
+                continue
+            proj = baseline_projection(rset, method, m, seed)
+            row: dict[str, Any] = {"method": method, "dim": m}
+            for direction in rset.directions():
+                reduce = (lambda x: project_first_m(x, m)) if proj is None else (lambda x: x @ proj)
+                index = build_index(reduce(direction.database), kind, **index_options)
+                cost = mflops_per_query(len(direction.database), m) + (0 if proj is None else rset.dim * m / 1e6)
+                _measure(direction, row, lambda: search_ids(index, reduce(direction.queries), k,
+                                                            direction.exclude_self), cost, k, repeats)  # fmt: skip
+            rows.append(row)
+    return _add_rsum(rows)
+
+
+def retrieval_report(
+    checkpoint: str | Path, data_dir: str | Path, *, split: str = "test", dims: Sequence[int] | None = None,
+    kind: str = "flat", baseline_checkpoint: str | Path | None = None, out_dir: str | Path | None = None,
+    shortlist: int = 200, funnel: tuple[Sequence[int], Sequence[int]] | None = None, k: int = 10,
+    repeats: int = 1, **index_options: Any,
+) -> dict[str, Any]:  # fmt: skip
+    """Everything above for one checkpoint: single-shot rows at ``dims`` (default :func:`default_dims`) and
+    their interpolated dims, adaptive ``(D_s, D)`` for every D_s < D, one funnel (``(dims, shortlists)``,
+    default :func:`default_funnel`), and with ``baseline_checkpoint`` (a non-nested model of the same task)
+    the first-m / SVD / JL baselines. With ``out_dir``: ``retrieval.txt`` (the table), ``retrieval.json``
+    (the rows), ``metric_vs_dim.png`` and ``metric_vs_mflops.png``. Returns the rows, table and file paths."""
+    from raydist.eval.retrieval_plots import (
+        cost_panels, format_table, main_metric, plot_metric_vs_dim, plot_metric_vs_mflops,
+    )  # fmt: skip
+
+    rset = load_embeddings(checkpoint, data_dir, split)
+    dims = default_dims(rset.dim) if dims is None else check_dims(dims, rset.dim)
+    options = {"kind": kind, "k": k, "repeats": repeats, **index_options}
+    rows = evaluate_dims(rset, dims, **options)
+    below = [d for d in dims if d < rset.dim]
+    if below:
+        rows += evaluate_adaptive(rset, [(d, rset.dim) for d in below], shortlist=shortlist, **options)
+    if funnel is not None or below:
+        cascade = default_funnel(dims, rset.dim, shortlist, k) if funnel is None else Cascade(*map(tuple, funnel))
+        rows += evaluate_cascades(rset, [cascade], method="funnel", **options)
+    if baseline_checkpoint is not None:
+        base = load_embeddings(baseline_checkpoint, data_dir, split)
+        if base.task != rset.task:
+            raise ValueError(f"baseline checkpoint has task {base.task!r}, the checkpoint {rset.task!r}")
+        rows += evaluate_baselines(base, [d for d in dims if d <= base.dim] or [base.dim], **options)
+    table = format_table(rows)
+    files: dict[str, str] = {}
+    if out_dir is not None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        files = {"table": str(out / "retrieval.txt"), "rows": str(out / "retrieval.json"),
+                 "metric_vs_dim": str(out / "metric_vs_dim.png"),
+                 "metric_vs_mflops": str(out / "metric_vs_mflops.png")}  # fmt: skip
+        Path(files["table"]).write_text(table + "\n")
+        Path(files["rows"]).write_text(json.dumps(rows, indent=1))
+        plot_metric_vs_dim(rows, files["metric_vs_dim"], main_metric(rset.task, k))
+        plot_metric_vs_mflops(rows, files["metric_vs_mflops"], cost_panels(rset.task, k))
+    return {"task": rset.task, "checkpoint": rset.source, "split": split, "dims": dims, "kind": kind,
+            "rows": rows, "table": table, "files": files}  # fmt: skip
