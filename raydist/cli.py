@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from raydist.config import ConfigError, dump_yaml, load_config, parse_overrides, preset_names
+from raydist.console import configure_console
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -212,9 +213,25 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0 if outcome.best_config_path else 1
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("raydist")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``raydist`` argument parser with all sub-commands."""
-    parser = argparse.ArgumentParser(prog="raydist", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="raydist",
+        description="Ray-native distributed training of retrieval embeddings (image–caption pairs and "
+        "class-labelled vectors): data, training, evaluation, retrieval and sweeps.",
+    )
+    parser.add_argument("--version", action="version", version=f"raydist {_version()}")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also show Ray's own logs and worker output (always in the run's raydist.log)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train with Ray Train (default: short run on the embedded dataset)")
@@ -298,6 +315,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("space", nargs="?", help="space file, e.g. tune_spaces/margin.yaml")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides every trial shares")
     p.set_defaults(func=cmd_tune)
+    for command in sub.choices.values():  # every option's help shows its default
+        command.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     parser.set_defaults(commands=sub.choices)
     return parser
 
@@ -306,15 +325,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse a command line; options and ``key=value`` words may come in any order after the command."""
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
+    verbose = any(a in ("-v", "--verbose") for a in argv)
+    argv = [a for a in argv if a not in ("-v", "--verbose")]
     commands = parser.get_default("commands")
     if argv and argv[0] in commands:
-        return commands[argv[0]].parse_intermixed_args(argv[1:])
-    return parser.parse_args(argv)  # usage, --help, or the error for an unknown command
+        args = commands[argv[0]].parse_intermixed_args(argv[1:])
+    else:
+        args = parser.parse_args(argv)  # usage, --help, --version, or the error for an unknown command
+    args.verbose = verbose
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``raydist`` console script."""
     args = parse_args(argv)
+    configure_console(getattr(args, "verbose", False))
     try:
         return args.func(args)
     except (ConfigError, FileNotFoundError, ValueError) as e:  # bad input: config, data, paths

@@ -26,8 +26,9 @@ def init_ray(cpus_needed: float, address: str | None = None) -> None:
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=address, log_to_driver=True)
+        ray.init(address=address, log_to_driver=True, logging_level=_ray_log_level())
         return
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private instance on this machine only
     # Logical CPUs are scheduling tokens: oversubscribing a small machine is fine for small models.
     start_local_ray(max(os.cpu_count() or 1, math.ceil(cpus_needed), 4))
 
@@ -51,8 +52,18 @@ def start_local_ray(num_cpus: int, *, log_to_driver: bool = True) -> None:
         num_cpus=num_cpus,
         dashboard_port=port,
         log_to_driver=log_to_driver,
+        logging_level=_ray_log_level(),
         runtime_env={"env_vars": {"RAY_API_SERVER_ADDRESS": api}},
     )
+
+
+def _ray_log_level() -> int:
+    """Ray's driver-side log level: INFO with ``-v``, else WARNING (the run's log file has everything)."""
+    import logging
+
+    from raydist.console import is_verbose
+
+    return logging.INFO if is_verbose() else logging.WARNING
 
 
 def run_cpus(cfg: Config) -> float:

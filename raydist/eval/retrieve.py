@@ -21,6 +21,13 @@ import numpy as np
 from raydist.eval.adaptive import mflops_per_query, project_first_m, project_random, project_svd, rerank
 from raydist.eval.faiss_index import FaissIndex, PrefixIVFIndex, build_index, unit_rows
 from raydist.eval.label_metrics import map_at_k, precision_at_k
+from raydist.eval.retrieval_plots import (
+    cost_panels,
+    format_table,
+    main_metric,
+    plot_metric_vs_dim,
+    plot_metric_vs_mflops,
+)
 
 INDEX_META = "indexes.json"
 DATABASE_IDS = "database_ids.npy"
@@ -84,7 +91,9 @@ class Cascade:
 
     def __post_init__(self) -> None:
         if len(self.dims) < 2 or len(self.shortlists) != len(self.dims) - 1:
-            raise ValueError(f"need len(shortlists) == len(dims) - 1 >= 1, got {self.dims}, {self.shortlists}")
+            raise ValueError(
+                f"need len(shortlists) == len(dims) - 1 >= 1, got {self.dims}, {self.shortlists}"
+            )
         if any(a < b for a, b in itertools.pairwise(self.shortlists)):
             raise ValueError(f"shortlists={self.shortlists}: expected non-increasing sizes")
 
@@ -196,7 +205,9 @@ def drop_self(ids: np.ndarray, k: int) -> np.ndarray:
     return np.take_along_axis(ids, np.argsort(own, axis=1, kind="stable")[:, :k], 1)
 
 
-def search_ids(index: FaissIndex | PrefixIVFIndex, queries: np.ndarray, k: int, exclude_self: bool) -> np.ndarray:
+def search_ids(
+    index: FaissIndex | PrefixIVFIndex, queries: np.ndarray, k: int, exclude_self: bool
+) -> np.ndarray:
     """Top-k database rows of each query [Q, k], best first (k + 1 searched, then :func:`drop_self`)."""
     _, ids = index.search(queries, k + int(exclude_self))
     return drop_self(ids, k) if exclude_self else ids
@@ -238,7 +249,9 @@ def retrieval_scores(rset: RetrievalSet, ids: np.ndarray, k: int = 10) -> dict[s
     retrieved = rset.database_keys[ids]
     if rset.task == "pairs":
         if ids.shape[1] < max(PAIRS_RECALLS):
-            raise ValueError(f"R@{max(PAIRS_RECALLS)} needs {max(PAIRS_RECALLS)} retrieved rows, got {ids.shape[1]}")
+            raise ValueError(
+                f"R@{max(PAIRS_RECALLS)} needs {max(PAIRS_RECALLS)} retrieved rows, got {ids.shape[1]}"
+            )
         hit = np.logical_or.accumulate(retrieved == rset.query_keys[:, None], axis=1)
         return {f"{rset.prefix}r{r}": 100.0 * float(hit[:, r - 1].mean()) for r in PAIRS_RECALLS}
     return {"nn1": 100.0 * float((retrieved[:, 0] == rset.query_keys).mean()),
@@ -246,20 +259,22 @@ def retrieval_scores(rset: RetrievalSet, ids: np.ndarray, k: int = 10) -> dict[s
             f"map{k}": map_at_k(retrieved, rset.query_keys, k)}  # fmt: skip
 
 
-def _timed(fn: Callable[[], T], repeats: int) -> tuple[T, float]:
-    """``fn()``'s result and its best wall time in seconds over ``repeats`` calls."""
+def timed(repeats: int, fn: Callable[..., T], *args: Any) -> tuple[T, float]:
+    """``fn(*args)``'s result and its best wall time in seconds over ``repeats`` calls."""
     best = math.inf
     for _ in range(max(1, repeats)):
         start = time.perf_counter()
-        out = fn()
+        out = fn(*args)
         best = min(best, time.perf_counter() - start)
     return out, best
 
 
-def _measure(rset: RetrievalSet, row: dict[str, Any], fn: Callable[[], np.ndarray], mflops: float, k: int,
-             repeats: int) -> None:  # fmt: skip
-    """Add to ``row`` the metrics of ``fn()``'s ids, its MFLOPs/query and its batched wall ms/query."""
-    ids, seconds = _timed(fn, repeats)
+def _measure(
+    rset: RetrievalSet, row: dict[str, Any], mflops: float, k: int, repeats: int,
+    fn: Callable[..., np.ndarray], *args: Any,
+) -> None:  # fmt: skip
+    """Add to ``row`` the metrics of ``fn(*args)``'s ids, its MFLOPs/query and its batched wall ms/query."""
+    ids, seconds = timed(repeats, fn, *args)
     row.update(retrieval_scores(rset, ids, k))
     row[f"{rset.prefix}mflops"] = mflops
     row[f"{rset.prefix}ms_per_query"] = 1e3 * seconds / len(rset.queries)
@@ -287,9 +302,8 @@ def evaluate_dims(
         indexes = build_indexes(direction, every, kind, **index_options)
         for row in rows:
             d = row["dim"]
-            _measure(direction, row, lambda: search_ids(indexes[d], direction.queries[:, :d], k,
-                                                        direction.exclude_self),
-                     mflops_per_query(len(direction.database), d), k, repeats)  # fmt: skip
+            _measure(direction, row, mflops_per_query(len(direction.database), d), k, repeats,
+                     search_ids, indexes[d], direction.queries[:, :d], k, direction.exclude_self)  # fmt: skip
     return _add_rsum(rows)
 
 
@@ -306,8 +320,8 @@ def evaluate_cascades(
     for direction in rset.directions():
         indexes = build_indexes(direction, first, kind, **index_options)
         for row, c in zip(rows, cascades):
-            _measure(direction, row, lambda: cascade_ids(direction, c, k, indexes[c.dims[0]]),
-                     cascade_mflops(len(direction.database), c), k, repeats)  # fmt: skip
+            _measure(direction, row, cascade_mflops(len(direction.database), c), k, repeats,
+                     cascade_ids, direction, c, k, indexes[c.dims[0]])  # fmt: skip
     return _add_rsum(rows)
 
 
@@ -318,7 +332,9 @@ def evaluate_adaptive(
     """Adaptive retrieval for each ``(D_s, D_r)``: shortlist ``shortlist`` rows at D_s, re-rank at D_r
     (rows as :func:`evaluate_cascades`, ``method="adaptive"``, plus ``shortlist_dim``)."""
     cascades = [Cascade((ds, dr), (shortlist,)) for ds, dr in dim_pairs]
-    rows = evaluate_cascades(rset, cascades, method="adaptive", kind=kind, k=k, repeats=repeats, **index_options)
+    rows = evaluate_cascades(
+        rset, cascades, method="adaptive", kind=kind, k=k, repeats=repeats, **index_options
+    )
     return [{**row, "shortlist_dim": c.dims[0]} for row, c in zip(rows, cascades)]
 
 
@@ -332,6 +348,16 @@ def baseline_projection(rset: RetrievalSet, method: str, m: int, seed: int = 0) 
     if method == "jl":
         return project_random(rset.dim, m, seed)
     raise ValueError(f"baseline {method!r}: expected one of {BASELINES}")
+
+
+def _reduce(x: np.ndarray, m: int, proj: np.ndarray | None) -> np.ndarray:
+    return project_first_m(x, m) if proj is None else x @ proj
+
+
+def _reduced_search(index: FaissIndex | PrefixIVFIndex, rset: RetrievalSet, m: int, proj: np.ndarray | None,
+                    k: int) -> np.ndarray:  # fmt: skip
+    """Project the queries to m dims, then :func:`search_ids` (both timed for a baseline)."""
+    return search_ids(index, _reduce(rset.queries, m, proj), k, rset.exclude_self)
 
 
 def evaluate_baselines(
@@ -351,11 +377,11 @@ def evaluate_baselines(
             proj = baseline_projection(rset, method, m, seed)
             row: dict[str, Any] = {"method": method, "dim": m}
             for direction in rset.directions():
-                reduce = (lambda x: project_first_m(x, m)) if proj is None else (lambda x: x @ proj)
-                index = build_index(reduce(direction.database), kind, **index_options)
-                cost = mflops_per_query(len(direction.database), m) + (0 if proj is None else rset.dim * m / 1e6)
-                _measure(direction, row, lambda: search_ids(index, reduce(direction.queries), k,
-                                                            direction.exclude_self), cost, k, repeats)  # fmt: skip
+                index = build_index(_reduce(direction.database, m, proj), kind, **index_options)
+                cost = mflops_per_query(len(direction.database), m) + (
+                    0 if proj is None else rset.dim * m / 1e6
+                )
+                _measure(direction, row, cost, k, repeats, _reduced_search, index, direction, m, proj, k)
             rows.append(row)
     return _add_rsum(rows)
 
@@ -371,10 +397,6 @@ def retrieval_report(
     default :func:`default_funnel`), and with ``baseline_checkpoint`` (a non-nested model of the same task)
     the first-m / SVD / JL baselines. With ``out_dir``: ``retrieval.txt`` (the table), ``retrieval.json``
     (the rows), ``metric_vs_dim.png`` and ``metric_vs_mflops.png``. Returns the rows, table and file paths."""
-    from raydist.eval.retrieval_plots import (
-        cost_panels, format_table, main_metric, plot_metric_vs_dim, plot_metric_vs_mflops,
-    )  # fmt: skip
-
     rset = load_embeddings(checkpoint, data_dir, split)
     dims = default_dims(rset.dim) if dims is None else check_dims(dims, rset.dim)
     options = {"kind": kind, "k": k, "repeats": repeats, **index_options}
@@ -383,7 +405,9 @@ def retrieval_report(
     if below:
         rows += evaluate_adaptive(rset, [(d, rset.dim) for d in below], shortlist=shortlist, **options)
     if funnel is not None or below:
-        cascade = default_funnel(dims, rset.dim, shortlist, k) if funnel is None else Cascade(*map(tuple, funnel))
+        cascade = (
+            default_funnel(dims, rset.dim, shortlist, k) if funnel is None else Cascade(*map(tuple, funnel))
+        )
         rows += evaluate_cascades(rset, [cascade], method="funnel", **options)
     if baseline_checkpoint is not None:
         base = load_embeddings(baseline_checkpoint, data_dir, split)

@@ -121,6 +121,10 @@ class Task(ABC):
     def evaluate(self, model: nn.Module, split: str, device: torch.device | str = "cpu") -> dict[str, float]:
         """Metrics of ``model`` on a split of ``info.data_dir`` (clean labels where there are any)."""
 
+    def phase(self, epoch: int) -> str | None:
+        """The loss phase of an epoch when a task switches losses (shown in progress and history)."""
+        return None
+
     def epoch_metrics(self, epoch: int) -> dict[str, Any]:
         """Extra per-epoch facts for the history (e.g. which loss phase ran)."""
         return {}

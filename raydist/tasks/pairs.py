@@ -83,6 +83,10 @@ class PairsTask(Task):
             device=device,
         )  # fmt: skip
 
+    def phase(self, epoch: int) -> str:
+        """"SH" (all negatives) or "MH" (hardest negative): the loss scale differs by about the batch size."""
+        return "MH" if self.hardest(epoch) else "SH"
+
     def epoch_metrics(self, epoch: int) -> dict[str, Any]:
         return {"loss/hardest": int(self.hardest(epoch))}
 

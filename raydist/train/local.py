@@ -43,6 +43,9 @@ class LocalRuntime:
     def prepare_model(self, model: nn.Module) -> nn.Module:
         return model.to(self.device)
 
+    def steps_per_epoch(self) -> int:
+        return self.batches.steps_per_epoch()
+
     def train_batches(self, epoch: int) -> Iterable[dict[str, np.ndarray]]:
         return self.batches.epoch(epoch)
 

@@ -46,6 +46,9 @@ class Runtime(Protocol):
     def train_batches(self, epoch: int) -> Iterable[dict[str, np.ndarray]]:
         """This rank's transformed batches of ``epoch`` (equal count and size on every rank)."""
 
+    def steps_per_epoch(self) -> int:
+        """Steps one epoch holds (for progress and ETA)."""
+
     def checkpoint_to_restore(self) -> str | None:
         """A checkpoint folder the run must continue from (after a restart), or None."""
 
@@ -75,6 +78,35 @@ def autocast(amp: str, device: torch.device) -> torch.autocast:
     """Autocast context for ``train.amp`` ("none" disables it)."""
     dtype = torch.float16 if amp == "fp16" else torch.bfloat16
     return torch.autocast(device.type, dtype=dtype, enabled=amp != "none")
+
+
+class Progress:
+    """Steps done of the epoch and of the run, samples/s over the last ``window`` steps, and the ETA."""
+
+    def __init__(self, epochs: int, steps_per_epoch: int, rows_per_step: int, window: int = 50) -> None:
+        self.epochs, self.steps, self.rows, self.window = epochs, steps_per_epoch, rows_per_step, window
+        self.times: list[float] = []
+        self.done = 0
+
+    def step(self) -> None:
+        """Record one finished step."""
+        self.times = [*self.times[-self.window :], time.perf_counter()]
+        self.done += 1
+
+    def rate(self) -> float:
+        """Steps per second over the recent window."""
+        if len(self.times) < 2:
+            return 0.0
+        return (len(self.times) - 1) / max(self.times[-1] - self.times[0], 1e-9)
+
+    def line(self, epoch: int, step_in_epoch: int) -> str:
+        """``epoch 2/5 step 40/117 (34%) samples/s 1234 ETA 3m05s`` (ETA to the end of the run's training)."""
+        rate = self.rate()
+        left = max(self.epochs * self.steps - (epoch * self.steps + step_in_epoch), 0)
+        eta_text = f"{int(left / rate // 60)}m{int(left / rate % 60):02d}s" if rate > 0 else "?"
+        pct = 100 * step_in_epoch / max(self.steps, 1)
+        return (f"epoch {epoch + 1}/{self.epochs} step {step_in_epoch}/{self.steps} ({pct:.0f}%) "
+                f"samples/s {rate * self.rows:.0f} ETA {eta_text}")  # fmt: skip
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
@@ -131,9 +163,14 @@ def run_loop(
         state = _restore(restore, cfg, task, registry)
     model = parts.model = runtime.prepare_model(parts.model)
 
+    steps = runtime.steps_per_epoch()
+    progress = Progress(cfg.train.epochs, steps, plan.rows_per_step)
     while state.epoch < cfg.train.epochs:
         epoch = state.epoch
         model.train()
+        phase = task.phase(epoch)
+        if rank == 0 and phase and (epoch == 0 or phase != task.phase(epoch - 1)):
+            say(f"[raydist] epoch {epoch + 1}/{cfg.train.epochs}: loss phase {phase}")
         t0, seen, loss_sum, n_steps = time.perf_counter(), 0, 0.0, 0
         stat_sums: dict[str, float] = {}
         for i, batch in enumerate(runtime.train_batches(epoch)):
@@ -151,11 +188,10 @@ def run_loop(
             n_steps += 1
             for k, v in stats.items():
                 stat_sums[k] = stat_sums.get(k, 0.0) + v
+            progress.step()
             if rank == 0 and state.global_step % cfg.train.log_every == 0:
-                rate = seen / max(time.perf_counter() - t0, 1e-9)
                 extra = "".join(f" {k.split('/')[-1]} {v:.3g}" for k, v in stats.items())
-                say(f"[raydist] epoch {epoch + 1}/{cfg.train.epochs} step {state.global_step} "
-                    f"loss {loss:.4f} samples/s {rate:.0f}{extra}")  # fmt: skip
+                say(f"[raydist] {progress.line(epoch, state.step_in_epoch)} loss {loss:.4f}{extra}")
             if cfg.train.checkpoint_every and state.global_step % cfg.train.checkpoint_every == 0:
                 _report(state, cfg, task, registry, runtime, {"train/loss": loss})
         parts.scheduler.step()
@@ -163,6 +199,7 @@ def run_loop(
         state.step_in_epoch = 0
         metrics: dict[str, Any] = {
             "epoch": state.epoch,
+            "phase": phase,
             "step": state.global_step,
             "train/loss": loss_sum / max(n_steps, 1),
             "train/samples_per_s": seen / max(time.perf_counter() - t0, 1e-9),

@@ -13,6 +13,7 @@ import ray.train.torch
 from torch import nn
 
 from raydist.config import Config, from_dict
+from raydist.data import load_manifest
 from raydist.data.stream import InMemoryBatches, split_columns, stream_epoch
 from raydist.distributed import StepPlan
 from raydist.tasks import DataInfo, Task, build_task
@@ -27,7 +28,7 @@ class RayRuntime:
         ctx = ray.train.get_context()
         self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
         self.device = ray.train.torch.get_device()
-        self.cfg, self.plan = cfg, plan
+        self.cfg, self.plan, self._data_dir = cfg, plan, task.info.data_dir
         self._memory: InMemoryBatches | None = None
         self._shard: Any = None
         if source == "memory":
@@ -40,6 +41,12 @@ class RayRuntime:
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         return ray.train.torch.prepare_model(model)
+
+    def steps_per_epoch(self) -> int:
+        if self._memory is not None:
+            return self._memory.steps_per_epoch()
+        rows = load_manifest(self._data_dir).splits["train"].rows  # streaming_split(equal=True): N // W each
+        return rows // self.world // self.plan.rows_per_worker
 
     def train_batches(self, epoch: int) -> Iterable[dict[str, np.ndarray]]:
         if self._memory is not None:

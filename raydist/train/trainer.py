@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from raydist.config import Config
+from raydist.console import route_ray_output
 from raydist.data import check_split_size, ensure_default_dataset, load_manifest, validate_dataset
 from raydist.data.stream import fits_in_memory, train_dataset
 from raydist.distributed import StepPlan
@@ -121,7 +122,11 @@ def run_training(
         return _finish(outcome, data_dir, evaluate_test)
     init_ray(run_cpus(cfg), address)
     check_cluster_fits(run_cpus(cfg))
-    trainer = build_trainer(cfg, data_dir, resume_from=resume_from)
+    name = run_name(cfg)
+    storage = storage_root(cfg)
+    if not is_uri(storage):
+        route_ray_output(Path(storage) / name / "raydist.log")
+    trainer = build_trainer(cfg, data_dir, resume_from=resume_from, run_name_override=name)
     try:
         result = trainer.fit()
     except TrainingFailedError as e:
@@ -217,9 +222,10 @@ def format_history(history: list[dict[str, Any]], columns: list[tuple[str, str]]
     """Per-epoch table: epoch, step, train loss, samples/s and the task's validation columns
     (default: the pairs task's i2t R@1, t2i R@1, rsum)."""
     columns = columns or [("i2t_r1", "i2t R@1"), ("t2i_r1", "t2i R@1"), ("rsum", "rsum")]
-    head = f"{'epoch':>5} {'step':>6} {'loss':>9} {'samples/s':>10}"
+    head = f"{'epoch':>5} {'step':>6} {'phase':>5} {'loss':>9} {'samples/s':>10}"
     lines = [head + "".join(f" {title:>8}" for _, title in columns)]
     for m in history:
-        row = f"{m['epoch']:>5} {m['step']:>6} {m['train/loss']:>9.4f} {m['train/samples_per_s']:>10.0f}"
+        row = (f"{m['epoch']:>5} {m['step']:>6} {m.get('phase') or '-':>5} {m['train/loss']:>9.4f} "
+               f"{m['train/samples_per_s']:>10.0f}")  # fmt: skip
         lines.append(row + "".join(f" {m.get('val/' + key, float('nan')):>8.1f}" for key, _ in columns))
     return "\n".join(lines)

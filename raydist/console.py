@@ -1,0 +1,63 @@
+"""What the user's console shows. By default: raydist's own lines (progress, tables, errors); Ray's
+logs, worker chatter and library warnings go to the run's log file only. ``raydist -v`` shows everything."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import warnings
+from pathlib import Path
+from typing import Any
+
+PREFIX = "[raydist]"  # lines the workers print for the user start with this
+_state = {"verbose": False}
+_lock = threading.Lock()
+
+
+def configure_console(verbose: bool) -> None:
+    """Quiet (default) or verbose console, before Ray starts."""
+    _state["verbose"] = verbose
+    if verbose:
+        return
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    for name in ("ray", "ray.train", "ray.tune", "ray.data"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def is_verbose() -> bool:
+    """Whether ``-v`` was given."""
+    return _state["verbose"]
+
+
+def route_ray_output(log_file: str | Path) -> None:
+    """Send every line that Ray forwards from workers and actors to ``log_file``; on the console keep only
+    lines starting with ``[raydist]`` (everything with ``-v``). Call after Ray is initialised."""
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+    from ray._private.worker import print_to_stdstream
+
+    path = Path(log_file)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    verbose = is_verbose()
+
+    def handle(data: dict[str, Any]) -> None:
+        source = data.get("actor_name") or data.get("task_name") or f"pid={data.get('pid')}"
+        with _lock, open(path, "a") as f:
+            f.writelines(f"({source}) {line}\n" for line in data.get("lines", []))
+        if verbose:
+            print_to_stdstream(data, ignore_prefix=False)
+            return
+        ours = [line for line in data.get("lines", []) if line.startswith(PREFIX)]
+        if ours:
+            sys.stdout.write("\n".join(ours) + "\n")
+            sys.stdout.flush()
+
+    dispatcher.remove_handler("ray_print_logs")
+    dispatcher.remove_handler("raydist")
+    dispatcher.add_handler("raydist", handle)
+    root = logging.getLogger("ray")
+    if not any(getattr(h, "baseFilename", None) == str(path.resolve()) for h in root.handlers):
+        handler = logging.FileHandler(path)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
