@@ -1,0 +1,77 @@
+"""Everyday CLI paths, run as a user would: in-process runs keep their run folder, resume takes the
+checkpoint's config, eval checks the data and finds the recorded dataset, errors and exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from raydist.cli import main
+from raydist.data import make_synthetic
+from raydist.train.loop import Progress
+
+
+def _train(tmp_path: Path, data: Path, *extra: str) -> tuple[int, dict]:
+    out = tmp_path / f"outcome-{len(list(tmp_path.glob('outcome-*')))}.json"
+    code = main(["train", "--preset", "tiny", "--data", str(data), "--storage", str(tmp_path / "runs"),
+                 "--json", str(out), "train.num_workers=0", *extra])  # fmt: skip
+    return code, (json.loads(out.read_text()) if out.exists() else {})
+
+
+def test_version():
+    out = subprocess.run([sys.executable, "-m", "raydist.cli", "--version"], check=False, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.startswith("raydist ")
+
+
+@pytest.mark.timeout(240)
+def test_in_process_run_resume_and_eval(tiny_dataset, tmp_path, capsys):
+    code, first = _train(tmp_path, tiny_dataset, "train.epochs=1", "--name", "run1")
+    assert code == 0
+    run = Path(first["run_dir"])
+    assert run == tmp_path / "runs" / "run1" and (run / "history.json").is_file()
+    assert first["best_checkpoint"] and Path(first["best_checkpoint"], "state.pt").is_file()
+    assert first["test_metrics"]["rsum"] > 0
+    printed = capsys.readouterr().out
+    assert "== test split, best checkpoint ==" in printed and "raydist eval --checkpoint" in printed
+
+    # --resume takes the checkpoint's config (tiny, not the default preset) and says what changed
+    out = tmp_path / "resumed.json"
+    code = main(["train", "--resume", str(run), "--storage", str(tmp_path / "runs"), "--name", "run2",
+                 "--json", str(out), "train.epochs=2"])  # fmt: skip
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "changed: train.epochs: 1 -> 2" in printed
+    resumed = json.loads(out.read_text())
+    assert [m["epoch"] for m in resumed["history"]] == [1, 2] and resumed["resumed_at"] == [first["history"][-1]["step"]]
+    # ... and refuses keys that shape the saved model, before any work
+    assert main(["train", "--resume", str(run), "model.embed_dim=128"]) == 2
+    assert "cannot change model.embed_dim" in capsys.readouterr().err
+
+    # eval without --data uses the dataset recorded in the checkpoint
+    assert main(["eval", "--checkpoint", first["best_checkpoint"], "--split", "val"]) == 0
+    assert "rsum" in capsys.readouterr().out
+    # a dataset with other feature dims is refused, naming both sides
+    other = make_synthetic(tmp_path / "other", images=100, val_images=50, test_images=50, dim=16, seed=1)
+    assert main(["eval", "--checkpoint", first["best_checkpoint"], "--data", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert "feature_dim: checkpoint=32 data=16" in err
+
+
+@pytest.mark.timeout(240)
+def test_a_failed_run_is_one_error_line_and_exit_1(ray_cluster, tiny_dataset, tmp_path, capsys):
+    code = main(["train", "--preset", "tiny", "--data", str(tiny_dataset), "--storage", str(tmp_path),
+                 "train.epochs=1", "debug.fail_at_step=2", "train.max_failures=0"])  # fmt: skip
+    assert code == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("raydist: error:")]
+    assert len(err) == 1 and "training failed" in err[0] and "full log:" in err[0]
+
+
+def test_progress_line_counts_and_eta():
+    p = Progress(epochs=2, steps_per_epoch=10, rows_per_step=64)
+    p.times = [0.0, 1.0, 2.0]  # 2 steps in 2 s → 1 step/s
+    line = p.line(epoch=0, step_in_epoch=5)
+    assert line.startswith("epoch 1/2 step 5/10 (50%)") and "samples/s 64" in line and "ETA 0m15s" in line
