@@ -5,8 +5,8 @@ import time
 import pytest
 import torch
 
-from raydist.config import load_config
 from raydist.checkpoint import STATE_FILE, find_checkpoint, load_checkpoint, save_checkpoint
+from raydist.config import load_config
 
 
 class Explodes:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from raydist.config import ConfigError, load_config
 from raydist.checkpoint import load_checkpoint
+from raydist.config import ConfigError, load_config
 from raydist.train.trainer import run_training
 
 

@@ -107,8 +107,9 @@ def plot_metric_vs_mflops(
         for method, label in COST_METHODS.items():
             points = sorted(
                 (row[cost], row[metric], row.get("cascade", str(row["dim"])))
-                for row in rows if row["method"] == method and metric in row and cost in row
-            )  # fmt: skip
+                for row in rows
+                if row["method"] == method and metric in row and cost in row
+            )
             if not points:
                 continue
             xs, ys, _ = zip(*points)

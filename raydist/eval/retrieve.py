@@ -99,7 +99,7 @@ class Cascade:
 
 
 def load_embeddings(checkpoint: str | Path, data_dir: str | Path, split: str = "test") -> RetrievalSet:
-    """Embed ``split`` of ``data_dir`` with a checkpoint (or the newest in a run folder) and its task's model."""
+    """Embed ``split`` of ``data_dir`` with a checkpoint (or a run folder's newest) and its task's model."""
     from raydist.checkpoint import load_checkpoint, load_task_info
     from raydist.data import split_arrays
     from raydist.data.stream import split_columns
@@ -121,8 +121,9 @@ def load_embeddings(checkpoint: str | Path, data_dir: str | Path, split: str = "
     if task.name == "labels":
         emb, _, labels = task.embed_split(model, split)
         ids = split_columns(data_dir, split, ["sample_id"])["sample_id"]
-        return RetrievalSet("labels", "knn", emb.numpy(), emb.numpy(), labels, labels, ids, ids,
-                            exclude_self=True, **where)  # fmt: skip
+        return RetrievalSet(
+            "labels", "knn", emb.numpy(), emb.numpy(), labels, labels, ids, ids, exclude_self=True, **where
+        )
     raise ValueError(f"task {task.name!r}: retrieval supports the tasks 'pairs' and 'labels'")
 
 
@@ -157,9 +158,12 @@ def default_funnel(dims: Sequence[int], full: int, shortlist: int = 200, k: int 
 
 
 def build_indexes(
-    rset: RetrievalSet, dims: Sequence[int], kind: str = "flat", out_dir: str | Path | None = None,
+    rset: RetrievalSet,
+    dims: Sequence[int],
+    kind: str = "flat",
+    out_dir: str | Path | None = None,
     **index_options: Any,
-) -> dict[int, FaissIndex | PrefixIVFIndex]:  # fmt: skip
+) -> dict[int, FaissIndex | PrefixIVFIndex]:
     """One index per dim over ``normalize(database[:, :dim])`` (:func:`raydist.eval.faiss_index.build_index`
     with ``index_options``). With ``out_dir``: ``index_d{dim}.faiss`` files (``faiss.write_index``, GPU
     indexes copied to the CPU first), ``database_ids.npy`` and ``indexes.json`` (dims, kind, checkpoint,
@@ -181,8 +185,9 @@ def build_indexes(
             faiss.write_index(native, str(out / files[d]))
         np.save(out / DATABASE_IDS, rset.database_ids)
         meta = {"kind": kind, "dims": dims, "files": {str(d): f for d, f in files.items()},
-                "checkpoint": rset.source, "split": rset.split, "task": rset.task, "direction": rset.direction,
-                "num_database": len(rset.database), "index_options": index_options}  # fmt: skip
+                "checkpoint": rset.source, "split": rset.split, "task": rset.task,
+                "direction": rset.direction, "num_database": len(rset.database),
+                "index_options": index_options}  # fmt: skip
         (out / INDEX_META).write_text(json.dumps(meta, indent=1))
     return indexes
 
@@ -194,8 +199,10 @@ def load_indexes(out_dir: str | Path) -> tuple[dict[int, FaissIndex], dict[str, 
 
     out = Path(out_dir)
     meta = json.loads((out / INDEX_META).read_text())
-    indexes = {int(d): FaissIndex(faiss.read_index(str(out / f)), meta["kind"], "cpu")
-               for d, f in meta["files"].items()}  # fmt: skip
+    indexes = {
+        int(d): FaissIndex(faiss.read_index(str(out / f)), meta["kind"], "cpu")
+        for d, f in meta["files"].items()
+    }
     return indexes, {**meta, "database_ids": np.load(out / DATABASE_IDS)}
 
 
@@ -214,9 +221,12 @@ def search_ids(
 
 
 def cascade_ids(
-    rset: RetrievalSet, cascade: Cascade, k: int, index: FaissIndex | PrefixIVFIndex | None = None,
+    rset: RetrievalSet,
+    cascade: Cascade,
+    k: int,
+    index: FaissIndex | PrefixIVFIndex | None = None,
     kind: str = "flat",
-) -> np.ndarray:  # fmt: skip
+) -> np.ndarray:
     """Top-k rows [Q, k] by the funnel ``cascade`` (:class:`Cascade`): the shortlist comes from ``index``
     (an index over ``dims[0]``; built with ``kind`` when None), each re-rank is
     :func:`raydist.eval.adaptive.rerank`. Shortlists larger than N are cut to N; with ``exclude_self`` the
@@ -225,8 +235,10 @@ def cascade_ids(
     keep = k + int(rset.exclude_self)
     check_dims(cascade.dims, rset.dim)
     if not keep <= n or min(cascade.shortlists) < keep:
-        raise ValueError(f"shortlists={cascade.shortlists}, k={k}: need k{'+1' * rset.exclude_self} <= every "
-                         f"shortlist and <= N={n}")  # fmt: skip
+        raise ValueError(
+            f"shortlists={cascade.shortlists}, k={k}: need k{'+1' * rset.exclude_self} <= every "
+            f"shortlist and <= N={n}"
+        )
     sizes = [min(s, n) for s in cascade.shortlists]
     index = build_index(rset.database[:, : cascade.dims[0]], kind) if index is None else index
     _, candidates = index.search(rset.queries[:, : cascade.dims[0]], sizes[0])
@@ -254,9 +266,11 @@ def retrieval_scores(rset: RetrievalSet, ids: np.ndarray, k: int = 10) -> dict[s
             )
         hit = np.logical_or.accumulate(retrieved == rset.query_keys[:, None], axis=1)
         return {f"{rset.prefix}r{r}": 100.0 * float(hit[:, r - 1].mean()) for r in PAIRS_RECALLS}
-    return {"nn1": 100.0 * float((retrieved[:, 0] == rset.query_keys).mean()),
-            f"p{k}": precision_at_k(retrieved, rset.query_keys, k),
-            f"map{k}": map_at_k(retrieved, rset.query_keys, k)}  # fmt: skip
+    return {
+        "nn1": 100.0 * float((retrieved[:, 0] == rset.query_keys).mean()),
+        f"p{k}": precision_at_k(retrieved, rset.query_keys, k),
+        f"map{k}": map_at_k(retrieved, rset.query_keys, k),
+    }
 
 
 def timed(repeats: int, fn: Callable[..., T], *args: Any) -> tuple[T, float]:
@@ -270,9 +284,14 @@ def timed(repeats: int, fn: Callable[..., T], *args: Any) -> tuple[T, float]:
 
 
 def _measure(
-    rset: RetrievalSet, row: dict[str, Any], mflops: float, k: int, repeats: int,
-    fn: Callable[..., np.ndarray], *args: Any,
-) -> None:  # fmt: skip
+    rset: RetrievalSet,
+    row: dict[str, Any],
+    mflops: float,
+    k: int,
+    repeats: int,
+    fn: Callable[..., np.ndarray],
+    *args: Any,
+) -> None:
     """Add to ``row`` the metrics of ``fn(*args)``'s ids, its MFLOPs/query and its batched wall ms/query."""
     ids, seconds = timed(repeats, fn, *args)
     row.update(retrieval_scores(rset, ids, k))
@@ -289,9 +308,15 @@ def _add_rsum(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def evaluate_dims(
-    rset: RetrievalSet, dims: Sequence[int], *, kind: str = "flat", k: int = 10, interpolate: bool = True,
-    repeats: int = 1, **index_options: Any,
-) -> list[dict[str, Any]]:  # fmt: skip
+    rset: RetrievalSet,
+    dims: Sequence[int],
+    *,
+    kind: str = "flat",
+    k: int = 10,
+    interpolate: bool = True,
+    repeats: int = 1,
+    **index_options: Any,
+) -> list[dict[str, Any]]:
     """Single-shot search of the whole database at each dim (and at :func:`interpolated_dims`, rows with
     ``interpolated=True``): one row per dim with every direction's metrics, pairs ``rsum``, MFLOPs/query
     ``N·dim/10⁶`` (the exhaustive-scan cost, whatever ``kind``) and batched wall ms/query (search only)."""
@@ -308,9 +333,15 @@ def evaluate_dims(
 
 
 def evaluate_cascades(
-    rset: RetrievalSet, cascades: Sequence[Cascade], *, method: str = "funnel", kind: str = "flat", k: int = 10,
-    repeats: int = 1, **index_options: Any,
-) -> list[dict[str, Any]]:  # fmt: skip
+    rset: RetrievalSet,
+    cascades: Sequence[Cascade],
+    *,
+    method: str = "funnel",
+    kind: str = "flat",
+    k: int = 10,
+    repeats: int = 1,
+    **index_options: Any,
+) -> list[dict[str, Any]]:
     """One row per cascade (:func:`cascade_ids`; ``method`` names it): ``dim`` (last stage), ``cascade``
     (``"16>32>64"``), ``shortlists``, metrics, :func:`cascade_mflops` and batched wall ms/query (shortlist
     search + re-ranks; the shortlist index is built beforehand, outside the timing)."""
@@ -326,9 +357,15 @@ def evaluate_cascades(
 
 
 def evaluate_adaptive(
-    rset: RetrievalSet, dim_pairs: Sequence[tuple[int, int]], *, shortlist: int = 200, kind: str = "flat",
-    k: int = 10, repeats: int = 1, **index_options: Any,
-) -> list[dict[str, Any]]:  # fmt: skip
+    rset: RetrievalSet,
+    dim_pairs: Sequence[tuple[int, int]],
+    *,
+    shortlist: int = 200,
+    kind: str = "flat",
+    k: int = 10,
+    repeats: int = 1,
+    **index_options: Any,
+) -> list[dict[str, Any]]:
     """Adaptive retrieval for each ``(D_s, D_r)``: shortlist ``shortlist`` rows at D_s, re-rank at D_r
     (rows as :func:`evaluate_cascades`, ``method="adaptive"``, plus ``shortlist_dim``)."""
     cascades = [Cascade((ds, dr), (shortlist,)) for ds, dr in dim_pairs]
@@ -354,16 +391,24 @@ def _reduce(x: np.ndarray, m: int, proj: np.ndarray | None) -> np.ndarray:
     return project_first_m(x, m) if proj is None else x @ proj
 
 
-def _reduced_search(index: FaissIndex | PrefixIVFIndex, rset: RetrievalSet, m: int, proj: np.ndarray | None,
-                    k: int) -> np.ndarray:  # fmt: skip
+def _reduced_search(
+    index: FaissIndex | PrefixIVFIndex, rset: RetrievalSet, m: int, proj: np.ndarray | None, k: int
+) -> np.ndarray:
     """Project the queries to m dims, then :func:`search_ids` (both timed for a baseline)."""
     return search_ids(index, _reduce(rset.queries, m, proj), k, rset.exclude_self)
 
 
 def evaluate_baselines(
-    rset: RetrievalSet, dims: Sequence[int], *, methods: Sequence[str] = BASELINES, kind: str = "flat",
-    k: int = 10, seed: int = 0, repeats: int = 1, **index_options: Any,
-) -> list[dict[str, Any]]:  # fmt: skip
+    rset: RetrievalSet,
+    dims: Sequence[int],
+    *,
+    methods: Sequence[str] = BASELINES,
+    kind: str = "flat",
+    k: int = 10,
+    seed: int = 0,
+    repeats: int = 1,
+    **index_options: Any,
+) -> list[dict[str, Any]]:
     """Reduce a non-nested model's embeddings to m dims per method and search exhaustively at m: one row per
     (method, m). The map is fit once on ``rset``'s database (pairs: the images) and applied to both
     modalities; ``svd`` rows with m > min(N, D) are left out. MFLOPs/query add the query projection, ``D·m``;
@@ -378,25 +423,34 @@ def evaluate_baselines(
             row: dict[str, Any] = {"method": method, "dim": m}
             for direction in rset.directions():
                 index = build_index(_reduce(direction.database, m, proj), kind, **index_options)
-                cost = mflops_per_query(len(direction.database), m) + (
-                    0 if proj is None else rset.dim * m / 1e6
-                )
+                projecting = 0 if proj is None else rset.dim * m / 1e6
+                cost = mflops_per_query(len(direction.database), m) + projecting
                 _measure(direction, row, cost, k, repeats, _reduced_search, index, direction, m, proj, k)
             rows.append(row)
     return _add_rsum(rows)
 
 
 def retrieval_report(
-    checkpoint: str | Path, data_dir: str | Path, *, split: str = "test", dims: Sequence[int] | None = None,
-    kind: str = "flat", baseline_checkpoint: str | Path | None = None, out_dir: str | Path | None = None,
-    shortlist: int = 200, funnel: tuple[Sequence[int], Sequence[int]] | None = None, k: int = 10,
-    repeats: int = 1, **index_options: Any,
-) -> dict[str, Any]:  # fmt: skip
+    checkpoint: str | Path,
+    data_dir: str | Path,
+    *,
+    split: str = "test",
+    dims: Sequence[int] | None = None,
+    kind: str = "flat",
+    baseline_checkpoint: str | Path | None = None,
+    out_dir: str | Path | None = None,
+    shortlist: int = 200,
+    funnel: tuple[Sequence[int], Sequence[int]] | None = None,
+    k: int = 10,
+    repeats: int = 1,
+    **index_options: Any,
+) -> dict[str, Any]:
     """Everything above for one checkpoint: single-shot rows at ``dims`` (default :func:`default_dims`) and
     their interpolated dims, adaptive ``(D_s, D)`` for every D_s < D, one funnel (``(dims, shortlists)``,
     default :func:`default_funnel`), and with ``baseline_checkpoint`` (a non-nested model of the same task)
     the first-m / SVD / JL baselines. With ``out_dir``: ``retrieval.txt`` (the table), ``retrieval.json``
-    (the rows), ``metric_vs_dim.png`` and ``metric_vs_mflops.png``. Returns the rows, table and file paths."""
+    (the rows), ``metric_vs_dim.png`` and ``metric_vs_mflops.png``. Returns ``task``, ``checkpoint``,
+    ``split``, ``dims``, ``kind``, ``rows``, ``table`` and ``files`` (file name → path; empty without out_dir)."""
     rset = load_embeddings(checkpoint, data_dir, split)
     dims = default_dims(rset.dim) if dims is None else check_dims(dims, rset.dim)
     options = {"kind": kind, "k": k, "repeats": repeats, **index_options}
@@ -405,9 +459,7 @@ def retrieval_report(
     if below:
         rows += evaluate_adaptive(rset, [(d, rset.dim) for d in below], shortlist=shortlist, **options)
     if funnel is not None or below:
-        cascade = (
-            default_funnel(dims, rset.dim, shortlist, k) if funnel is None else Cascade(*map(tuple, funnel))
-        )
+        cascade = Cascade(*map(tuple, funnel)) if funnel else default_funnel(dims, rset.dim, shortlist, k)
         rows += evaluate_cascades(rset, [cascade], method="funnel", **options)
     if baseline_checkpoint is not None:
         base = load_embeddings(baseline_checkpoint, data_dir, split)
@@ -419,12 +471,11 @@ def retrieval_report(
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        files = {"table": str(out / "retrieval.txt"), "rows": str(out / "retrieval.json"),
-                 "metric_vs_dim": str(out / "metric_vs_dim.png"),
-                 "metric_vs_mflops": str(out / "metric_vs_mflops.png")}  # fmt: skip
-        Path(files["table"]).write_text(table + "\n")
-        Path(files["rows"]).write_text(json.dumps(rows, indent=1))
-        plot_metric_vs_dim(rows, files["metric_vs_dim"], main_metric(rset.task, k))
-        plot_metric_vs_mflops(rows, files["metric_vs_mflops"], cost_panels(rset.task, k))
+        files = {name: str(out / name) for name in ("retrieval.txt", "retrieval.json", "metric_vs_dim.png",
+                                                       "metric_vs_mflops.png")}  # fmt: skip
+        (out / "retrieval.txt").write_text(table + "\n")
+        (out / "retrieval.json").write_text(json.dumps(rows, indent=1))
+        plot_metric_vs_dim(rows, out / "metric_vs_dim.png", main_metric(rset.task, k))
+        plot_metric_vs_mflops(rows, out / "metric_vs_mflops.png", cost_panels(rset.task, k))
     return {"task": rset.task, "checkpoint": rset.source, "split": split, "dims": dims, "kind": kind,
             "rows": rows, "table": table, "files": files}  # fmt: skip
