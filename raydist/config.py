@@ -94,6 +94,8 @@ class TrainSection(_Section):
     max_failures: int = Field(0, ge=0)  # Ray Train FailureConfig(max_failures)
     keep_checkpoints: int = Field(2, ge=1)
     log_every: int = Field(10, ge=1)  # steps between progress lines
+    tensorboard: bool = True  # TensorBoard event files in the run folder (rank 0)
+    mlflow_uri: str = ""  # also log to this MLflow tracking URI ("" = off; needs `pip install mlflow`)
     storage_path: str = ""  # "" = ./runs (local); shared storage on multi-node clusters
     run_name: str = ""  # "" = a fresh unique name; a stable name resumes
 

@@ -158,12 +158,9 @@ def default_funnel(dims: Sequence[int], full: int, shortlist: int = 200, k: int 
 
 
 def build_indexes(
-    rset: RetrievalSet,
-    dims: Sequence[int],
-    kind: str = "flat",
-    out_dir: str | Path | None = None,
+    rset: RetrievalSet, dims: Sequence[int], kind: str = "flat", out_dir: str | Path | None = None,
     **index_options: Any,
-) -> dict[int, FaissIndex | PrefixIVFIndex]:
+) -> dict[int, FaissIndex | PrefixIVFIndex]:  # fmt: skip
     """One index per dim over ``normalize(database[:, :dim])`` (:func:`raydist.eval.faiss_index.build_index`
     with ``index_options``). With ``out_dir``: ``index_d{dim}.faiss`` files (``faiss.write_index``, GPU
     indexes copied to the CPU first), ``database_ids.npy`` and ``indexes.json`` (dims, kind, checkpoint,
@@ -221,12 +218,9 @@ def search_ids(
 
 
 def cascade_ids(
-    rset: RetrievalSet,
-    cascade: Cascade,
-    k: int,
-    index: FaissIndex | PrefixIVFIndex | None = None,
+    rset: RetrievalSet, cascade: Cascade, k: int, index: FaissIndex | PrefixIVFIndex | None = None,
     kind: str = "flat",
-) -> np.ndarray:
+) -> np.ndarray:  # fmt: skip
     """Top-k rows [Q, k] by the funnel ``cascade`` (:class:`Cascade`): the shortlist comes from ``index``
     (an index over ``dims[0]``; built with ``kind`` when None), each re-rank is
     :func:`raydist.eval.adaptive.rerank`. Shortlists larger than N are cut to N; with ``exclude_self`` the
@@ -284,14 +278,9 @@ def timed(repeats: int, fn: Callable[..., T], *args: Any) -> tuple[T, float]:
 
 
 def _measure(
-    rset: RetrievalSet,
-    row: dict[str, Any],
-    mflops: float,
-    k: int,
-    repeats: int,
-    fn: Callable[..., np.ndarray],
-    *args: Any,
-) -> None:
+    rset: RetrievalSet, row: dict[str, Any], mflops: float, k: int, repeats: int,
+    fn: Callable[..., np.ndarray], *args: Any,
+) -> None:  # fmt: skip
     """Add to ``row`` the metrics of ``fn(*args)``'s ids, its MFLOPs/query and its batched wall ms/query."""
     ids, seconds = timed(repeats, fn, *args)
     row.update(retrieval_scores(rset, ids, k))
@@ -308,15 +297,9 @@ def _add_rsum(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def evaluate_dims(
-    rset: RetrievalSet,
-    dims: Sequence[int],
-    *,
-    kind: str = "flat",
-    k: int = 10,
-    interpolate: bool = True,
-    repeats: int = 1,
-    **index_options: Any,
-) -> list[dict[str, Any]]:
+    rset: RetrievalSet, dims: Sequence[int], *, kind: str = "flat", k: int = 10, interpolate: bool = True,
+    repeats: int = 1, **index_options: Any,
+) -> list[dict[str, Any]]:  # fmt: skip
     """Single-shot search of the whole database at each dim (and at :func:`interpolated_dims`, rows with
     ``interpolated=True``): one row per dim with every direction's metrics, pairs ``rsum``, MFLOPs/query
     ``N·dim/10⁶`` (the exhaustive-scan cost, whatever ``kind``) and batched wall ms/query (search only)."""
@@ -333,15 +316,9 @@ def evaluate_dims(
 
 
 def evaluate_cascades(
-    rset: RetrievalSet,
-    cascades: Sequence[Cascade],
-    *,
-    method: str = "funnel",
-    kind: str = "flat",
-    k: int = 10,
-    repeats: int = 1,
-    **index_options: Any,
-) -> list[dict[str, Any]]:
+    rset: RetrievalSet, cascades: Sequence[Cascade], *, method: str = "funnel", kind: str = "flat",
+    k: int = 10, repeats: int = 1, **index_options: Any,
+) -> list[dict[str, Any]]:  # fmt: skip
     """One row per cascade (:func:`cascade_ids`; ``method`` names it): ``dim`` (last stage), ``cascade``
     (``"16>32>64"``), ``shortlists``, metrics, :func:`cascade_mflops` and batched wall ms/query (shortlist
     search + re-ranks; the shortlist index is built beforehand, outside the timing)."""
@@ -357,15 +334,9 @@ def evaluate_cascades(
 
 
 def evaluate_adaptive(
-    rset: RetrievalSet,
-    dim_pairs: Sequence[tuple[int, int]],
-    *,
-    shortlist: int = 200,
-    kind: str = "flat",
-    k: int = 10,
-    repeats: int = 1,
-    **index_options: Any,
-) -> list[dict[str, Any]]:
+    rset: RetrievalSet, dim_pairs: Sequence[tuple[int, int]], *, shortlist: int = 200, kind: str = "flat",
+    k: int = 10, repeats: int = 1, **index_options: Any,
+) -> list[dict[str, Any]]:  # fmt: skip
     """Adaptive retrieval for each ``(D_s, D_r)``: shortlist ``shortlist`` rows at D_s, re-rank at D_r
     (rows as :func:`evaluate_cascades`, ``method="adaptive"``, plus ``shortlist_dim``)."""
     cascades = [Cascade((ds, dr), (shortlist,)) for ds, dr in dim_pairs]
@@ -399,16 +370,9 @@ def _reduced_search(
 
 
 def evaluate_baselines(
-    rset: RetrievalSet,
-    dims: Sequence[int],
-    *,
-    methods: Sequence[str] = BASELINES,
-    kind: str = "flat",
-    k: int = 10,
-    seed: int = 0,
-    repeats: int = 1,
-    **index_options: Any,
-) -> list[dict[str, Any]]:
+    rset: RetrievalSet, dims: Sequence[int], *, methods: Sequence[str] = BASELINES, kind: str = "flat",
+    k: int = 10, seed: int = 0, repeats: int = 1, **index_options: Any,
+) -> list[dict[str, Any]]:  # fmt: skip
     """Reduce a non-nested model's embeddings to m dims per method and search exhaustively at m: one row per
     (method, m). The map is fit once on ``rset``'s database (pairs: the images) and applied to both
     modalities; ``svd`` rows with m > min(N, D) are left out. MFLOPs/query add the query projection, ``D·m``;
@@ -431,26 +395,17 @@ def evaluate_baselines(
 
 
 def retrieval_report(
-    checkpoint: str | Path,
-    data_dir: str | Path,
-    *,
-    split: str = "test",
-    dims: Sequence[int] | None = None,
-    kind: str = "flat",
-    baseline_checkpoint: str | Path | None = None,
-    out_dir: str | Path | None = None,
-    shortlist: int = 200,
-    funnel: tuple[Sequence[int], Sequence[int]] | None = None,
-    k: int = 10,
-    repeats: int = 1,
-    **index_options: Any,
-) -> dict[str, Any]:
+    checkpoint: str | Path, data_dir: str | Path, *, split: str = "test", dims: Sequence[int] | None = None,
+    kind: str = "flat", baseline_checkpoint: str | Path | None = None, out_dir: str | Path | None = None,
+    shortlist: int = 200, funnel: tuple[Sequence[int], Sequence[int]] | None = None, k: int = 10,
+    repeats: int = 1, **index_options: Any,
+) -> dict[str, Any]:  # fmt: skip
     """Everything above for one checkpoint: single-shot rows at ``dims`` (default :func:`default_dims`) and
     their interpolated dims, adaptive ``(D_s, D)`` for every D_s < D, one funnel (``(dims, shortlists)``,
     default :func:`default_funnel`), and with ``baseline_checkpoint`` (a non-nested model of the same task)
     the first-m / SVD / JL baselines. With ``out_dir``: ``retrieval.txt`` (the table), ``retrieval.json``
     (the rows), ``metric_vs_dim.png`` and ``metric_vs_mflops.png``. Returns ``task``, ``checkpoint``,
-    ``split``, ``dims``, ``kind``, ``rows``, ``table`` and ``files`` (file name → path; empty without out_dir)."""
+    ``split``, ``dims``, ``kind``, ``rows``, ``table`` and ``files`` (name → path; empty without out_dir)."""
     rset = load_embeddings(checkpoint, data_dir, split)
     dims = default_dims(rset.dim) if dims is None else check_dims(dims, rset.dim)
     options = {"kind": kind, "k": k, "repeats": repeats, **index_options}
