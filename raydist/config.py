@@ -37,6 +37,10 @@ class DataSection(_Section):
     # A train split whose features take at most this many MiB is read once into every worker's memory and
     # reshuffled each epoch; larger ones stream through Ray Data. 0 = always stream.
     in_memory_max_mb: int = Field(512, ge=0)
+    # labels task: flip each train label with this probability to a uniform other class as it is read
+    # (by sample id, so every worker and epoch agrees); evaluation always uses the clean labels
+    label_noise: float = Field(0.0, ge=0, lt=1)
+    noise_seed: int = 0
 
 
 class ModelSection(_Section):

@@ -27,6 +27,33 @@ SPLIT_NAMES = {"train": "train", "val": "val", "valid": "val", "validation": "va
 SPLIT_CODES = {0: "train", 1: "val", 2: "test"}
 
 
+def _uniform(sample_ids: np.ndarray, seed: int, stream: int) -> np.ndarray:
+    """A uniform [0, 1) number per sample id, a pure function of (id, seed, stream) (splitmix64 hash)."""
+    with np.errstate(over="ignore"):
+        z = sample_ids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        z ^= np.uint64((seed * 0x2545F4914F6CDD1D + stream * 0x94D049BB133111EB) % 2**64)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
+    return (z >> np.uint64(11)).astype(np.float64) / 2.0**53
+
+
+def flip_labels(labels: np.ndarray, sample_ids: np.ndarray, *, p: float, num_classes: int, seed: int) -> np.ndarray:
+    """Symmetric label noise (DESIGN.md §4): each label y is kept with probability 1 − p and otherwise
+    replaced by ``(y + s) mod K``, s uniform on {1, …, K−1} — a uniformly chosen other class. The draws are a
+    function of (sample id, seed) alone, so a row gets the same noisy label in any order, shard or worker
+    (streamed, in memory, or written by :func:`corrupt_labels`)."""
+    if not 0.0 <= p < 1.0:
+        raise RaydistDataError(f"label noise p must lie in [0, 1), got {p}")
+    if p == 0:
+        return labels
+    if num_classes < 2:
+        raise RaydistDataError(f"flipping a label needs at least 2 classes, got {num_classes}")
+    flip = _uniform(sample_ids, seed, 0) < p
+    shift = 1 + np.minimum((_uniform(sample_ids, seed, 1) * (num_classes - 1)).astype(np.int64), num_classes - 2)
+    return np.where(flip, (labels + shift) % num_classes, labels)
+
+
 def corrupt_labels(src: str | Path, out: str | Path, *, p: float, seed: int, overwrite: bool = False) -> Path:
     """Copy the labels dataset ``src`` to ``out`` with symmetric noise on the train labels; return ``out``.
 
@@ -35,7 +62,7 @@ def corrupt_labels(src: str | Path, out: str | Path, *, p: float, seed: int, ove
     are not changed. ``clean_label`` is written on every split: the source's ``clean_label`` when it has
     one (so noise on noise keeps the original truth), else its ``label``. Ids, features (same dtype) and
     shard sizes are copied; the manifest ``source`` records p, seed, the flipped count and the source's
-    own notes. Deterministic for a seed (rows are drawn in manifest order).
+    own notes. Deterministic for a seed: :func:`flip_labels` draws by sample id.
     """
     src, out = Path(src), Path(out)
     if not 0.0 <= p < 1.0:
@@ -48,7 +75,6 @@ def corrupt_labels(src: str | Path, out: str | Path, *, p: float, seed: int, ove
     classes = manifest.num_classes
     if classes < 2:
         raise RaydistDataError(f"{src}: num_classes is {classes}; flipping a label needs at least 2 classes")
-    rng = np.random.default_rng(seed)
     rows_per_shard = max((s.rows for info in manifest.splits.values() for s in info.shards),
                          default=DEFAULT_ROWS_PER_SHARD)
     tables = {split: read_split(src, split) for split in SPLITS}
@@ -66,10 +92,9 @@ def corrupt_labels(src: str | Path, out: str | Path, *, p: float, seed: int, ove
             labels = table.column(LABEL).to_numpy()
             clean = table.column(CLEAN_LABEL if CLEAN_LABEL in table.column_names else LABEL).to_numpy()
             if split == "train":
-                flip = rng.random(len(labels)) < p
-                shift = rng.integers(1, classes, size=len(labels))
-                labels = np.where(flip, (labels + shift) % classes, labels)
-                flipped = int(flip.sum())
+                noisy = flip_labels(labels, table.column(SAMPLE_ID).to_numpy(), p=p, num_classes=classes, seed=seed)
+                flipped = int((noisy != labels).sum())
+                labels = noisy
             feats = feature_matrix(table.column(IMAGE)).astype(np.dtype(manifest.feature_dtype))
             writer.add_split(split, table.column(IMAGE_ID).to_numpy(), table.column(SAMPLE_ID).to_numpy(),
                              feats, labels=labels, clean_labels=clean)

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from raydist.config import ConfigError
 from raydist.data import feature_matrix, read_split
+from raydist.data.labels_io import flip_labels
 from raydist.data.schema import CLEAN_LABEL, IMAGE, LABEL
 from raydist.distributed import GatheredBatch, NegativeSet, step_generator
 from raydist.distributed.metric import rank_metric_loss
@@ -67,11 +68,14 @@ class LabelsTask(Task):
         self.primary_metric = "top1" if self.kind == "cross_entropy" else "r1"
 
     def transform(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {
-            "image": feature_matrix(batch["image"]),
-            "label": np.asarray(batch["label"], dtype=np.int64),
-            "sample_id": np.asarray(batch["sample_id"], dtype=np.int64),
-        }
+        """Features as float32; train labels with ``data.label_noise`` applied (:func:`flip_labels`)."""
+        sample_ids = np.asarray(batch["sample_id"], dtype=np.int64)
+        labels = np.asarray(batch["label"], dtype=np.int64)
+        d = self.cfg.data
+        if d.label_noise > 0:
+            labels = flip_labels(labels, sample_ids, p=d.label_noise, num_classes=self.info.num_classes,
+                                 seed=d.noise_seed)  # fmt: skip
+        return {"image": feature_matrix(batch["image"]), "label": labels, "sample_id": sample_ids}
 
     def build_model(self) -> nn.Module:
         if not self.info.num_classes:
