@@ -41,6 +41,8 @@ class DataSection(_Section):
     # (by sample id, so every worker and epoch agrees); evaluation always uses the clean labels
     label_noise: float = Field(0.0, ge=0, lt=1)
     noise_seed: int = 0
+    # train on this fraction of the train split: whole images (all their captions) or samples, chosen by id
+    train_fraction: float = Field(1.0, gt=0, le=1)
 
 
 class ModelSection(_Section):

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from raydist.data.hashing import uniform_by_id
 from raydist.data.manifest import load_manifest
 from raydist.data.schema import (
     CAPTION,
@@ -27,17 +28,6 @@ SPLIT_NAMES = {"train": "train", "val": "val", "valid": "val", "validation": "va
 SPLIT_CODES = {0: "train", 1: "val", 2: "test"}
 
 
-def _uniform(sample_ids: np.ndarray, seed: int, stream: int) -> np.ndarray:
-    """A uniform [0, 1) number per sample id, a pure function of (id, seed, stream) (splitmix64 hash)."""
-    with np.errstate(over="ignore"):
-        z = sample_ids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-        z ^= np.uint64((seed * 0x2545F4914F6CDD1D + stream * 0x94D049BB133111EB) % 2**64)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z ^= z >> np.uint64(31)
-    return (z >> np.uint64(11)).astype(np.float64) / 2.0**53
-
-
 def flip_labels(labels: np.ndarray, sample_ids: np.ndarray, *, p: float, num_classes: int, seed: int) -> np.ndarray:
     """Symmetric label noise (DESIGN.md §4): each label y is kept with probability 1 − p and otherwise
     replaced by ``(y + s) mod K``, s uniform on {1, …, K−1} — a uniformly chosen other class. The draws are a
@@ -49,8 +39,8 @@ def flip_labels(labels: np.ndarray, sample_ids: np.ndarray, *, p: float, num_cla
         return labels
     if num_classes < 2:
         raise RaydistDataError(f"flipping a label needs at least 2 classes, got {num_classes}")
-    flip = _uniform(sample_ids, seed, 0) < p
-    shift = 1 + np.minimum((_uniform(sample_ids, seed, 1) * (num_classes - 1)).astype(np.int64), num_classes - 2)
+    flip = uniform_by_id(sample_ids, seed, 0) < p
+    shift = 1 + np.minimum((uniform_by_id(sample_ids, seed, 1) * (num_classes - 1)).astype(np.int64), num_classes - 2)
     return np.where(flip, (labels + shift) % num_classes, labels)
 
 

@@ -1,6 +1,13 @@
 """raydist.losses: similarities, miners (index tuples), per-element terms, reducers; ranking losses."""
 
-from raydist.losses.miners import HardestNegatives, NegativePairs, mine_all_negatives, mine_hardest_negatives
+from raydist.losses.miners import (
+    TILE_ELEMENTS,
+    HardestNegatives,
+    ScoreTile,
+    mine_hardest_negatives,
+    score_tiles,
+    tile_shape,
+)
 from raydist.losses.ranking import (
     RankingTerms,
     hinge_costs,
@@ -17,17 +24,19 @@ from raydist.losses.similarity import (
     paired_similarity,
     pairwise_similarity,
 )
+from raydist.losses.tiled_sh import TiledSumOfHinges, sum_of_hinges
 
 __all__ = [
     "REDUCTIONS",
     "SIMILARITIES",
+    "TILE_ELEMENTS",
     "HardestNegatives",
-    "NegativePairs",
     "RankingTerms",
+    "ScoreTile",
+    "TiledSumOfHinges",
     "hinge_costs",
     "hinge_terms",
     "l2_normalize",
-    "mine_all_negatives",
     "mine_hardest_negatives",
     "mined_ranking_terms",
     "paired_similarity",
@@ -37,4 +46,7 @@ __all__ = [
     "reduce_negatives",
     "reduce_queries",
     "scale_for_world",
+    "score_tiles",
+    "sum_of_hinges",
+    "tile_shape",
 ]

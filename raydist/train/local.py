@@ -15,7 +15,7 @@ from torch import nn
 
 from raydist.checkpoint import STATE_FILE
 from raydist.config import Config
-from raydist.data.stream import InMemoryBatches, split_columns
+from raydist.data.stream import InMemoryBatches, train_arrays
 from raydist.distributed import StepPlan
 from raydist.tasks import Task
 
@@ -34,7 +34,8 @@ class LocalRuntime:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metric, self.keep = f"val/{task.primary_metric}", keep
-        arrays = task.transform(split_columns(task.info.data_dir, "train", task.columns))
+        arrays = train_arrays(task.info.data_dir, task.columns, task.transform,
+                                  fraction=cfg.data.train_fraction, seed=cfg.train.seed)
         self.batches = InMemoryBatches(arrays, rows=plan.rows_per_worker, rank=0, world=1, seed=cfg.train.seed)
         self.reports: list[dict[str, Any]] = []
         self.checkpoints: list[Path] = []  # kept checkpoint folders, oldest first

@@ -14,7 +14,7 @@ from torch import nn
 
 from raydist.config import Config, from_dict
 from raydist.data import load_manifest
-from raydist.data.stream import InMemoryBatches, split_columns, stream_epoch
+from raydist.data.stream import InMemoryBatches, stream_epoch, train_arrays
 from raydist.distributed import StepPlan
 from raydist.tasks import DataInfo, Task, build_task
 from raydist.train.hooks import build_hooks
@@ -32,7 +32,8 @@ class RayRuntime:
         self._memory: InMemoryBatches | None = None
         self._shard: Any = None
         if source == "memory":
-            arrays = task.transform(split_columns(task.info.data_dir, "train", task.columns))
+            arrays = train_arrays(task.info.data_dir, task.columns, task.transform,
+                                  fraction=cfg.data.train_fraction, seed=cfg.train.seed)
             self._memory = InMemoryBatches(
                 arrays, rows=plan.rows_per_worker, rank=self.rank, world=self.world, seed=cfg.train.seed
             )

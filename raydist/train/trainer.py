@@ -12,7 +12,7 @@ from typing import Any
 from raydist.config import Config
 from raydist.console import route_ray_output
 from raydist.data import check_split_size, ensure_default_dataset, load_manifest, validate_dataset
-from raydist.data.stream import fits_in_memory, train_dataset
+from raydist.data.stream import fits_in_memory, train_dataset, train_transform
 from raydist.distributed import StepPlan
 from raydist.runtime import check_cluster_fits, init_ray, is_uri, run_cpus, run_name, storage_root
 from raydist.tasks import DataInfo, build_task
@@ -67,7 +67,8 @@ def build_trainer(
 
     task = build_task(cfg, DataInfo.from_dataset(data_dir))
     source = "memory" if fits_in_memory(data_dir, "train", cfg.data.in_memory_max_mb) else "stream"
-    datasets = {"train": train_dataset(data_dir, task.columns, task.transform)} if source == "stream" else {}
+    transform = train_transform(task.transform, cfg.data.train_fraction, cfg.train.seed)
+    datasets = {"train": train_dataset(data_dir, task.columns, transform)} if source == "stream" else {}
     storage = storage_root(cfg, storage_path)
     name = run_name(cfg, run_name_override)
     loop_config = {
