@@ -65,6 +65,8 @@ class LossSection(_Section):
     margin: float = Field(0.2, ge=0)  # ranking / triplet margin; the margin loss's alpha
     hardest: bool = True  # True = MH (VSE++, hardest-negative miner), False = SH (all negatives)
     warmup_sh_epochs: int = Field(0, ge=0)  # epochs of SH before switching to MH
+    warmup_sh_steps: int = Field(0, ge=0)  # ... at least this many SH steps (raises warmup_sh_epochs)
+    stall_fallback: bool = True  # an MH epoch whose loss sits at the collapse value 2·N·margin → one SH epoch
     reduction: Literal["sum", "mean"] = "sum"  # "sum" (VSE++) or "mean"
     similarity: Literal["dot", "order"] = "dot"
     gather: bool = True  # mine negatives from the global batch of all workers
@@ -86,6 +88,8 @@ class TrainSection(_Section):
     """Optimisation, workers, checkpoints and logging."""
 
     epochs: int = Field(30, ge=1)
+    min_steps: int = Field(0, ge=0)  # raise train.epochs until the run has at least this many optimizer steps
+    early_stop_patience: int = Field(0, ge=0)  # stop after N epochs without a better val metric (0 = off)
     batch_size: int = 128  # GLOBAL batch (all workers together); split equally across workers
     lr: float = Field(2e-4, gt=0)
     lr_decay_epoch: int = Field(15, ge=1)  # lr *= lr_decay_factor at this epoch (VSE++ lr_update)

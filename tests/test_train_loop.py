@@ -101,3 +101,33 @@ def test_loop_module_imports_no_ray():
     code = "import sys, raydist.train.loop, raydist.train.local; print(any(m.split('.')[0] == 'ray' for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_early_stopping_stops_every_rank_at_the_same_epoch(tiny_dataset, tmp_path):
+    cfg, task, plan, runtime = _setup(tiny_dataset, tmp_path, **{"train.epochs": 5, "train.lr": 1e-12,
+                                                                 "train.early_stop_patience": 1})  # fmt: skip
+    out = run_loop(cfg, task, runtime, plan, hooks=[ValidationHook(task)])
+    assert [m["epoch"] for m in out["history"]] == [1, 2]  # epoch 2 did not beat epoch 1
+
+
+def test_schedule_by_steps(tiny_dataset):
+    from raydist.train.trainer import resolve_schedule
+
+    cfg = load_config("tiny", overrides={"data.path": str(tiny_dataset), "train.min_steps": 500,
+                                         "loss.warmup_sh_steps": 100})  # fmt: skip
+    resolved, note = resolve_schedule(cfg, tiny_dataset)
+    steps = 2000 // cfg.train.batch_size  # 400 images × 5 captions
+    assert resolved.train.epochs == -(-500 // steps) and resolved.loss.warmup_sh_epochs == -(-100 // steps)
+    assert f"{resolved.train.epochs} epochs × {steps} steps" in note and "train.min_steps=500" in note
+    assert resolve_schedule(load_config("tiny"), tiny_dataset)[0].train.epochs == load_config("tiny").train.epochs
+
+
+def test_stalled_mh_is_detected_and_falls_back_to_sh(tiny_dataset):
+    cfg = load_config("tiny", overrides={"data.path": str(tiny_dataset)})
+    task = build_task(cfg, DataInfo.from_dataset(tiny_dataset))
+    collapse = 2 * cfg.train.batch_size * cfg.loss.margin
+    assert task.hardest(1) and task.end_epoch(1, {"train/loss": collapse * 1.3}) == []
+    notes = task.end_epoch(1, {"train/loss": collapse * 1.002})
+    assert len(notes) == 1 and "collapse value" in notes[0]
+    assert not task.hardest(2) and task.hardest(3)  # one SH epoch, then MH again
+    assert task.end_epoch(0, {"train/loss": collapse}) == []  # epoch 0 is SH warm-up: not a stalled MH

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from raydist.eval.adaptive import mflops_per_query, project_first_m, project_random, project_svd, rerank
-from raydist.eval.faiss_index import FaissIndex, PrefixIVFIndex, build_index, unit_rows
+from raydist.eval.faiss_index import FaissIndex, PrefixIVFIndex, build_index
 from raydist.eval.label_metrics import map_at_k, precision_at_k
 from raydist.eval.retrieval_plots import (
     cost_panels,
@@ -169,7 +169,7 @@ def build_indexes(
     dims = check_dims(dims, rset.dim)
     if out_dir is not None and kind == "ivf-prefix":
         raise ValueError("kind='ivf-prefix' lives in numpy and cannot be written; use 'flat' or 'hnsw'")
-    indexes = {d: build_index(unit_rows(rset.database[:, :d]), kind, **index_options) for d in dims}
+    indexes = {d: build_index(rset.database[:, :d], kind, **index_options) for d in dims}
     if out_dir is not None:
         import faiss
 
@@ -229,10 +229,8 @@ def cascade_ids(
     keep = k + int(rset.exclude_self)
     check_dims(cascade.dims, rset.dim)
     if not keep <= n or min(cascade.shortlists) < keep:
-        raise ValueError(
-            f"shortlists={cascade.shortlists}, k={k}: need k{'+1' * rset.exclude_self} <= every "
-            f"shortlist and <= N={n}"
-        )
+        raise ValueError(f"shortlists={cascade.shortlists}, k={k}: every shortlist and N={n} must hold "
+                         f"{keep} rows (k, plus the query itself when it is in the database)")  # fmt: skip
     sizes = [min(s, n) for s in cascade.shortlists]
     index = build_index(rset.database[:, : cascade.dims[0]], kind) if index is None else index
     _, candidates = index.search(rset.queries[:, : cascade.dims[0]], sizes[0])

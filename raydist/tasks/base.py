@@ -125,6 +125,17 @@ class Task(ABC):
         """The loss phase of an epoch when a task switches losses (shown in progress and history)."""
         return None
 
+    def end_epoch(self, epoch: int, metrics: dict[str, Any]) -> list[str]:
+        """React to an epoch's training metrics (identical on every rank); return notes for the user."""
+        return []
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the task carries across restarts (saved in checkpoints)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+
     def epoch_metrics(self, epoch: int) -> dict[str, Any]:
         """Extra per-epoch facts for the history (e.g. which loss phase ran)."""
         return {}

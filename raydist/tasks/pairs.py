@@ -30,6 +30,7 @@ class PairsTask(Task):
         super().__init__(*args, **kwargs)
         self.vocab = Vocab.load(self.info.files["vocab.json"])
         self._splits: dict[str, tuple] = {}
+        self.fallback_epochs: list[int] = []  # epochs switched back to SH after a stalled MH epoch
 
     def transform(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Features as float32 [B, D]; captions as token ids padded to ``data.max_caption_len`` + lengths."""
@@ -55,8 +56,35 @@ class PairsTask(Task):
         return Encoded({"img": img, "cap": cap}, {"image_id": batch["image_id"], "sample_id": batch["sample_id"]})
 
     def hardest(self, epoch: int) -> bool:
-        """MH after ``loss.warmup_sh_epochs`` epochs of SH (when ``loss.hardest``)."""
-        return self.cfg.loss.hardest and epoch >= self.cfg.loss.warmup_sh_epochs
+        """MH after ``loss.warmup_sh_epochs`` epochs of SH (when ``loss.hardest``), except the epochs
+        switched back to SH after a stalled MH epoch."""
+        lo = self.cfg.loss
+        return lo.hardest and epoch >= lo.warmup_sh_epochs and epoch not in self.fallback_epochs
+
+    def collapse_value(self) -> float:
+        """MH's loss when every score is equal (collapsed embeddings): each of the 2N query terms is the
+        margin, so 2·N·margin for the sum (N = global query batch) and the margin for the mean."""
+        lo = self.cfg.loss
+        return lo.margin * (2 * self.cfg.train.batch_size if lo.reduction == "sum" else 1)
+
+    def end_epoch(self, epoch: int, metrics: dict[str, Any]) -> list[str]:
+        """After an MH epoch whose mean loss (the same on every rank) sits within 1 % of the collapse value:
+        a warning, and with ``loss.stall_fallback`` the next epoch runs SH."""
+        collapse = self.collapse_value()
+        if not self.hardest(epoch) or abs(metrics["train/loss"] - collapse) > 0.01 * collapse:
+            return []
+        note = (f"MH loss {metrics['train/loss']:.4g} sits at its collapse value 2·N·margin = {collapse:.4g} "
+                "(all scores equal)")  # fmt: skip
+        if self.cfg.loss.stall_fallback:
+            self.fallback_epochs.append(epoch + 1)
+            return [note + f"; epoch {epoch + 2} runs SH, then MH again"]
+        return [note + "; consider loss.warmup_sh_steps or loss.stall_fallback=true"]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"fallback_epochs": list(self.fallback_epochs)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.fallback_epochs = list(state["fallback_epochs"])
 
     def loss(
         self, encoded: Encoded, gathered: GatheredBatch, negative_set: NegativeSet, ctx: StepContext,

@@ -29,6 +29,7 @@ from raydist.checkpoint import (
 )
 from raydist.config import Config, ConfigError
 from raydist.distributed import StepPlan, gather_step, step_generator
+from raydist.distributed.reduce import all_reduce_sum
 from raydist.tasks import DataInfo, StepContext, Task, to_tensors
 from raydist.train.hooks import Hook
 
@@ -155,6 +156,7 @@ def run_loop(
     parts = Trainables.build(cfg, task.build_model(), device)
     registry = StateRegistry()
     parts.register(registry)
+    registry.register("task", task)
     for hook in hooks:
         hook.setup(parts.model, registry)
     state = LoopState()
@@ -181,6 +183,8 @@ def run_loop(
                 hook.before_step(ctx)
             stats: dict[str, float] = {}
             loss = train_step(parts, task, batch, cfg, plan, ctx, device, stats, hooks)
+            for hook in hooks:
+                hook.after_step(ctx, loss, stats)
             state.step_in_epoch += 1
             state.global_step += 1
             seen += plan.rows_per_step
@@ -197,27 +201,50 @@ def run_loop(
         parts.scheduler.step()
         state.epoch += 1
         state.step_in_epoch = 0
+        totals = all_reduce_sum(torch.tensor([loss_sum, float(n_steps)], dtype=torch.float64))
         metrics: dict[str, Any] = {
             "epoch": state.epoch,
             "phase": phase,
             "step": state.global_step,
-            "train/loss": loss_sum / max(n_steps, 1),
+            "train/loss": float(totals[0] / totals[1].clamp(min=1)),  # mean over ranks and steps: the global loss
             "train/samples_per_s": seen / max(time.perf_counter() - t0, 1e-9),
             **{f"train/{k}": v / max(n_steps, 1) for k, v in stat_sums.items()},  # epoch means of step stats
             **task.epoch_metrics(epoch),
         }
+        notes = task.end_epoch(epoch, metrics)
         ctx = StepContext(epoch, state.global_step, rank, runtime.world)
         for hook in hooks:
             hook.end_of_epoch(ctx, model, metrics)
+        stop = _early_stop(cfg, task, state.history, metrics, rank)
         if rank == 0:
             state.history.append(dict(metrics))
             val = {k[4:]: v for k, v in metrics.items() if k.startswith("val/")}
             shown = f" {task.summary(val)}" if val else ""
             say(f"[raydist] epoch {state.epoch}/{cfg.train.epochs} done: loss {metrics['train/loss']:.4f}{shown}")
+            for note in notes:
+                say(f"[raydist] note: {note}")
+            if stop:
+                say(f"[raydist] early stop: val {task.primary_metric} did not improve for "
+                    f"{cfg.train.early_stop_patience} epochs")  # fmt: skip
         _report(state, cfg, task, registry, runtime, metrics)
+        if stop:
+            break
     if rank != 0:
         return None
     return {"history": state.history, "global_step": state.global_step, "resumed_at": state.resumed_at}
+
+
+def _early_stop(cfg: Config, task: Task, history: list[dict[str, Any]], metrics: dict[str, Any], rank: int) -> bool:
+    """``train.early_stop_patience`` epochs without a better val metric (rank 0 decides; every rank gets the
+    same answer through one all-reduce, so all ranks run the same number of steps)."""
+    patience = cfg.train.early_stop_patience
+    if not patience:
+        return False
+    key = f"val/{task.primary_metric}"
+    scores = [m.get(key, float("-inf")) for m in [*history, metrics]]
+    best = max(range(len(scores)), key=lambda i: (scores[i], -i))
+    flag = torch.tensor([float(rank == 0 and len(scores) - 1 - best >= patience)])
+    return bool(all_reduce_sum(flag).item() > 0)
 
 
 def train_step(

@@ -49,6 +49,29 @@ def checked_data_dir(cfg: Config, configs: Iterable[Config] = ()) -> Path:
     return data_dir
 
 
+def resolve_schedule(cfg: Config, data_dir: Path) -> tuple[Config, str]:
+    """Epochs from steps: ``train.epochs`` is raised until the run has ``train.min_steps`` optimizer steps
+    and ``loss.warmup_sh_epochs`` until SH runs ``loss.warmup_sh_steps`` steps (small datasets have few
+    steps per epoch). Returns the config to run and a one-line description of the schedule."""
+    import math
+
+    rows = load_manifest(data_dir).splits["train"].rows * cfg.data.train_fraction
+    steps = max(int(rows) // StepPlan.from_config(cfg).rows_per_step, 1)
+    t, lo = cfg.train, cfg.loss
+    epochs = max(t.epochs, math.ceil(t.min_steps / steps))
+    warmup = max(lo.warmup_sh_epochs, math.ceil(lo.warmup_sh_steps / steps)) if lo.hardest else 0
+    note = f"schedule: {epochs} epochs × {steps} steps = {epochs * steps} steps"
+    if epochs != t.epochs:
+        note += f" (train.epochs {t.epochs} raised for train.min_steps={t.min_steps})"
+    if warmup:
+        note += f"; SH warm-up {warmup} epochs" + (
+            f" (raised for loss.warmup_sh_steps={lo.warmup_sh_steps})" if warmup != lo.warmup_sh_epochs else ""
+        )
+    resolved = cfg.model_copy(deep=True)
+    resolved.train.epochs, resolved.loss.warmup_sh_epochs = epochs, max(warmup, lo.warmup_sh_epochs)
+    return resolved, note
+
+
 def build_trainer(
     cfg: Config,
     data_dir: Path,
@@ -116,6 +139,8 @@ def run_training(
     from raydist.checkpoint import find_checkpoint
 
     data_dir = checked_data_dir(cfg)
+    cfg, schedule = resolve_schedule(cfg, data_dir)
+    print(f"[raydist] {schedule}", flush=True)
     if resume_from:
         resume_from = str(find_checkpoint(resume_from))
     if cfg.train.num_workers == 0:
@@ -208,14 +233,17 @@ def train_in_process(cfg: Config, data_dir: Path, *, resume_from: str | None = N
 
 
 def _finish(outcome: TrainOutcome, data_dir: Path, evaluate_test: bool) -> TrainOutcome:
-    """Evaluate the best checkpoint on the test split and write ``history.json`` into the run folder."""
+    """Evaluate the best checkpoint on the test split; write ``history.json`` and the plots
+    (raydist.plots.plot_run) into a local run folder."""
     from raydist.eval.evaluate import evaluate_checkpoint
+    from raydist.plots import plot_run
 
     outcome.data_dir = str(data_dir)
     if evaluate_test and outcome.best_checkpoint and "test" in load_manifest(data_dir).splits:
         outcome.test_metrics = evaluate_checkpoint(outcome.best_checkpoint, data_dir, "test")
     if not is_uri(outcome.run_dir):  # per-epoch metrics next to the checkpoints
         Path(outcome.run_dir, "history.json").write_text(json.dumps(outcome.history, indent=1))
+        plot_run(outcome.run_dir)
     return outcome
 
 
