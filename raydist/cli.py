@@ -88,6 +88,56 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dims(text: str | None) -> list[int] | None:
+    """``8,16,32`` → [8, 16, 32]."""
+    if not text:
+        return None
+    try:
+        return [int(d) for d in text.split(",")]
+    except ValueError as e:
+        raise ValueError(f"--dims: expected comma-separated integers, got {text!r}") from e
+
+
+def _retrieval_inputs(args: argparse.Namespace) -> tuple[Path, list[int] | None]:
+    """The dataset (given or recorded in the checkpoint) and the dims (given, else the trained nesting)."""
+    from raydist.checkpoint import load_checkpoint, recorded_dataset
+
+    data = recorded_dataset(args.checkpoint, args.data)
+    dims = _dims(args.dims)
+    if dims is None:
+        cfg = load_checkpoint(args.checkpoint)[1]
+        dims = sorted({*cfg.model.nesting, cfg.model.embed_dim}) if cfg.model.nesting else None
+    return data, dims
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    from raydist.eval.retrieve import build_indexes, default_dims, load_embeddings
+
+    data, dims = _retrieval_inputs(args)
+    rset = load_embeddings(args.checkpoint, data, args.split)
+    dims = dims or default_dims(rset.dim)
+    build_indexes(rset, dims, args.kind, args.out, hnsw_m=args.hnsw_m)
+    print(f"wrote {args.kind} indexes at dims {dims} of {rset.database.shape[0]} vectors to {args.out}")
+    return 0
+
+
+def cmd_retrieve(args: argparse.Namespace) -> int:
+    from raydist.eval.retrieve import retrieval_report
+
+    data, dims = _retrieval_inputs(args)
+    funnel = None
+    if args.funnel:
+        stages, _, sizes = args.funnel.partition(":")
+        funnel = (_dims(stages), _dims(sizes))
+    report = retrieval_report(args.checkpoint, data, split=args.split, dims=dims, kind=args.kind,
+                              baseline_checkpoint=args.baseline, out_dir=args.out, shortlist=args.shortlist,
+                              funnel=funnel, k=args.k)  # fmt: skip
+    print(report["table"])
+    for path in report["files"]:
+        print(f"wrote {Path(args.out) / path}")
+    return 0
+
+
 def cmd_make_data(args: argparse.Namespace) -> int:
     from raydist.data import make_synthetic
     from raydist.data.synthetic_labels import make_synthetic_labels
@@ -248,6 +298,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--folds", type=int, default=None, help="5 = COCO 1K protocol (default: checkpoint config)")
     p.add_argument("--json", help="write the metrics to this JSON file")
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("index", help="build FAISS indexes of a checkpoint's embeddings at nested dims")
+    p.add_argument("--checkpoint", required=True, help="checkpoint folder or run folder (newest checkpoint)")
+    p.add_argument("--data", help="dataset folder (default: the dataset the checkpoint was trained on)")
+    p.add_argument("--split", default="test")
+    p.add_argument("--dims", help="comma-separated prefix dims (default: the trained model.nesting, else 8,16,…,D)")
+    p.add_argument("--kind", default="flat", choices=["flat", "hnsw"], help="index type (inner product)")
+    p.add_argument("--hnsw-m", type=int, default=32, help="HNSW graph degree M")
+    p.add_argument("--out", required=True, help="folder for the index files and indexes.json")
+    p.set_defaults(func=cmd_index)
+
+    p = sub.add_parser("retrieve", help="retrieval per dim, adaptive and funnel retrieval, cost, baselines")
+    p.add_argument("--checkpoint", required=True, help="checkpoint folder or run folder (newest checkpoint)")
+    p.add_argument("--data", help="dataset folder (default: the dataset the checkpoint was trained on)")
+    p.add_argument("--split", default="test")
+    p.add_argument("--dims", help="comma-separated prefix dims (default: the trained model.nesting, else 8,16,…,D)")
+    p.add_argument("--kind", default="flat", choices=["flat", "hnsw", "ivf-prefix"], help="index type")
+    p.add_argument("--shortlist", type=int, default=200, help="adaptive retrieval: shortlist size at D_s")
+    p.add_argument("--funnel", help="funnel cascade DIMS:SHORTLISTS, e.g. 16,32,64,128:200,100,50")
+    p.add_argument("--baseline", help="a non-nested checkpoint: first-m / SVD / random-projection baselines")
+    p.add_argument("--k", type=int, default=10, help="neighbours retrieved (P@k, mAP@k for labels)")
+    p.add_argument("--out", help="folder for the table, JSON rows and PNG plots")
+    p.set_defaults(func=cmd_retrieve)
 
     p = sub.add_parser("make-data", help="write a synthetic dataset: image–caption pairs or labelled vectors")
     p.add_argument("kind", choices=["synthetic", "synthetic-labels"])

@@ -145,3 +145,12 @@ def resumed_config(checkpoint: str | Path, overrides: dict[str, Any]) -> tuple[C
     validate(cfg)
     before, after = saved.flat(), cfg.flat()
     return cfg, [f"{k}: {before[k]!r} -> {after[k]!r}" for k in after if before[k] != after[k]]
+
+
+def recorded_dataset(checkpoint: str | Path, data_dir: str | Path | None = None) -> Path:
+    """``data_dir``, else the dataset folder the checkpoint was trained on, when it still exists."""
+    folder = find_checkpoint(checkpoint)
+    data_dir = data_dir or load_task_info(folder).get("data_dir")
+    if not data_dir or not Path(data_dir).is_dir():
+        raise ConfigError(f"checkpoint {folder} records no dataset that still exists ({data_dir}); give --data DIR")
+    return Path(data_dir)

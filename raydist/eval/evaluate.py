@@ -82,15 +82,13 @@ def evaluate_checkpoint(
     (default: the dataset the checkpoint was trained on) with its task's evaluator (``folds`` overrides
     ``eval.folds`` of the pairs task). Task, feature dim, classes and vocabulary are checked against the
     data first; a mismatch is a ConfigError naming both sides."""
-    from raydist.checkpoint import load_checkpoint, load_task_info
+    from raydist.checkpoint import load_checkpoint, load_task_info, recorded_dataset
     from raydist.config import ConfigError
     from raydist.tasks import DataInfo, build_task
 
     state, cfg, folder = load_checkpoint(checkpoint)
     info = load_task_info(folder)
-    data_dir = data_dir or info.get("data_dir")
-    if not data_dir or not Path(data_dir).is_dir():
-        raise ConfigError(f"checkpoint {folder} records no dataset that still exists ({data_dir}); give --data DIR")
+    data_dir = recorded_dataset(folder, data_dir)
     if folds is not None:
         cfg.eval.folds = folds
     saved = DataInfo.from_checkpoint(folder, info, data_dir)
