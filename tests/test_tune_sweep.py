@@ -76,7 +76,8 @@ def test_results_table():
         keys=["loss.margin", "loss.negative_set_size"],
         rows=[
             TrialRow(
-                "trial_a", {"loss.margin": 0.123456, "loss.negative_set_size": None}, 301.5, 3, "TERMINATED"
+                "trial_a", {"loss.margin": 0.123456, "loss.negative_set_size": None}, 301.5, 3, "TERMINATED",
+                note="all epochs",
             ),
             TrialRow(
                 "trial_b",
@@ -99,9 +100,12 @@ def test_results_table():
         "val/rsum",
         "epochs",
         "status",
+        "ended",
     ]
-    assert lines[1].split() == ["trial_a", "0.1235", "None", "301.5", "3", "TERMINATED", "<-", "best"]
-    assert lines[2].split() == ["trial_b", "0.3", "8", "-", "0", "ERROR"]
+    assert lines[1].split() == [
+        "trial_a", "0.1235", "None", "301.5", "3", "TERMINATED", "all", "epochs", "<-", "best"
+    ]  # fmt: skip
+    assert lines[2].split() == ["trial_b", "0.3", "8", "-", "0", "ERROR", "-"]
     assert lines[3] == "trial_b failed: RuntimeError: x"
 
 
@@ -119,10 +123,11 @@ def test_failed_trial_is_reported_and_the_sweep_goes_on(failing_sweep, capsys):
     assert set(rows) == {0, -1}
     failed, ok = rows[0], rows[-1]
     assert failed.status == "ERROR" and failed.error and failed.metric is None
-    assert ok.status == "STOPPED" and ok.epochs == 1 and ok.metric is not None and ok.metric > 0
+    assert ok.status == "TERMINATED" and ok.note.startswith("stopped early at epoch 1")
+    assert ok.epochs == 1 and ok.metric is not None and ok.metric > 0
     assert 0.1 <= ok.values["loss.margin"] <= 0.3
     table = format_results(outcome)
-    assert "ERROR" in table and "STOPPED" in table and f"{failed.trial} failed:" in table
+    assert "ERROR" in table and "stopped early" in table and f"{failed.trial} failed:" in table
     assert outcome.best_trial == ok.trial
     assert outcome.best_checkpoint and outcome.best_checkpoint.startswith(outcome.experiment_path)
 
@@ -142,8 +147,8 @@ def test_resume_reruns_the_errored_trial(failing_sweep):
     outcome = resume_sweep(first.experiment_path, resume_errored=True)
     rerun = next(r for r in outcome.rows if r.trial == failed.trial)
     # The fault is injected once per run folder: the re-run trains until ASHA stops it.
-    assert rerun.status == "STOPPED" and rerun.epochs == 1
-    assert {r.status for r in outcome.rows} == {"STOPPED"}
+    assert rerun.status == "TERMINATED" and rerun.epochs == 1
+    assert {r.status for r in outcome.rows} == {"TERMINATED"}
 
 
 def test_cli_refuses_bad_invocations(capsys, tmp_path):

@@ -31,8 +31,9 @@ class TrialRow:
     values: dict[str, Any]
     metric: float | None  # best value over the trial's reports (per `mode`)
     epochs: int
-    status: str  # TERMINATED | STOPPED (by the scheduler) | ERROR | UNFINISHED (resume it)
+    status: str  # Ray Tune's trial status: TERMINATED | ERROR; UNFINISHED = interrupted (resume it)
     error: str = ""
+    note: str = ""  # why a TERMINATED trial ended: "all epochs" or "stopped early (scheduler)"
 
 
 @dataclass
@@ -221,20 +222,22 @@ def _trial_row(result: Any, space: SweepSpace, base: Config) -> tuple[TrialRow, 
         epochs=epochs,
         status=_status(result, epochs, trial_config(base, values).train.epochs),
         error=_error_line(result.error),
+        note=_note(result, epochs, trial_config(base, values).train.epochs),
     )
     return row, None if best is None else best.get("checkpoint_path")
 
 
 def format_results(outcome: SweepOutcome) -> str:
     """The results table: trial, swept values, best metric, epochs run, status (+ error line)."""
-    header = ["trial", *outcome.keys, outcome.metric, "epochs", "status"]
+    header = ["trial", *outcome.keys, outcome.metric, "epochs", "status", "ended"]
     lines = [
         [
             r.trial,
             *(_fmt(r.values.get(k)) for k in outcome.keys),
             "-" if r.metric is None else _fmt(r.metric),
             str(r.epochs),
-            r.status + ("  <- best" if r.trial == outcome.best_trial else ""),
+            r.status,
+            (r.note or "-") + ("  <- best" if r.trial == outcome.best_trial else ""),
         ]
         for r in outcome.rows
     ]
@@ -301,12 +304,18 @@ def _trial_values(result: Any, space: SweepSpace) -> dict[str, Any]:
 
 
 def _status(result: Any, epochs: int, max_epochs: int) -> str:
-    """ERROR, TERMINATED (all epochs), STOPPED (by the scheduler) or UNFINISHED (interrupted)."""
+    """The status Ray Tune's own table shows: ERROR, or TERMINATED (all epochs, or stopped early by the
+    scheduler); UNFINISHED when the sweep was interrupted before the trial ended."""
     if result.error is not None:
         return "ERROR"
-    if epochs >= max_epochs:
-        return "TERMINATED"
-    return "STOPPED" if (result.metrics or {}).get("done") else "UNFINISHED"
+    return "TERMINATED" if epochs >= max_epochs or (result.metrics or {}).get("done") else "UNFINISHED"
+
+
+def _note(result: Any, epochs: int, max_epochs: int) -> str:
+    """Why a TERMINATED trial ended."""
+    if _status(result, epochs, max_epochs) != "TERMINATED":
+        return ""
+    return "all epochs" if epochs >= max_epochs else f"stopped early at epoch {epochs} (scheduler)"
 
 
 def _error_line(error: BaseException | None) -> str:
