@@ -303,8 +303,9 @@ def _report(
 ) -> None:
     """Every rank reports; rank 0 attaches the checkpoint. A mid-epoch checkpoint has no validation of its
     own: its score is −inf, so it never counts as best (the newest checkpoint is always kept for restarts)."""
-    metrics = {**metrics, "epoch": state.epoch, "step": state.global_step}
-    metrics.setdefault(f"val/{task.primary_metric}", float("-inf"))
+    primary = f"val/{task.primary_metric}"
+    # the primary metric first: Tune's live table shows the first metrics of a report
+    metrics = {primary: metrics.get(primary, float("-inf")), **metrics, "epoch": state.epoch, "step": state.global_step}
     if runtime.rank != 0:
         runtime.report(metrics, None)
         return

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from raydist.config import Config, ConfigError, dump_yaml, from_dict
+from raydist.console import route_ray_output
 from raydist.runtime import DATA_CPUS, init_ray, run_cpus
 from raydist.train.trainer import build_trainer, checked_data_dir
 from raydist.tune.space import SweepSpace, parse_space, trial_config, trial_configs
@@ -120,7 +121,7 @@ def run_sweep(
     storage = _absolute(storage_path or cfg.train.storage_path or "runs")
     name = f"tune-{space.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     experiment_path = f"{storage}/{name}"
-    _start_ray(space, cfg, address)
+    _start_ray(space, cfg, address, experiment_path)
     _write_text(
         experiment_path,
         SWEEP_FILE,
@@ -161,7 +162,7 @@ def resume_sweep(path: str, *, resume_errored: bool = False, address: str | None
     if not tune.Tuner.can_restore(experiment_path):
         raise ConfigError(f"{path} has no Tune experiment state to resume from")
     space, cfg = parse_space(saved["space"], name=saved["name"]), from_dict(saved["config"])
-    _start_ray(space, cfg, address)
+    _start_ray(space, cfg, address, experiment_path)
     tuner = tune.Tuner.restore(
         experiment_path,
         trainable=_trainable(space, cfg, Path(saved["data_dir"]), experiment_path),
@@ -255,9 +256,12 @@ def _checked_data(space: SweepSpace, cfg: Config) -> Path:
     return checked_data_dir(cfg, trial_configs(space, cfg))
 
 
-def _start_ray(space: SweepSpace, cfg: Config, address: str | None = None) -> None:
+def _start_ray(space: SweepSpace, cfg: Config, address: str | None, experiment_path: str) -> None:
+    """Start or join Ray, check the sweep fits, and send worker output to the experiment's raydist.log."""
     init_ray(sweep_cpus(space, cfg), address)
     check_sweep_fits(space, cfg)
+    if "://" not in experiment_path:
+        route_ray_output(Path(experiment_path) / "raydist.log")
 
 
 def _trainable(space: SweepSpace, cfg: Config, data_dir: Path, experiment_path: str) -> Any:
