@@ -1,0 +1,296 @@
+"""Gradient clustering (Faghri et al. 2020, DESIGN.md §4) as a training-loop component: A-step on every
+captured batch, U-step per window, centres identical on all workers, checkpoint state.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from raydist.distributed.gather import global_rank, world_size
+from raydist.distributed.reduce import all_reduce_sum
+from raydist.gradclust.centres import (
+    RankOneCentres,
+    assign,
+    combine,
+    layer_terms,
+    picked,
+    update_input_factor,
+    update_output_factor,
+)
+from raydist.gradclust.layers import Factors, LayerCapture, factor_shape, scan_layers
+
+MODES = ("online", "batch")
+
+
+def _sum_over_workers(parts: list[Tensor]) -> Iterator[Tensor]:
+    """Each part summed over all ranks with one all-reduce (packed as float64), in its own shape and dtype."""
+    flat = all_reduce_sum(torch.cat([p.reshape(-1).double() for p in parts]))
+    for part, chunk in zip(parts, flat.split([p.numel() for p in parts])):
+        yield chunk.view(part.shape).to(part.dtype)
+
+
+class GradientClustering:
+    """K clusters of per-example gradients ``g_i`` (the supported layers' weight and bias gradients).
+
+    Exact definition (the tests hold the code to it):
+
+    * Centres: per layer ``C_k = d_k c_kᵀ`` (rank 1, d_k [n_out], c_k [n_in], bias = last input column).
+    * Seeding (first :meth:`after_backward`): K distinct rows r_k of the global batch (rows numbered in rank
+      order) from ``randperm`` of the seeded generator; ``c_k = Σ_p u_{r_k p}``, ``d_k = G_{r_k} c_k/‖c_k‖²``
+      (exactly ``g_{r_k}`` when the layer has one position).
+    * A-step (every :meth:`after_backward`): ``a_i = argmin_k (N_k+1)‖C_k − g_i‖²`` with N the counts
+      of the last U-step (0 before the first); the window keeps ``n_k``, ``D_k = Σ_{i∈k}‖C_k − g_i‖²``
+      and the factor sums of the U-step to come.
+    * U-step number u (0, 1, …) holds one factor and solves least squares for the other: input factors
+      when u is even, output factors when u is odd, e.g.
+      ``c_k ← argmin_c γN_k‖d_k cᵀ − C_k‖² + Σ_{i∈k, window}‖d_k cᵀ − g_i‖²``; then
+      ``N_k ← γN_k + n_k``, ``D̄_k ← γD̄_k + D_k``. A rank-1 centre cannot always equal the cluster mean
+      (a mean of rank-1 gradients is not rank 1); this is the least-squares rank-1 centre with one factor
+      held, and it equals the mean after two U-steps when the mean is rank 1 (e.g. identical gradients).
+      ``online``: γ = ``decay``, a U-step after every ``update_every`` batches. ``batch``: γ = 0, the
+      loop calls :meth:`update` once per pass, so ``N_k`` are the pass's counts and the fit is to the
+      pass mean ``M_k`` (``c_k = M_kᵀ d_k/‖d_k‖²``).
+    * Reported after each U-step: ``objective = Σ_k N_k D̄_k`` (DESIGN's ``Σ_k N_k Σ_{i∈k}‖C_k − g_i‖²``
+      for a batch-mode pass, with the centres the pass was assigned to) and ``total_distortion = Σ_k D̄_k``.
+    * Re-seeding (after each U-step): for each k in order with ``N_k < min_cluster_size``, the cluster m
+      with the largest ``D̄_m > 0`` among those with ``N_m ≥ 2·min_cluster_size`` is split: for every layer
+      ``r = split_noise·‖c_m‖·z/‖z‖`` (z standard normal from the generator), ``c_k = c_m + r``,
+      ``c_m ← c_m − r``, ``d_k = d_m``; ``N_k = N_m ← N_m/2``, ``D̄_k = D̄_m ← D̄_m/2``.
+    * Sharding: each worker assigns its own rows with the shared centres; the window statistics are summed
+      over workers (one all-reduce per U-step), so every worker computes identical centres. Every worker
+      must call :meth:`after_backward` and :meth:`update` equally often.
+
+    Layers listed by :func:`~raydist.gradclust.layers.unsupported_layers` are excluded (``self.excluded``,
+    with a warning).
+
+    In a training loop (the loss backpropagated is ``loss_scale · Σ_i ℓ_i``, a SUM over this worker's rows;
+    e.g. loss_scale = 1/B for a mean, or the AMP scaler's scale)::
+
+        with gc.capture():
+            loss = loss_fn(model(x), y)
+        loss.backward()
+        gc.after_backward(sample_ids, loss_scale=1.0)  # any time before the next capture
+        optimizer.step()
+        # batch mode: gc.update() after each pass on every worker; checkpoints: gc.state_dict()
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        num_clusters: int,
+        *,
+        mode: str = "online",
+        decay: float | None = None,
+        update_every: int = 10,
+        min_cluster_size: float = 1.0,
+        split_noise: float = 0.01,
+        seed: int = 0,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if mode == "batch" and decay:
+            raise ValueError("batch mode has no decay: each pass replaces the statistics")
+        self.decay = 0.0 if mode == "batch" else (0.5 if decay is None else float(decay))
+        if not 0.0 <= self.decay < 1.0 or num_clusters < 1 or update_every < 1:
+            raise ValueError("need 0 <= decay < 1, num_clusters >= 1, update_every >= 1")
+        layers, self.excluded = scan_layers(model)
+        if not layers:
+            raise ValueError("no layer of the model can be clustered")
+        if self.excluded:
+            warnings.warn(f"gradient clustering excludes {self.excluded}", stacklevel=2)
+        self.mode, self.num_clusters, self.update_every = mode, num_clusters, update_every
+        self.min_cluster_size, self.split_noise, self.seed = min_cluster_size, split_noise, seed
+        self._capture = LayerCapture(layers)
+        self._weights = {name: module.weight for name, module in layers.items()}
+        self._shapes = {name: factor_shape(module) for name, module in layers.items()}
+        device = next(iter(self._weights.values())).device
+        self.centres: dict[str, RankOneCentres] = {}  # change only through seeding, update, load
+        self._centre_sq = torch.zeros(num_clusters, dtype=torch.float64, device=device)  # Σ_l ‖C_lk‖²
+        self.counts = torch.zeros(num_clusters, dtype=torch.float64, device=device)
+        self.distortion = torch.zeros_like(self.counts)
+        self.objective = 0.0
+        self.total_distortion = 0.0
+        self.steps = self.updates = self.reseeds = 0
+        self._generator = torch.Generator().manual_seed(seed)
+        self._assignments: dict[int, int] = {}
+        self._reset_window()
+
+    @property
+    def layers(self) -> list[str]:
+        """Names of the clustered layers."""
+        return list(self._shapes)
+
+    @property
+    def updating_inputs(self) -> bool:
+        """Whether the next U-step solves for the input factors c (else the output factors d)."""
+        return self.updates % 2 == 0
+
+    def capture(self) -> AbstractContextManager[None]:
+        """Context for the forward pass: records layer inputs and hooks their output gradients."""
+        return self._capture.recording()
+
+    def after_backward(self, sample_ids: Tensor | None = None, *, loss_scale: float = 1.0) -> Tensor:
+        """A-step on the captured batch (backward of ``loss_scale · Σ_i ℓ_i`` done); U-step when due.
+
+        Returns the assignments a [B]; with ``sample_ids`` [B] they are also kept for the sampler.
+        """
+        factors = self._capture.factors(loss_scale)
+        if not self.centres:
+            self._seed(factors)
+        terms = {name: layer_terms(factors[name], self.centres[name]) for name in self._shapes}
+        distances = combine(list(terms.values()), self._centre_sq)
+        assignment = assign(distances, self.counts)
+        own = distances.gather(1, assignment.unsqueeze(1)).squeeze(1)
+        self._window_counts += torch.bincount(assignment, minlength=self.num_clusters).double()
+        self._window_distortion.index_add_(0, assignment, own)
+        for name, t in terms.items():
+            f, out = factors[name], self._sums[name]
+            if self.updating_inputs:
+                f.add_input_sums(out, picked(t.grad_proj, assignment), assignment)
+            else:
+                f.add_grad_sums(out, picked(t.input_proj, assignment), assignment)
+        if sample_ids is not None:
+            self._assignments.update(zip(sample_ids.tolist(), assignment.tolist()))
+        self.steps += 1
+        if self.mode == "online" and self.steps % self.update_every == 0:
+            self.update()
+        return assignment
+
+    def update(self) -> None:
+        """U-step from the window's statistics summed over workers, then re-seeding; opens a new window."""
+        if not self.centres:
+            raise RuntimeError("update() before any after_backward()")
+        names = self.layers
+        counts, distortion, *sums = _sum_over_workers(
+            [self._window_counts, self._window_distortion] + [self._sums[n] for n in names]
+        )
+        prior = self.decay * self.counts
+        total = prior + counts
+        for name, s in zip(names, sums):
+            centre = self.centres[name]
+            if self.updating_inputs:
+                centre.c = update_input_factor(centre, s, prior, total)
+            else:
+                centre.d = update_output_factor(centre, s, prior, total)
+        self.counts = total
+        self.distortion = self.decay * self.distortion + distortion
+        self.objective = float((self.counts * self.distortion).sum())
+        self.total_distortion = float(self.distortion.sum())
+        self._reseed()
+        self._centres_changed()
+        self.updates += 1
+        self._reset_window()
+
+    def assignments(self, sample_ids: Tensor) -> Tensor:
+        """Last cluster of each sample id seen by this worker's :meth:`after_backward`; −1 if never seen."""
+        return torch.tensor([self._assignments.get(i, -1) for i in sample_ids.tolist()], dtype=torch.long)
+
+    def _reset_window(self) -> None:
+        self._window_counts = torch.zeros_like(self.counts)
+        self._window_distortion = torch.zeros_like(self.counts)
+        side = 1 if self.updating_inputs else 0
+        self._sums = {
+            name: self._weights[name].new_zeros(self.num_clusters, shape[side])
+            for name, shape in self._shapes.items()
+        }
+
+    def _seed(self, factors: dict[str, Factors]) -> None:
+        batch = next(iter(factors.values())).batch_size
+        sizes = torch.zeros(world_size(), dtype=torch.float64, device=self.counts.device)
+        sizes[global_rank()] = batch
+        sizes = all_reduce_sum(sizes).long().tolist()
+        offset, total = sum(sizes[: global_rank()]), sum(sizes)
+        if total < self.num_clusters:
+            raise ValueError(f"the first global batch ({total} rows) is smaller than K={self.num_clusters}")
+        rows = torch.randperm(total, generator=self._generator)[: self.num_clusters].to(self.counts.device)
+        mine = (rows >= offset) & (rows < offset + batch)
+        slots, local = mine.nonzero().squeeze(1), rows[mine] - offset
+        parts = []
+        for name in self.layers:
+            f = factors[name].select(local)
+            n_out, n_in = self._shapes[name]
+            c, d = f.grads.new_zeros(self.num_clusters, n_in), f.grads.new_zeros(self.num_clusters, n_out)
+            f.add_input_sums(c, f.grads.new_ones(f.grads.shape[:2]), slots)
+            c_sq = c.square().sum(1, keepdim=True)
+            f.add_grad_sums(d, picked(f.input_proj(c), slots), slots)
+            parts += [d / torch.where(c_sq > 0, c_sq, torch.ones_like(c_sq)), c]
+        seeded = list(_sum_over_workers(parts))
+        self.centres = {n: RankOneCentres(*seeded[2 * j : 2 * j + 2]) for j, n in enumerate(self.layers)}
+        self._centres_changed()
+
+    def _centres_changed(self) -> None:
+        self._centre_sq = sum(c.sq_norms().double() for c in self.centres.values())
+
+    def _reseed(self) -> None:
+        for k in range(self.num_clusters):
+            if self.counts[k] >= self.min_cluster_size:
+                continue
+            donors = (self.counts >= 2 * self.min_cluster_size) & (self.distortion > 0)
+            if not donors.any():
+                return
+            m = int(torch.where(donors, self.distortion, -torch.inf).argmax())
+            for centre in (self.centres[name] for name in self.layers):
+                z = torch.randn(centre.c.shape[1], generator=self._generator, dtype=torch.float64)
+                r = (self.split_noise * z / z.norm()).to(centre.c) * centre.c[m].norm()
+                centre.c[k], centre.c[m] = centre.c[m] + r, centre.c[m] - r
+                centre.d[k] = centre.d[m]
+            self.counts[k] = self.counts[m] = self.counts[m] / 2
+            self.distortion[k] = self.distortion[m] = self.distortion[m] / 2
+            self.reseeds += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        """Centres, counts, the open window, this worker's assignments (by sample id), generator and
+        counters. Centres are identical on all workers; the assignments are this worker's own."""
+        ids = list(self._assignments)
+        return {
+            "num_clusters": self.num_clusters,
+            "mode": self.mode,
+            "layers": self.layers,
+            "centres": {n: {"d": c.d.clone(), "c": c.c.clone()} for n, c in self.centres.items()},
+            "counts": self.counts.clone(),
+            "distortion": self.distortion.clone(),
+            "objective": self.objective,
+            "total_distortion": self.total_distortion,
+            "window": {
+                "counts": self._window_counts.clone(),
+                "distortion": self._window_distortion.clone(),
+                "sums": {n: s.clone() for n, s in self._sums.items()},
+            },
+            "assignments": {
+                "sample_ids": torch.tensor(ids, dtype=torch.long),
+                "clusters": torch.tensor([self._assignments[i] for i in ids], dtype=torch.long),
+            },
+            "generator": self._generator.get_state(),
+            "counters": {"steps": self.steps, "updates": self.updates, "reseeds": self.reseeds},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`; the clustering continues exactly as the saved one would."""
+        saved = (state["num_clusters"], state["mode"], state["layers"])
+        if saved != (self.num_clusters, self.mode, self.layers):
+            raise ValueError(f"checkpoint is for (K, mode, layers) = {saved}")
+        device = self.counts.device
+        self.centres = {
+            n: RankOneCentres(c["d"].to(self._weights[n], copy=True), c["c"].to(self._weights[n], copy=True))
+            for n, c in state["centres"].items()
+        }
+        self.counts = state["counts"].to(device, torch.float64, copy=True)
+        self.distortion = state["distortion"].to(device, torch.float64, copy=True)
+        self.objective, self.total_distortion = state["objective"], state["total_distortion"]
+        counters = state["counters"]
+        self.steps, self.updates, self.reseeds = counters["steps"], counters["updates"], counters["reseeds"]
+        window = state["window"]
+        self._window_counts = window["counts"].to(device, torch.float64, copy=True)
+        self._window_distortion = window["distortion"].to(device, torch.float64, copy=True)
+        self._sums = {n: s.to(self._weights[n], copy=True) for n, s in window["sums"].items()}
+        ids, clusters = state["assignments"]["sample_ids"], state["assignments"]["clusters"]
+        self._assignments = dict(zip(ids.tolist(), clusters.tolist()))
+        self._generator.set_state(state["generator"])
+        if self.centres:
+            self._centres_changed()
