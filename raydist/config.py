@@ -118,6 +118,21 @@ class EvalSection(_Section):
     recall_at: list[int] = Field(default_factory=lambda: [1, 2, 4, 8])  # labels: Recall@K values reported
 
 
+class GCSection(_Section):
+    """Gradient clustering (Faghri et al. 2020): per-layer rank-1 cluster statistics of per-example gradients,
+    sharded over workers. Needs an in-memory train split; the labels task's cross-entropy is the exact
+    setting, ranking/metric losses use each row's contribution (a heuristic)."""
+
+    measure: bool = False  # GC statistics + the variance meter; training batches untouched
+    sample: bool = False  # train on GC-stratified batches with unbiased weights (implies measure)
+    num_clusters: int = Field(10, ge=1)
+    mode: Literal["online", "batch"] = "online"
+    update_every: int = Field(10, ge=1)  # online mode: steps between U-steps
+    reassign_every: int = Field(1, ge=0)  # epochs between full reassignment passes over the shard (0 = never)
+    log_every: int = Field(50, ge=1)  # steps between variance measurements
+    variance_batches: int = Field(10, ge=2)  # T extra mini-batches (from a separate stream) per measurement
+
+
 class DebugSection(_Section):
     """Fault injection for tests and chaos drills (a hook outside the training loop, off by default)."""
 
@@ -133,6 +148,7 @@ class Config(_Section):
     loss: LossSection = Field(default_factory=LossSection)
     train: TrainSection = Field(default_factory=TrainSection)
     eval: EvalSection = Field(default_factory=EvalSection)
+    gc: GCSection = Field(default_factory=GCSection)
     debug: DebugSection = Field(default_factory=DebugSection)
 
     def to_dict(self) -> dict[str, Any]:

@@ -73,12 +73,14 @@ class Encoded:
 
 @dataclass(frozen=True)
 class StepContext:
-    """Where the loop is: epoch (0-based), global step, rank and world size."""
+    """Where the loop is: epoch (0-based), global step, rank and world size; during a step, its batch
+    (tensors on the device) for hooks that need the rows (e.g. their sample ids)."""
 
     epoch: int
     global_step: int
     rank: int
     world: int
+    batch: dict[str, Tensor] | None = None
 
 
 class Task(ABC):
@@ -89,6 +91,7 @@ class Task(ABC):
     columns: ClassVar[tuple[str, ...]]  # shard columns read for training
     primary_metric: ClassVar[str]  # validation metric that picks the best checkpoint (higher is better)
     gathers: ClassVar[bool] = True  # whether the loss needs the global batch of all workers
+    per_example_losses: ClassVar[bool] = False  # the loss is a mean of per-example terms (row_losses)
 
     def __init__(self, cfg: Config, info: DataInfo) -> None:
         self.cfg, self.info = cfg, info
@@ -120,6 +123,16 @@ class Task(ABC):
     @abstractmethod
     def evaluate(self, model: nn.Module, split: str, device: torch.device | str = "cpu") -> dict[str, float]:
         """Metrics of ``model`` on a split of ``info.data_dir`` (clean labels where there are any)."""
+
+    def row_losses(self, model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
+        """Per-example losses [B] whose mean is the training loss (tasks with ``per_example_losses``)."""
+        raise NotImplementedError(f"task {self.name!r} has no per-example losses")
+
+    def row_loss_scale(self, batch_rows: int) -> float:
+        """s such that the backpropagated loss is ``s · Σ_i c_i`` over this rank's row contributions c_i:
+        1/B for a mean over rows; 1 for losses that are not sums over rows (each row's contribution is then
+        the gradient that flows through its activations, and the contributions sum to the batch gradient)."""
+        return 1.0
 
     def phase(self, epoch: int) -> str | None:
         """The loss phase of an epoch when a task switches losses (shown in progress and history)."""

@@ -1,0 +1,147 @@
+"""Gradient clustering in the training loop: a hook that captures layer statistics during training steps,
+runs reassignment passes over the worker's shard, measures SGD vs GC gradient variance, and (``gc.sample``)
+replaces the epoch's batches by GC-stratified batches with unbiased weights."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from raydist.checkpoint import StateRegistry
+from raydist.config import Config, ConfigError
+from raydist.gradclust.clustering import GradientClustering
+from raydist.gradclust.layers import unsupported_layers
+from raydist.gradclust.sampler import StratifiedSampler
+from raydist.gradclust.variance import measure_gradient_variance
+from raydist.tasks import StepContext, Task, to_tensors
+from raydist.train.hooks import Hook
+
+Batch = dict[str, np.ndarray]
+
+
+class ShardRows(Sequence):
+    """Rows of a worker's in-memory shard as dicts of tensors (the variance meter's dataset)."""
+
+    def __init__(self, arrays: Batch) -> None:
+        self.arrays = {k: v for k, v in arrays.items() if v.dtype != object}
+        self.n = len(next(iter(self.arrays.values())))
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict[str, Tensor]:  # type: ignore[override]
+        return {k: torch.as_tensor(np.asarray(v[i])) for k, v in self.arrays.items()}
+
+
+def worker_shard(arrays: Batch, *, rank: int, world: int, seed: int) -> Batch:
+    """This worker's fixed shard for GC: rows ``perm[rank::world]`` of a seeded permutation, cut to
+    ``N // world`` rows so every worker holds the same count."""
+    n = len(next(iter(arrays.values())))
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 7919 + 11)).numpy()
+    rows = perm[rank::world][: n // world]
+    return {k: v[rows] for k, v in arrays.items()}
+
+
+class GradientClusteringHook(Hook):
+    """``gc.measure``: statistics from every training step (the task's loss backpropagated as a sum of
+    per-row contributions, ``loss_scale`` from :meth:`Task.row_loss_scale`), a reassignment pass over the
+    shard every ``gc.reassign_every`` epochs, and every ``gc.log_every`` steps the variance meter
+    (T = ``gc.variance_batches`` extra batches from its own generator; tasks with per-example losses).
+    ``gc.sample``: the epoch's batches are drawn by :class:`StratifiedSampler` over the shard's clusters,
+    with weights ``w_i = N_k / (N·b_k) · B`` fed to the loss; statistics then come from the reassignment
+    passes only (the training gradients are weighted)."""
+
+    def __init__(self, cfg: Config, task: Task, arrays: Batch | None, *, rank: int, world: int, rows: int,
+                 device: Any = "cpu") -> None:  # fmt: skip
+        if arrays is None:
+            raise ConfigError("gradient clustering (gc.measure / gc.sample) needs an in-memory train split: "
+                              "raise data.in_memory_max_mb")  # fmt: skip
+        if cfg.gc.sample and not task.per_example_losses:
+            raise ConfigError(f"gc.sample needs a loss that is a sum of per-example terms; task {task.name!r} "
+                              f"with its loss is not (use gc.measure)")  # fmt: skip
+        self.cfg, self.task, self.rank, self.rows, self.device = cfg, task, rank, rows, device
+        self.shard = worker_shard(arrays, rank=rank, world=world, seed=cfg.train.seed)
+        self.shard_ids = torch.as_tensor(self.shard["sample_id"])
+        self.meter_generator = torch.Generator().manual_seed(cfg.train.seed * 104729 + rank)
+        self.measurements: list[dict[str, float]] = []
+        self.gc: GradientClustering | None = None
+        self.model: nn.Module | None = None
+
+    def setup(self, model: nn.Module, registry: StateRegistry) -> None:
+        g = self.cfg.gc
+        self.model = model
+        self.gc = GradientClustering(model, g.num_clusters, mode=g.mode, update_every=g.update_every,
+                                     seed=self.cfg.train.seed)  # fmt: skip
+        registry.register("gradclust", self.gc)
+        if self.rank == 0:
+            skipped = ", ".join(f"{name} ({why})" for name, why in unsupported_layers(model)) or "none"
+            sys.stdout.write(f"[raydist] gradient clustering over {len(self.gc.layers)} layers; excluded: "
+                             f"{skipped}\n")  # fmt: skip
+
+    def forward_context(self, ctx: StepContext) -> AbstractContextManager[Any]:
+        return nullcontext() if self.cfg.gc.sample else self.gc.capture()
+
+    def after_backward(self, ctx: StepContext, model: nn.Module) -> None:
+        if self.cfg.gc.sample:
+            return
+        batch = ctx.batch
+        self.gc.after_backward(batch["sample_id"].cpu(), loss_scale=self.task.row_loss_scale(len(batch["sample_id"])))
+        if self.rank == 0 and self.task.per_example_losses and ctx.global_step % self.cfg.gc.log_every == 0:
+            self._measure()
+
+    def wrap_batches(self, epoch: int, batches: Iterable[Batch]) -> Iterable[Batch]:
+        if not self.cfg.gc.sample:
+            return batches
+        return self._stratified(epoch)
+
+    def end_of_epoch(self, ctx: StepContext, model: nn.Module, metrics: dict[str, Any]) -> None:
+        every = self.cfg.gc.reassign_every
+        if every and (ctx.epoch + 1) % every == 0 and self.task.per_example_losses:
+            self._reassign()
+        if self.cfg.gc.sample and self.rank == 0 and self.task.per_example_losses:
+            self._measure()
+        metrics["gc/distortion"] = float(self.gc.total_distortion)
+        if self.measurements:
+            for key in self.measurements[0]:
+                metrics[key] = float(np.mean([m[key] for m in self.measurements]))
+            self.measurements = []
+
+    def _stratified(self, epoch: int) -> Iterator[Batch]:
+        """One epoch of stratified batches over the shard (clusters from the last reassignment)."""
+        strata = self.gc.assignments(self.shard_ids) if self.gc.centres else torch.zeros_like(self.shard_ids)
+        sampler = StratifiedSampler(strata, self.rows, seed=self.cfg.train.seed, dtype=torch.float32)
+        sampler.set_epoch(epoch)
+        for draw in sampler:
+            idx = draw.indices.numpy()
+            yield {**{k: v[idx] for k, v in self.shard.items()}, "weight": draw.weights.numpy()}
+
+    def _reassign(self) -> None:
+        """A full pass over the shard without a parameter update: statistics and assignments of every row
+        (every worker runs the same number of chunks, so the U-step all-reduces line up)."""
+        model = self.model
+        params = [p for p in model.parameters() if p.requires_grad]
+        for start in range(0, len(self.shard_ids) - self.rows + 1, self.rows):
+            chunk = to_tensors({k: v[start : start + self.rows] for k, v in self.shard.items()}, self.device)
+            with self.gc.capture():
+                loss = self.task.row_losses(model, chunk).sum()
+            # autograd.grad drives the backward (the layer hooks see every output gradient) without
+            # accumulating into .grad, so neither the optimizer nor DDP's gradient hooks see this pass
+            torch.autograd.grad(loss, params, allow_unused=True)
+            self.gc.after_backward(chunk["sample_id"].cpu())
+        if self.cfg.gc.mode == "batch":
+            self.gc.update()
+
+    def _measure(self) -> None:
+        """SGD vs GC variance of this worker's mini-batch gradients (rank 0; training untouched)."""
+        if not self.gc.centres:
+            return
+        self.measurements.append(measure_gradient_variance(
+            self.model, self.task.row_losses, ShardRows(self.shard), self.gc, batch_size=self.rows,
+            num_batches=self.cfg.gc.variance_batches, generator=self.meter_generator, sample_ids=self.shard_ids,
+        ))  # fmt: skip
