@@ -76,11 +76,43 @@ def test_vsepp_row_count_mismatch_names_files_and_counts(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_vsepp_per_caption_rows_must_repeat(tmp_path):
-    _precomp(tmp_path / "src", True)
-    np.save(tmp_path / "src" / "test_ims.npy", np.arange(12, dtype=np.float32).reshape(4, 3))
-    with pytest.raises(RaydistDataError, match=r"test_ims.npy: .*rows 0..1 should repeat .* row 1 differs"):
+def test_vsepp_inconsistent_counts_name_what_would_fit(tmp_path):
+    _precomp(tmp_path / "src", False)
+    np.save(tmp_path / "src" / "dev_ims.npy", np.zeros((3, 3), np.float32))
+    (tmp_path / "src" / "dev_caps.txt").write_text("".join(f"caption {k}\n" for k in range(5)))
+    with pytest.raises(RaydistDataError, match=r"dev_ims.npy has 3 rows but .*dev_caps.txt has 5 captions: expected "
+                                               r"5 rows \(one per caption; not a multiple of captions_per_image=2\)$"):
         convert_vsepp_precomp(tmp_path / "src", tmp_path / "out", captions_per_image=CPI)
+    (tmp_path / "src" / "dev_caps.txt").write_text("".join(f"caption {k}\n" for k in range(9)))
+    with pytest.raises(RaydistDataError, match=r"has 9 captions: .*; captions_per_image=3 would fit"):
+        convert_vsepp_precomp(tmp_path / "src", tmp_path / "out", captions_per_image=CPI)
+
+
+def test_vsepp_per_caption_rows_repeat_in_every_group_or_none(tmp_path):
+    _precomp(tmp_path / "src", True)
+    a, b, c = np.eye(3, dtype=np.float32)
+    np.save(tmp_path / "src" / "test_ims.npy", np.stack([a, a, b, c]))  # group 0 repeats, group 1 does not
+    with pytest.raises(RaydistDataError, match=r"test_ims.npy: .*rows 0..1 repeat one image's features .* but row "
+                                               r"3 differs from row 2 \(wrong captions_per_image\?\)"):
+        convert_vsepp_precomp(tmp_path / "src", tmp_path / "out", captions_per_image=CPI)
+
+
+@pytest.mark.parametrize("n", [3, 4])  # 3: not a multiple of CPI (the reported case); 4: rows that do not repeat
+def test_vsepp_one_caption_per_image_is_inferred(tmp_path, n):
+    expected = _precomp(tmp_path / "src", False)
+    ims = np.random.default_rng(1).normal(size=(n, 3)).astype(np.float32)
+    np.save(tmp_path / "src" / "dev_ims.npy", ims)
+    (tmp_path / "src" / "dev_caps.txt").write_text("".join(f"dev image {k} only caption\n" for k in range(n)))
+    out = convert_vsepp_precomp(tmp_path / "src", tmp_path / "out", captions_per_image=CPI, min_count=1)
+    assert validate_dataset(out).ok
+    image_ids, _, feats, caps = split_arrays(out, "val")
+    n_train = len(expected["train"][0])
+    np.testing.assert_array_equal(image_ids, n_train + np.arange(n))  # one image per caption, ids after train
+    np.testing.assert_array_equal(feats, ims)
+    assert caps == [f"dev image {k} only caption" for k in range(n)]
+    test_ids = split_arrays(out, "test")[0]
+    np.testing.assert_array_equal(test_ids, n_train + n + np.arange(len(test_ids)) // CPI)
+    assert load_manifest(out).source["captions_per_image_by_split"] == {"train": CPI, "val": 1, "test": CPI}
 
 
 def test_vsepp_empty_caption_line(tmp_path):

@@ -16,7 +16,7 @@ from raydist.data import (
     split_arrays,
     validate_dataset,
 )
-from raydist.data.synthetic import ATTRIBUTES, DEFAULTS
+from raydist.data.synthetic import ATTRIBUTES, DEFAULTS, split_sizes
 
 SMALL = {"images": 400, "val_images": 8, "test_images": 200, "dim": 64}
 
@@ -53,6 +53,17 @@ def test_shape_ids_and_near_duplicate_structure(tmp_path):
                  if objects[i] == objects[j] and colours[i] == colours[j])
     assert shared >= 4
     assert np.isfinite(feats).all() and (feats >= 0).all()  # ReLU features
+
+
+def test_val_and_test_scale_with_the_train_images_unless_given(tmp_path):
+    assert split_sizes(DEFAULTS["images"], None, None) == (DEFAULTS["val_images"], DEFAULTS["test_images"])
+    assert split_sizes(600, None, None) == (100, 200)
+    assert split_sizes(5, None, None) == (1, 1)
+    assert split_sizes(600, 7, None) == (7, 200) and split_sizes(600, None, 0) == (100, 0)
+    out = make_synthetic(tmp_path / "ds", images=60, captions_per_image=1, dim=4)
+    manifest = load_manifest(out)
+    assert [manifest.splits[s].images for s in ("train", "val", "test")] == [60, 10, 20]
+    assert (manifest.source["val_images"], manifest.source["test_images"]) == (10, 20)
 
 
 def _bag_of_words(captions, vocab):

@@ -42,28 +42,50 @@ def _read_captions(path: Path) -> list[str]:
     return [line.strip() for line in lines]
 
 
-def _image_of_caption(ims: np.ndarray, n_caps: int, cpi: int, ims_path: Path, caps_path: Path) -> np.ndarray:
-    """Row of ``ims`` holding each caption's image, for either VSE++ layout (see convert_vsepp_precomp)."""
+def _image_of_caption(
+    ims: np.ndarray, n_caps: int, cpi: int, ims_path: Path, caps_path: Path
+) -> tuple[np.ndarray, int]:
+    """Row of ``ims`` holding each caption's image, and the split's captions per image, for the VSE++
+    layouts (see convert_vsepp_precomp)."""
     n_ims = ims.shape[0]
     if n_ims * cpi == n_caps:
-        return np.arange(n_caps) // cpi
-    if n_ims == n_caps and n_caps % cpi == 0:
-        for start in range(0, n_caps, cpi * 1024):  # blocks of 1024 images, bounded memory
-            block = np.asarray(ims[start:start + cpi * 1024])
-            block = block.reshape(-1, cpi, block.shape[1])
-            differs = np.flatnonzero((block != block[:, :1]).any(axis=2).reshape(-1))
-            if len(differs):
-                row = start + int(differs[0])
-                first = row - row % cpi
-                raise RaydistDataError(
-                    f"{ims_path}: has one row per caption ({n_ims} rows = lines of {caps_path.name}), so rows "
-                    f"{first}..{first + cpi - 1} should repeat the features of image {first // cpi}, but row "
-                    f"{row} differs from row {first} (wrong captions_per_image={cpi}?)")
-        return np.arange(n_caps) - np.arange(n_caps) % cpi
-    expected = str(n_caps // cpi) if n_caps % cpi == 0 else f"{n_caps}/{cpi} (not a whole number)"
+        return np.arange(n_caps) // cpi, cpi
+    if n_ims == n_caps:
+        if n_caps % cpi == 0 and _rows_repeat(ims, cpi, ims_path, caps_path):
+            return np.arange(n_caps) - np.arange(n_caps) % cpi, cpi
+        return np.arange(n_caps), 1
+    if n_caps % cpi == 0:
+        expected = (f"{n_caps // cpi} rows (one per image, captions_per_image={cpi}) "
+                    f"or {n_caps} (one per caption)")  # fmt: skip
+    else:  # only one row per caption line can fit
+        expected = f"{n_caps} rows (one per caption; not a multiple of captions_per_image={cpi})"
+    fits = f"; captions_per_image={n_caps // n_ims} would fit" if n_ims and n_caps % n_ims == 0 else ""
     raise RaydistDataError(
-        f"{ims_path} has {n_ims} rows but {caps_path} has {n_caps} captions: expected {expected} rows "
-        f"(one per image, captions_per_image={cpi}) or {n_caps} (one per caption)")
+        f"{ims_path} has {n_ims} rows but {caps_path} has {n_caps} captions: expected {expected}{fits}")
+
+
+def _rows_repeat(ims: np.ndarray, cpi: int, ims_path: Path, caps_path: Path) -> bool:
+    """With one row per caption line: True when every group of ``cpi`` rows repeats one image's features
+    (VSE++'s per-caption layout), False when no group does (one caption per image); some groups repeating
+    and others not is an error."""
+    repeating = differing = None  # first repeating group, first row that differs from its group's first
+    for start in range(0, ims.shape[0], cpi * 1024):  # blocks of 1024 groups, bounded memory
+        block = np.asarray(ims[start : start + cpi * 1024])
+        block = block.reshape(-1, cpi, block.shape[1])
+        same = (block == block[:, :1]).all(axis=2)  # [groups, cpi]: row equals its group's first row
+        group_same = same.all(axis=1)
+        if repeating is None and group_same.any():
+            repeating = start // cpi + int(np.argmax(group_same))
+        if differing is None and not group_same.all():
+            differing = start + int(np.argmin(same.reshape(-1)))
+        if repeating is not None and differing is not None:
+            first = repeating * cpi
+            raise RaydistDataError(
+                f"{ims_path}: has one row per line of {caps_path.name} ({ims.shape[0]} rows) and rows "
+                f"{first}..{first + cpi - 1} repeat one image's features (one row per caption, "
+                f"captions_per_image={cpi}), but row {differing} differs from row "
+                f"{differing - differing % cpi} (wrong captions_per_image?)")  # fmt: skip
+    return repeating is not None
 
 
 def convert_vsepp_precomp(
@@ -81,8 +103,10 @@ def convert_vsepp_precomp(
     ``splits`` maps raydist split → file prefix (default ``train``/``dev``/``test``; e.g. ``testall``
     for the 5K COCO test). Caption k belongs to image k // captions_per_image. The image array has
     either one row per image or one row per caption (identical rows repeated captions_per_image
-    times, as in some VSE++ files); any other row count is an error naming both files. Image ids are
-    made unique over the dataset: train images come first, then val, then test.
+    times, as in some VSE++ files). As many rows as captions whose rows do not repeat in groups of
+    captions_per_image mean one caption per image (that split gets captions_per_image 1; the manifest's
+    ``source`` records each split's value). Any other row count is an error naming both files. Image ids
+    are made unique over the dataset: train images come first, then val, then test.
     Returns ``out``.
     """
     src, prefixes = Path(src), dict(splits or VSEPP_SPLITS)
@@ -97,19 +121,21 @@ def convert_vsepp_precomp(
             if not path.is_file():
                 raise RaydistDataError(f"{path}: missing (needed for split {split!r})")
         ims, caps = _load_features(ims_path), _read_captions(caps_path)
-        loaded[split] = (ims, caps, _image_of_caption(ims, len(caps), captions_per_image, ims_path, caps_path))
+        rows, cpi = _image_of_caption(ims, len(caps), captions_per_image, ims_path, caps_path)
+        loaded[split] = (ims, caps, rows, cpi)
     source: dict[str, Any] = {"converter": "vsepp_precomp", "src": str(src.resolve()),
                               "captions_per_image": captions_per_image, "min_count": min_count,
-                              "files": {s: prefixes[s] for s in SPLITS}}
+                              "files": {s: prefixes[s] for s in SPLITS},
+                              "captions_per_image_by_split": {s: loaded[s][3] for s in SPLITS}}
     with DatasetWriter(out, rows_per_shard=rows_per_shard, source=source, overwrite=overwrite) as writer:
         writer.vocab = Vocab.build(loaded["train"][1], min_count)
         first_image = first_sample = 0
         for split in SPLITS:
-            ims, caps, rows = loaded[split]
-            local_image = np.arange(len(caps)) // captions_per_image
+            ims, caps, rows, cpi = loaded[split]
+            local_image = np.arange(len(caps)) // cpi
             writer.add_split(split, first_image + local_image, first_sample + np.arange(len(caps)), ims, caps,
                              feature_index=rows)
-            first_image += len(caps) // captions_per_image
+            first_image += len(caps) // cpi
             first_sample += len(caps)
     return Path(out)
 

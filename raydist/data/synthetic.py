@@ -80,15 +80,17 @@ TEMPLATES = (
 
 _ARTICLE = re.compile(r"\ba (?=[aeiou])")
 
+# the default dataset's arguments; its val/test sizes follow the proportional rule of split_sizes
 DEFAULTS = {"images": 3000, "captions_per_image": 5, "dim": 128, "seed": 0, "val_images": 500, "test_images": 1000}
+VAL_PER_TRAIN, TEST_PER_TRAIN = 6, 3  # val_images = images // 6, test_images = images // 3 unless given
 
 
 def _draw_combinations(rng: np.random.Generator, counts: list[int]) -> list[np.ndarray]:
     """Per split, ``[n, 5]`` attribute value indices in groups of GROUP_SIZE, unique over all splits."""
     sizes = np.array([len(ATTRIBUTES[a]) for a in NAMES])
     if sum(counts) > 0.5 * np.prod(sizes):
-        raise RaydistDataError(f"{sum(counts)} images need too many of the {np.prod(sizes)} attribute "
-                               "combinations; use fewer images")
+        raise RaydistDataError(f"{sum(counts)} images (train, val, test: {', '.join(map(str, counts))}) need "
+                               f"too many of the {np.prod(sizes)} attribute combinations; use fewer images")
     used: set[tuple[int, ...]] = set()
     out = []
     for n in counts:
@@ -145,6 +147,14 @@ def _caption(r: random.Random, combo: np.ndarray) -> str:
     return _ARTICLE.sub("an ", " ".join(text.split()))
 
 
+def split_sizes(images: int, val_images: int | None, test_images: int | None) -> tuple[int, int]:
+    """Val and test images: as given, else proportional to the train images, ``images // 6`` val and
+    ``images // 3`` test (at least 1 each; the default 3000 train images give 500 and 1000)."""
+    val = max(images // VAL_PER_TRAIN, 1) if val_images is None else val_images
+    test = max(images // TEST_PER_TRAIN, 1) if test_images is None else test_images
+    return val, test
+
+
 def make_synthetic(
     out_dir: str | Path,
     *,
@@ -152,16 +162,19 @@ def make_synthetic(
     captions_per_image: int = DEFAULTS["captions_per_image"],
     dim: int = DEFAULTS["dim"],
     seed: int = DEFAULTS["seed"],
-    val_images: int = DEFAULTS["val_images"],
-    test_images: int = DEFAULTS["test_images"],
+    val_images: int | None = None,
+    test_images: int | None = None,
     min_count: int = 1,
     rows_per_shard: int | None = None,
     overwrite: bool = False,
 ) -> Path:
     """Generate the synthetic dataset (``images`` train images, one row per caption) into ``out_dir``.
 
-    Deterministic: the same arguments give byte-identical shards and manifest. Returns ``out_dir``.
+    ``val_images``/``test_images`` None: proportional to ``images`` (:func:`split_sizes`). Deterministic:
+    the same arguments give byte-identical shards and manifest (it records the val/test sizes used).
+    Returns ``out_dir``.
     """
+    val_images, test_images = split_sizes(images, val_images, test_images)
     if min(images, val_images, test_images, captions_per_image, dim) < 1:
         raise RaydistDataError("images, val_images, test_images, captions_per_image and dim must be >= 1")
     args = {"images": images, "captions_per_image": captions_per_image, "dim": dim, "seed": seed,
@@ -209,7 +222,7 @@ def ensure_default_dataset() -> Path:
         return final
     tmp = final.with_name(f".{final.name}.build-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
-        make_synthetic(tmp)
+        make_synthetic(tmp, **DEFAULTS)
         try:
             os.rename(tmp, final)
         except OSError:

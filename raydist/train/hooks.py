@@ -1,6 +1,6 @@
 """Loop hooks: the only way optional machinery joins the training loop. A hook may register state for
-checkpoints (``setup``), act before a step, after backward (gradient statistics), and at the end of an
-epoch (evaluation)."""
+checkpoints (``setup``), act before a step, after backward (gradient statistics), after the optimizer step
+(tracking), and at the end of an epoch (evaluation)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,9 @@ class Hook:
     def after_backward(self, ctx: StepContext, model: nn.Module) -> None:
         """Called after backward, before gradient clipping and the optimizer step (gradients in place)."""
 
+    def after_step(self, ctx: StepContext, loss: float, stats: dict[str, float]) -> None:
+        """Called after the optimizer step with this rank's loss value and the step's statistics."""
+
     def end_of_epoch(self, ctx: StepContext, model: nn.Module, metrics: dict[str, Any]) -> None:
         """Called after each epoch on every rank; may add entries to ``metrics``."""
 
@@ -43,12 +46,15 @@ class ValidationHook(Hook):
         metrics.update({f"val/{k}": v for k, v in self.task.evaluate(inner, "val", self.device).items()})
 
 
-def build_hooks(cfg: Config, task: Task, device: Any, marker_dir: str | None) -> list[Hook]:
-    """The hooks of a run: validation, plus fault injection when ``debug.fail_at_step`` asks for it."""
+def build_hooks(cfg: Config, task: Task, device: Any, run_dir: str | None) -> list[Hook]:
+    """The hooks of a run: validation, plus fault injection when ``debug.fail_at_step`` asks for it, and
+    tracking last (it logs the metrics the others add). ``run_dir``: the local run folder, None on remote
+    storage."""
     from raydist.train.faults import FailAtStep
+    from raydist.train.tracking import TrackingHook
 
     hooks: list[Hook] = [ValidationHook(task, device)]
     if cfg.debug.fail_at_step >= 0:
-        marker = marker_dir or tempfile.gettempdir()
+        marker = run_dir or tempfile.gettempdir()
         hooks.insert(0, FailAtStep(cfg.debug.fail_at_step, cfg.debug.fail_rank, marker))
-    return hooks
+    return [*hooks, TrackingHook(cfg, run_dir)]

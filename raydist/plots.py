@@ -1,0 +1,242 @@
+"""PNG plots of a run folder (history.json, steps.jsonl) and of a Tune sweep folder (each trial's best
+metric against its searched values). matplotlib is imported only when plotting and renders with Agg,
+without pyplot, so no global backend is touched."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+HISTORY_FILE = "history.json"
+STEPS_FILE = "steps.jsonl"  # per-step lines written by raydist.train.tracking.TrackingHook
+PLOTS_DIR = "plots"
+NEGATIVE_STATS = ("neg/hardest_sim", "neg/remote_hardest_frac")
+SWITCH_LABEL = "SH → MH"
+Series = tuple[list[float], list[float]]
+
+
+def load_run(run_dir: str | Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The per-epoch history and the logged steps of a run folder (either may be missing, not both)."""
+    run_dir = Path(run_dir)
+    history_path, steps_path = run_dir / HISTORY_FILE, run_dir / STEPS_FILE
+    if not history_path.is_file() and not steps_path.is_file():
+        raise FileNotFoundError(f"{run_dir}: neither {HISTORY_FILE} nor {STEPS_FILE} to plot")
+    history = json.loads(history_path.read_text()) if history_path.is_file() else []
+    lines = steps_path.read_text().splitlines() if steps_path.is_file() else []
+    return history, [json.loads(line) for line in lines if line.strip()]
+
+
+def phase_switch_step(history: list[dict[str, Any]]) -> int | None:
+    """Global step (counted from 1) that starts the first MH epoch following an SH epoch, or None."""
+    for before, after in itertools.pairwise(history):
+        if before.get("phase") == "SH" and after.get("phase") == "MH":
+            return int(before["step"]) + 1
+    return None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _series(history: list[dict[str, Any]], steps: list[dict[str, Any]], stat: str | None) -> Series:
+    """Values against the global step: the per-step loss (``stat`` None) or step statistic from
+    steps.jsonl, else the epoch means of history.json (``train/loss``, ``train/<stat>``)."""
+    from_steps = [(s["step"], s["loss"] if stat is None else s["stats"].get(stat)) for s in steps]
+    points = [(x, y) for x, y in from_steps if _number(y)]
+    if not points:
+        key = "train/loss" if stat is None else f"train/{stat}"
+        points = [(h["step"], h[key]) for h in history if _number(h.get(key))]
+    return [float(x) for x, _ in points], [float(y) for _, y in points]
+
+
+def _figure(panels: int, height: float = 3.5) -> tuple[Any, list[Any]]:
+    """A Figure on an Agg canvas with ``panels`` side-by-side axes."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5 * panels, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, list(fig.subplots(1, panels, squeeze=False)[0])
+
+
+def _mark_switch(ax: Any, x: float | None) -> None:
+    if x is not None:
+        ax.axvline(x, color="tab:red", linestyle="--", linewidth=1, label=SWITCH_LABEL)
+
+
+def loss_figure(history: list[dict[str, Any]], steps: list[dict[str, Any]]) -> Any:
+    """Train loss per logged step (log scale: SH and MH losses differ by about the batch size), epoch means
+    as dots, the SH → MH switch as a dashed line at its first step. None without any loss."""
+    x, y = _series(history, steps, None)
+    if not x:
+        return None
+    fig, (ax,) = _figure(1, height=4)
+    ax.plot(x, y, linewidth=1, label="loss (logged steps)" if steps else "loss (epoch mean)")
+    means = [(h["step"], h["train/loss"]) for h in history if _number(h.get("train/loss"))]
+    if steps and means:
+        ax.plot([s for s, _ in means], [v for _, v in means], "o", label="epoch mean")
+    if min(y) > 0:
+        ax.set_yscale("log")
+    _mark_switch(ax, phase_switch_step(history))
+    ax.set(xlabel="global step", ylabel="train loss", title="training loss")
+    ax.legend()
+    return fig
+
+
+def _val_group(name: str) -> tuple[int, str]:
+    """Panel of a validation metric, as (position, title): rsum first, then by direction prefix
+    (``i2t_r1`` → "i2t"; unprefixed label metrics such as top1, r1, nmi share "metrics"), ranks last."""
+    if name == "rsum":
+        return 0, "rsum"
+    if name.endswith(("medr", "meanr")):
+        return 2, "rank (lower is better)"
+    direction, _, _ = name.rpartition("_")
+    return 1, direction or "metrics"
+
+
+def _natural(name: str) -> list[Any]:
+    """Sort key that puts r5 before r10."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def val_figure(history: list[dict[str, Any]]) -> Any:
+    """Every ``val/*`` metric per epoch, one panel per group (:func:`_val_group`); the first MH epoch is
+    marked half an epoch before its point. None without validation metrics."""
+    names = {k[4:] for h in history for k, v in h.items() if k.startswith("val/") and _number(v)}
+    if not names:
+        return None
+    groups: dict[tuple[int, str], list[str]] = {}
+    for name in sorted(names, key=_natural):
+        groups.setdefault(_val_group(name), []).append(name)
+    switch = phase_switch_step(history)
+    first_mh = next(h["epoch"] for h in history if h["step"] >= switch) if switch else None
+    fig, axes = _figure(len(groups))
+    for ax, group in zip(axes, sorted(groups)):
+        for name in groups[group]:
+            points = [(h["epoch"], h[f"val/{name}"]) for h in history if _number(h.get(f"val/{name}"))]
+            ax.plot([e for e, _ in points], [v for _, v in points], "o-", label=name)
+        _mark_switch(ax, None if first_mh is None else first_mh - 0.5)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set(xlabel="epoch", title=f"val {group[1]}")
+        ax.legend(fontsize="small")
+    return fig
+
+
+def negatives_figure(history: list[dict[str, Any]], steps: list[dict[str, Any]]) -> Any:
+    """Hardest-negative similarity and the fraction of hardest negatives owned by another rank, per logged
+    step (else per epoch). None when the run logged neither (SH only, or the labels task)."""
+    series = {stat: _series(history, steps, stat) for stat in NEGATIVE_STATS}
+    series = {stat: xy for stat, xy in series.items() if xy[0]}
+    if not series:
+        return None
+    fig, axes = _figure(len(series))
+    for ax, (stat, (x, y)) in zip(axes, series.items()):
+        ax.plot(x, y, linewidth=1)
+        _mark_switch(ax, phase_switch_step(history))
+        ax.set(xlabel="global step", title=stat)
+    return fig
+
+
+def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
+    """Write ``loss.png``, ``val.png`` and ``negatives.png`` (those with data) into ``out_dir`` (default:
+    ``<run_dir>/plots``); returns the files written."""
+    history, steps = load_run(run_dir)
+    out = Path(out_dir) if out_dir else Path(run_dir) / PLOTS_DIR
+    figures = {
+        "loss.png": loss_figure(history, steps),
+        "val.png": val_figure(history),
+        "negatives.png": negatives_figure(history, steps),
+    }
+    return _save({name: fig for name, fig in figures.items() if fig is not None}, out)
+
+
+def _save(figures: dict[str, Any], out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, fig in figures.items():
+        fig.savefig(out / name, dpi=100)
+        paths.append(out / name)
+    return paths
+
+
+def _trial_reports(trial: Path) -> list[dict[str, Any]]:
+    """A Tune trial's reports: result.json (one JSON object a line), else progress.csv."""
+    if (trial / "result.json").is_file():
+        lines = (trial / "result.json").read_text().splitlines()
+        return [json.loads(line) for line in lines if line.strip()]
+    if (trial / "progress.csv").is_file():
+        with (trial / "progress.csv").open(newline="") as f:
+            return [{k: _csv_value(v) for k, v in row.items()} for row in csv.DictReader(f)]
+    return []
+
+
+def _csv_value(text: str) -> Any:
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def _sweep_mode(experiment_dir: Path) -> str:
+    """``mode`` of the sweep's space (raydist_sweep.yaml), "max" when the folder has no sweep file."""
+    import yaml
+
+    from raydist.tune.space import parse_space
+    from raydist.tune.sweep import SWEEP_FILE
+
+    path = experiment_dir / SWEEP_FILE
+    if not path.is_file():
+        return "max"
+    saved = yaml.safe_load(path.read_text())
+    return parse_space(saved["space"], name=saved["name"]).mode
+
+
+def sweep_best(
+    experiment_dir: str | Path, metric: str, mode: str | None = None
+) -> list[tuple[dict[str, Any], float]]:
+    """``(searched values, best finite metric)`` of every ``trial_*`` folder that reported ``metric``; the
+    best is the max (or min, per ``mode``, default: the sweep file's)."""
+    experiment_dir = Path(experiment_dir)
+    trials = sorted(p for p in experiment_dir.glob("trial_*") if p.is_dir())
+    if not trials:
+        raise FileNotFoundError(f"{experiment_dir}: no trial_* folders (not a raydist Tune sweep folder)")
+    pick = min if (mode or _sweep_mode(experiment_dir)) == "min" else max
+    rows = []
+    for trial in trials:
+        params = trial / "params.json"
+        values = [r[metric] for r in _trial_reports(trial) if _number(r.get(metric))]
+        if values and params.is_file():
+            rows.append((json.loads(params.read_text()), float(pick(values))))
+    return rows
+
+
+def plot_sweep(
+    experiment_dir: str | Path, metric: str, *, mode: str | None = None, out_dir: str | Path | None = None
+) -> list[Path]:
+    """One scatter per searched key: each trial's best ``metric`` against its value of the key (a log axis
+    for positive numbers spanning ≥ 100×; non-numeric values as categories). Files ``sweep-<key>.png`` in
+    ``out_dir`` (default ``<experiment_dir>/plots``); returns them."""
+    rows = sweep_best(experiment_dir, metric, mode)
+    if not rows:
+        raise ValueError(f"{experiment_dir}: no trial reported a finite {metric!r}")
+    figures = {}
+    for key in sorted({k for values, _ in rows for k in values}):
+        points = [(values[key], best) for values, best in rows if key in values]
+        fig, (ax,) = _figure(1, height=4)
+        xs = [x for x, _ in points]
+        if all(_number(x) for x in xs):
+            ax.scatter(xs, [y for _, y in points])
+            if min(xs) > 0 and max(xs) >= 100 * min(xs):
+                ax.set_xscale("log")
+        else:
+            labels = sorted({str(x) for x in xs})
+            ax.scatter([labels.index(str(x)) for x in xs], [y for _, y in points])
+            ax.set_xticks(range(len(labels)), labels)
+        ax.set(xlabel=key, ylabel=f"best {metric}", title=f"{metric} by {key} ({len(points)} trials)")
+        figures[f"sweep-{re.sub(r'[^A-Za-z0-9_.-]+', '_', key)}.png"] = fig
+    return _save(figures, Path(out_dir) if out_dir else Path(experiment_dir) / PLOTS_DIR)
