@@ -8,6 +8,8 @@ import json
 import sys
 from pathlib import Path
 
+import yaml
+
 from raydist.config import ConfigError, dump_yaml, load_config, parse_overrides, preset_names
 from raydist.console import configure_console
 
@@ -108,6 +110,24 @@ def _retrieval_inputs(args: argparse.Namespace) -> tuple[Path, list[int] | None]
         cfg = load_checkpoint(args.checkpoint)[1]
         dims = sorted({*cfg.model.nesting, cfg.model.embed_dim}) if cfg.model.nesting else None
     return data, dims
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from raydist.plots import plot_run, plot_sweep
+
+    folder = Path(args.run).expanduser().resolve()
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: no such run or sweep folder")
+    if (folder / "raydist_sweep.yaml").is_file():
+        metric = args.metric or yaml.safe_load((folder / "raydist_sweep.yaml").read_text())["space"].get(
+            "metric", "val/rsum"
+        )
+        files = plot_sweep(folder, metric, out_dir=args.out)
+    else:
+        files = plot_run(folder, out_dir=args.out)
+    for path in files:
+        print(f"wrote {path}")
+    return 0 if files else 1
 
 
 def cmd_index(args: argparse.Namespace) -> int:
@@ -299,6 +319,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="write the metrics to this JSON file")
     p.set_defaults(func=cmd_eval)
 
+    p = sub.add_parser("plot", help="PNG plots of a run (loss with the SH→MH switch, validation, negatives) "
+                       "or of a Tune sweep (metric against each searched key)")
+    p.add_argument("run", help="a run folder (with history.json / steps.jsonl) or a sweep's experiment folder")
+    p.add_argument("--metric", help="sweeps: the metric to plot (default: the space file's)")
+    p.add_argument("--out", help="folder for the PNGs (default: RUN/plots)")
+    p.set_defaults(func=cmd_plot)
+
     p = sub.add_parser("index", help="build FAISS indexes of a checkpoint's embeddings at nested dims")
     p.add_argument("--checkpoint", required=True, help="checkpoint folder or run folder (newest checkpoint)")
     p.add_argument("--data", help="dataset folder (default: the dataset the checkpoint was trained on)")
@@ -326,8 +353,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("kind", choices=["synthetic", "synthetic-labels"])
     p.add_argument("--out", required=True)
     p.add_argument("--images", type=int, default=3000, help="synthetic: train images")
-    p.add_argument("--val-images", type=int, default=500)
-    p.add_argument("--test-images", type=int, default=1000)
+    p.add_argument("--val-images", type=int, default=None, help="synthetic: val images (default: images // 6)")
+    p.add_argument("--test-images", type=int, default=None, help="synthetic: test images (default: images // 3)")
     p.add_argument("--captions-per-image", type=int, default=5)
     p.add_argument("--dim", type=int, default=None, help="feature dimension (default 128; labels: 32)")
     p.add_argument("--classes", type=int, default=10, help="synthetic-labels: classes K")

@@ -142,15 +142,33 @@ def negatives_figure(history: list[dict[str, Any]], steps: list[dict[str, Any]])
     return fig
 
 
+def gradient_variance_figure(history: list[dict[str, Any]]) -> Any:
+    """Normalized gradient variance of the SGD and GC mini-batch estimators per epoch (the epoch's mean of
+    the variance meter's measurements) and GC's total distortion. None without gradient clustering."""
+    rows = [m for m in history if "gvar/sgd_nvar" in m]
+    if not rows:
+        return None
+    fig, axes = _figure(2)
+    x = [m["step"] for m in rows]
+    for key, label in (("gvar/sgd_nvar", "SGD"), ("gvar/gc_nvar", "GC (stratified)")):
+        axes[0].plot(x, [m[key] for m in rows], marker="o", label=label)
+    axes[0].set(xlabel="global step", title="normalized gradient variance", yscale="log")
+    axes[0].legend()
+    axes[1].plot(x, [m.get("gvar/gc_distortion", float("nan")) for m in rows], marker="o")
+    axes[1].set(xlabel="global step", title="GC total distortion")
+    return fig
+
+
 def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
-    """Write ``loss.png``, ``val.png`` and ``negatives.png`` (those with data) into ``out_dir`` (default:
-    ``<run_dir>/plots``); returns the files written."""
+    """Write ``loss.png``, ``val.png``, ``negatives.png`` and ``gradient_variance.png`` (those with data)
+    into ``out_dir`` (default: ``<run_dir>/plots``); returns the files written."""
     history, steps = load_run(run_dir)
     out = Path(out_dir) if out_dir else Path(run_dir) / PLOTS_DIR
     figures = {
         "loss.png": loss_figure(history, steps),
         "val.png": val_figure(history),
         "negatives.png": negatives_figure(history, steps),
+        "gradient_variance.png": gradient_variance_figure(history),
     }
     return _save({name: fig for name, fig in figures.items() if fig is not None}, out)
 

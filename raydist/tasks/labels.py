@@ -165,7 +165,7 @@ class LabelsTask(Task):
     def embed_split(self, model: nn.Module, split: str, device: torch.device | str = "cpu"):
         """(embeddings [N, d], logits [N, K], clean labels [N]) of a split."""
         table = read_split(self.info.data_dir, split, verify=False)
-        features = torch.as_tensor(feature_matrix(table.column(IMAGE)))
+        features = torch.tensor(feature_matrix(table.column(IMAGE)))
         labels = table.column(CLEAN_LABEL if CLEAN_LABEL in table.column_names else LABEL).to_numpy()
         was_training = model.training
         model.eval()

@@ -5,8 +5,11 @@ checkpoints (``setup``), act before a step, after backward (gradient statistics)
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Iterable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
+import numpy as np
 from torch import nn
 
 from raydist.checkpoint import StateRegistry
@@ -22,6 +25,15 @@ class Hook:
 
     def before_step(self, ctx: StepContext) -> None:
         """Called before each optimisation step."""
+
+    def wrap_batches(self, epoch: int, batches: Iterable[dict[str, np.ndarray]]) -> Iterable[dict[str, np.ndarray]]:
+        """The epoch's batches as this hook wants them (default: unchanged); every rank must yield the same
+        number of batches."""
+        return batches
+
+    def forward_context(self, ctx: StepContext) -> AbstractContextManager[Any]:
+        """A context around the step's forward pass (``ctx.batch`` holds the batch); default: none."""
+        return nullcontext()
 
     def after_backward(self, ctx: StepContext, model: nn.Module) -> None:
         """Called after backward, before gradient clipping and the optimizer step (gradients in place)."""
@@ -46,14 +58,20 @@ class ValidationHook(Hook):
         metrics.update({f"val/{k}": v for k, v in self.task.evaluate(inner, "val", self.device).items()})
 
 
-def build_hooks(cfg: Config, task: Task, device: Any, run_dir: str | None) -> list[Hook]:
-    """The hooks of a run: validation, plus fault injection when ``debug.fail_at_step`` asks for it, and
-    tracking last (it logs the metrics the others add). ``run_dir``: the local run folder, None on remote
-    storage."""
+def build_hooks(cfg: Config, task: Task, runtime: Any, run_dir: str | None) -> list[Hook]:
+    """The hooks of a run: gradient clustering (``gc.measure`` / ``gc.sample``), validation, fault injection
+    when ``debug.fail_at_step`` asks for it, and tracking last (it logs the metrics the others add).
+    ``runtime``: the loop's runtime (device, rank, world, in-memory ``arrays`` or None, ``plan``);
+    ``run_dir``: the local run folder, None on remote storage."""
     from raydist.train.faults import FailAtStep
     from raydist.train.tracking import TrackingHook
 
-    hooks: list[Hook] = [ValidationHook(task, device)]
+    hooks: list[Hook] = [ValidationHook(task, runtime.device)]
+    if cfg.gc.measure or cfg.gc.sample:
+        from raydist.gradclust.hook import GradientClusteringHook
+
+        hooks.insert(0, GradientClusteringHook(cfg, task, runtime.arrays, rank=runtime.rank, world=runtime.world,
+                                               rows=runtime.plan.rows_per_worker, device=runtime.device))  # fmt: skip
     if cfg.debug.fail_at_step >= 0:
         marker = run_dir or tempfile.gettempdir()
         hooks.insert(0, FailAtStep(cfg.debug.fail_at_step, cfg.debug.fail_rank, marker))

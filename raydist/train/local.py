@@ -34,7 +34,8 @@ class LocalRuntime:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metric, self.keep = f"val/{task.primary_metric}", keep
-        arrays = train_arrays(task.info.data_dir, task.columns, task.transform,
+        self.plan = plan
+        arrays = self.arrays = train_arrays(task.info.data_dir, task.columns, task.transform,
                                   fraction=cfg.data.train_fraction, seed=cfg.train.seed)
         self.batches = InMemoryBatches(arrays, rows=plan.rows_per_worker, rank=0, world=1, seed=cfg.train.seed)
         self.reports: list[dict[str, Any]] = []

@@ -6,10 +6,12 @@ number of times (a report is a barrier under Ray)."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -175,7 +177,10 @@ def run_loop(
             say(f"[raydist] epoch {epoch + 1}/{cfg.train.epochs}: loss phase {phase}")
         t0, seen, loss_sum, n_steps = time.perf_counter(), 0, 0.0, 0
         stat_sums: dict[str, float] = {}
-        for i, batch in enumerate(runtime.train_batches(epoch)):
+        batches = runtime.train_batches(epoch)
+        for hook in hooks:  # a hook may replace the epoch's batches (gradient-clustering sampling)
+            batches = hook.wrap_batches(epoch, batches)
+        for i, batch in enumerate(batches):
             if i < state.step_in_epoch:  # resumed mid-epoch: these steps were done before
                 continue
             ctx = StepContext(epoch, state.global_step, rank, runtime.world)
@@ -260,8 +265,12 @@ def train_step(
 ) -> float:
     """One optimisation step on this worker's rows; returns this rank's loss value."""
     model, optimizer, scaler = parts.model, parts.optimizer, parts.scaler
-    with autocast(cfg.train.amp, device):
-        encoded = task.encode(model, to_tensors(batch, device))
+    tensors = to_tensors(batch, device)
+    ctx = dataclasses.replace(ctx, batch=tensors)
+    with autocast(cfg.train.amp, device), ExitStack() as around_forward:
+        for hook in hooks:
+            around_forward.enter_context(hook.forward_context(ctx))
+        encoded = task.encode(model, tensors)
     # the loss and its hinge arithmetic stay in fp32
     encoded.embeddings = {k: v.float() for k, v in encoded.embeddings.items()}
     gathered = gather_step(encoded.embeddings, encoded.ids, enabled=cfg.loss.gather and task.gathers)

@@ -31,9 +31,10 @@ class RayRuntime:
         self.cfg, self.plan, self._data_dir = cfg, plan, task.info.data_dir
         self._memory: InMemoryBatches | None = None
         self._shard: Any = None
+        self.arrays = None  # the transformed in-memory train split (None when streaming)
         if source == "memory":
-            arrays = train_arrays(task.info.data_dir, task.columns, task.transform,
-                                  fraction=cfg.data.train_fraction, seed=cfg.train.seed)
+            arrays = self.arrays = train_arrays(task.info.data_dir, task.columns, task.transform,
+                                                fraction=cfg.data.train_fraction, seed=cfg.train.seed)
             self._memory = InMemoryBatches(
                 arrays, rows=plan.rows_per_worker, rank=self.rank, world=self.world, seed=cfg.train.seed
             )
@@ -68,11 +69,12 @@ class RayRuntime:
 
 def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any] | None:
     """Ray Train entry point. ``loop_config``: ``cfg`` (nested dict), ``data_dir``, ``source`` ("memory" or
-    "stream"), optional ``resume_from`` (checkpoint folder) and ``marker_dir`` (fault-injection markers)."""
+    "stream"), optional ``resume_from`` (checkpoint folder) and ``run_dir`` (the local run folder: tracking
+    files, fault-injection markers; None on remote storage)."""
     cfg = from_dict(loop_config["cfg"])
     task = build_task(cfg, DataInfo.from_dataset(Path(loop_config["data_dir"])))
     world = ray.train.get_context().get_world_size()
     plan = StepPlan(cfg.train.batch_size, cfg.loss.negative_set_size, world)
     runtime = RayRuntime(cfg, task, plan, loop_config["source"])
-    hooks = build_hooks(cfg, task, runtime.device, loop_config.get("marker_dir"))
+    hooks = build_hooks(cfg, task, runtime, loop_config.get("run_dir"))
     return run_loop(cfg, task, runtime, plan, hooks=hooks, resume_from=loop_config.get("resume_from"))

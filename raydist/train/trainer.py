@@ -99,7 +99,7 @@ def build_trainer(
         "data_dir": str(data_dir),
         "source": source,
         "resume_from": str(resume_from) if resume_from else None,
-        "marker_dir": None if is_uri(storage) else str(Path(storage) / name),
+        "run_dir": None if is_uri(storage) else str(Path(storage) / name),
     }
     return TorchTrainer(
         train_loop_per_worker,
@@ -218,7 +218,7 @@ def train_in_process(cfg: Config, data_dir: Path, *, resume_from: str | None = N
     run_dir = Path(storage) / run_name(cfg)
     device = "cuda" if cfg.train.use_gpu and torch.cuda.is_available() else "cpu"
     runtime = LocalRuntime(cfg, task, plan, run_dir, device, keep=cfg.train.keep_checkpoints)
-    result = run_loop(cfg, task, runtime, plan, hooks=build_hooks(cfg, task, runtime.device, str(run_dir)),
+    result = run_loop(cfg, task, runtime, plan, hooks=build_hooks(cfg, task, runtime, str(run_dir)),
                       resume_from=resume_from)  # fmt: skip
     best = runtime.best_checkpoint()
     return TrainOutcome(

@@ -1,0 +1,73 @@
+"""Gradient clustering inside training (in-process runs, labels task): statistics and the variance meter in
+the history, GC-stratified batches with weights, GC state in checkpoints and restored on resume."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from raydist.checkpoint import load_checkpoint
+from raydist.config import load_config
+from raydist.distributed import StepPlan
+from raydist.gradclust.hook import GradientClusteringHook
+from raydist.tasks import DataInfo, build_task
+from raydist.train.hooks import build_hooks
+from raydist.train.local import LocalRuntime
+from raydist.train.loop import run_loop
+
+
+def _run(data, run_dir, resume_from=None, **overrides):
+    cfg = load_config("tiny", overrides={"data.path": str(data), "train.num_workers": 1, "gc.num_clusters": 4,
+                                         "gc.log_every": 5, "gc.variance_batches": 3, **overrides})  # fmt: skip
+    task = build_task(cfg, DataInfo.from_dataset(data))
+    plan = StepPlan.from_config(cfg)
+    runtime = LocalRuntime(cfg, task, plan, run_dir)
+    hooks = build_hooks(cfg, task, runtime, str(run_dir))
+    out = run_loop(cfg, task, runtime, plan, hooks=hooks, resume_from=resume_from)
+    return out, runtime, next(h for h in hooks if isinstance(h, GradientClusteringHook))
+
+
+@pytest.mark.timeout(240)
+def test_measure_reports_variance_and_resume_keeps_the_clusters(labels_dataset, tmp_path):
+    out, runtime, hook = _run(labels_dataset, tmp_path / "a", **{"gc.measure": True, "train.epochs": 1})
+    last = out["history"][-1]
+    for key in ("gvar/sgd_var", "gvar/sgd_nvar", "gvar/gc_var", "gvar/gc_nvar", "gc/distortion"):
+        assert key in last and last[key] >= 0
+    saved = load_checkpoint(runtime.checkpoints[-1])[0]["gradclust"]
+    final = hook.gc.state_dict()
+    assert saved["centres"].keys() == final["centres"].keys() and len(saved["assignments"]["sample_ids"]) > 0
+    # resume: the restored clustering holds the saved centres, counts and assignments
+    _, _, again = _run(labels_dataset, tmp_path / "b", resume_from=str(runtime.checkpoints[-1]),
+                       **{"gc.measure": True, "train.epochs": 1})  # fmt: skip
+    restored = again.gc.state_dict()
+    for name, centre in saved["centres"].items():
+        for part in ("d", "c"):
+            torch.testing.assert_close(restored["centres"][name][part], centre[part])
+    torch.testing.assert_close(restored["counts"], saved["counts"])
+    assert torch.equal(restored["assignments"]["clusters"], saved["assignments"]["clusters"])
+
+
+@pytest.mark.timeout(240)
+def test_sample_trains_on_stratified_weighted_batches(labels_dataset, tmp_path):
+    out, runtime, hook = _run(labels_dataset, tmp_path, **{"gc.sample": True, "train.epochs": 2})
+    assert out["history"][-1]["val/top1"] > 30  # 10 classes: chance 10 %
+    batch = next(iter(hook._stratified(1)))
+    assert "weight" in batch and len(batch["weight"]) == hook.rows
+    # Σ_i w_i / B = 1 (the weights keep the mean-loss estimator unbiased for a constant loss)
+    assert float(batch["weight"].sum()) / hook.rows == pytest.approx(1.0, rel=1e-5)
+
+
+def test_sample_is_refused_for_losses_without_per_example_terms(labels_dataset, tmp_path):
+    with pytest.raises(ValueError, match="gc.sample needs a loss"):
+        _run(labels_dataset, tmp_path, **{"gc.sample": True, "loss.kind": "triplet", "train.epochs": 1})
+
+
+def test_plot_shows_the_variance_over_training(labels_dataset, tmp_path):
+    import json
+
+    from raydist.plots import plot_run
+
+    out, runtime, _ = _run(labels_dataset, tmp_path, **{"gc.measure": True, "train.epochs": 1})
+    (tmp_path / "history.json").write_text(json.dumps(out["history"]))
+    files = plot_run(tmp_path)
+    assert any(f.name == "gradient_variance.png" and f.stat().st_size > 1000 for f in files)
