@@ -130,6 +130,29 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0 if files else 1
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from raydist.benchmarks import append_results, run_benchmarks
+
+    table = run_benchmarks(args.names or None, smoke=args.smoke, repeats=args.repeats)
+    if args.record:
+        append_results(args.record, "raydist bench " + " ".join(sys.argv[2:]), table)
+        print(f"appended to {args.record}")
+    return 0
+
+
+def cmd_experiment(args: argparse.Namespace) -> int:
+    from raydist.experiments import run_experiment
+
+    seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
+    result = run_experiment(args.name, quick=args.quick, seeds=seeds, data=args.data, out_dir=args.out,
+                            preset=args.preset, overrides=parse_overrides(args.overrides), storage=args.storage,
+                            address=args.address)  # fmt: skip
+    for key, value in result.items():
+        if isinstance(value, (str, Path)):
+            print(f"{key + ':':18} {value}")
+    return 0
+
+
 def cmd_index(args: argparse.Namespace) -> int:
     from raydist.eval.retrieve import build_indexes, default_dims, load_embeddings
 
@@ -325,6 +348,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metric", help="sweeps: the metric to plot (default: the space file's)")
     p.add_argument("--out", help="folder for the PNGs (default: RUN/plots)")
     p.set_defaults(func=cmd_plot)
+
+    p = sub.add_parser("bench", help="run benchmarks side by side with their references (table + ratios)")
+    p.add_argument("names", nargs="*", help="benchmarks to run (default: all registered)")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, one repetition (what the tests run)")
+    p.add_argument("--repeats", type=int, default=5, help="repetitions per measurement (median and spread)")
+    p.add_argument("--record", help="append the table with command, machine and versions to this file")
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("experiment", help="run a paper's claim as an experiment: sweep, table, PNG, verdict")
+    p.add_argument("name", help="negatives, mh-vs-sh, gather, label-noise or matryoshka")
+    p.add_argument("--quick", action="store_true", help="tiny preset, one seed, 1-2 epochs (a smoke run)")
+    p.add_argument("--seeds", help="comma-separated seeds (default: the experiment's)")
+    p.add_argument("--data", help="dataset folder (default: the experiment's own data)")
+    p.add_argument("--preset", help="base preset of every trial (default: the experiment's)")
+    p.add_argument("--out", help="folder for the table, figures and records")
+    p.add_argument("--storage", help="experiment folders' parent: ./runs, or s3:// gs:// NFS on clusters")
+    p.add_argument("--address", help="join this Ray cluster (default: RAY_ADDRESS, else a private local Ray)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides every trial shares")
+    p.set_defaults(func=cmd_experiment)
 
     p = sub.add_parser("index", help="build FAISS indexes of a checkpoint's embeddings at nested dims")
     p.add_argument("--checkpoint", required=True, help="checkpoint folder or run folder (newest checkpoint)")

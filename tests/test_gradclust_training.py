@@ -49,7 +49,7 @@ def test_measure_reports_variance_and_resume_keeps_the_clusters(labels_dataset, 
 
 @pytest.mark.timeout(240)
 def test_sample_trains_on_stratified_weighted_batches(labels_dataset, tmp_path):
-    out, runtime, hook = _run(labels_dataset, tmp_path, **{"gc.sample": True, "train.epochs": 2})
+    out, _, hook = _run(labels_dataset, tmp_path, **{"gc.sample": True, "train.epochs": 2})
     assert out["history"][-1]["val/top1"] > 30  # 10 classes: chance 10 %
     batch = next(iter(hook._stratified(1)))
     assert "weight" in batch and len(batch["weight"]) == hook.rows
@@ -67,7 +67,7 @@ def test_plot_shows_the_variance_over_training(labels_dataset, tmp_path):
 
     from raydist.plots import plot_run
 
-    out, runtime, _ = _run(labels_dataset, tmp_path, **{"gc.measure": True, "train.epochs": 1})
+    out, _, _ = _run(labels_dataset, tmp_path, **{"gc.measure": True, "train.epochs": 1})
     (tmp_path / "history.json").write_text(json.dumps(out["history"]))
     files = plot_run(tmp_path)
     assert any(f.name == "gradient_variance.png" and f.stat().st_size > 1000 for f in files)

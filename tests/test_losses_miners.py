@@ -8,7 +8,6 @@ import torch
 
 from raydist.losses import (
     l2_normalize,
-    mine_all_negatives,
     mine_hardest_negatives,
     mined_ranking_terms,
     ranking_terms,
@@ -71,8 +70,3 @@ def test_query_without_negative_is_unmined() -> None:
     assert mined.image_query_key[0] == 2 and int(mined.image_query_key[1]) in (0, 1)
     all_same = mine_hardest_negatives(qi, qc, ki, kc, torch.tensor([1, 1]), torch.tensor([1, 1, 1]))
     assert all_same.image_query_key.tolist() == [-1, -1] and all_same.caption_query_key.tolist() == [-1, -1]
-
-
-def test_all_negatives_miner_lists_every_pair() -> None:
-    q, k = mine_all_negatives(torch.tensor([0, 1]), torch.tensor([0, 1, 1, 2]))
-    assert sorted(zip(q.tolist(), k.tolist())) == [(0, 1), (0, 2), (0, 3), (1, 0), (1, 3)]

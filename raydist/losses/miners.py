@@ -17,7 +17,9 @@ from torch import Tensor
 
 from raydist.losses.similarity import pairwise_similarity
 
-TILE_ELEMENTS = 1 << 22  # scores per tile (16 MiB in float32); order similarity counts its D-wide intermediate
+TILE_ELEMENTS = (
+    1 << 22
+)  # scores per tile (16 MiB in float32); order similarity counts its [.., D] intermediate
 ARGMAX_GROUP = 64  # members per class of the two-level arg-max (:func:`_fold_max`)
 
 
@@ -55,8 +57,7 @@ def score_tiles(row_ids: Tensor, col_ids: Tensor, row_block: int, col_block: int
     search of each row block's ids: O(block + same-id pairs) per block, no dense [rows, cols] comparison.
     """
     sorted_blocks = [
-        (start, *col_ids[start : start + col_block].sort())
-        for start in range(0, col_ids.shape[0], col_block)
+        (start, *col_ids[start : start + col_block].sort()) for start in range(0, col_ids.shape[0], col_block)
     ]
     for r0 in range(0, row_ids.shape[0], row_block):
         ids = row_ids[r0 : r0 + row_block]
@@ -67,7 +68,9 @@ def score_tiles(row_ids: Tensor, col_ids: Tensor, row_block: int, col_block: int
             first = torch.cumsum(count, 0) - count
             rank = torch.arange(same_rows.shape[0], device=ids.device) - first[same_rows]
             same_cols = order[lo[same_rows] + rank]
-            yield ScoreTile(slice(r0, r0 + ids.shape[0]), slice(c0, c0 + values.shape[0]), same_rows, same_cols)
+            yield ScoreTile(
+                slice(r0, r0 + ids.shape[0]), slice(c0, c0 + values.shape[0]), same_rows, same_cols
+            )
 
 
 def tile_scores(row_emb: Tensor, col_emb: Tensor, tile: ScoreTile, similarity: str) -> Tensor:
@@ -79,27 +82,26 @@ def tile_scores(row_emb: Tensor, col_emb: Tensor, tile: ScoreTile, similarity: s
 
 def _fold_max(scores: Tensor, dim: int, best: Tensor, arg: Tensor, offset: int) -> None:
     """Fold ``max``/``argmax`` of ``scores`` along ``dim`` into the running ``best``/``arg`` (in place, the
-    index plus ``offset``); a strictly larger maximum replaces, so the earlier tile wins ties.
+    index plus ``offset``). The first maximum wins: tiles are folded in index order and replace only when
+    strictly larger.
 
     Two levels, both vectorised (an index-tracking reduction over the whole tile is ~7× slower than
-    ``amax``): the n entries along ``dim`` form n/g classes ``{c + m·n/g : m < g}``; the class maxima
-    (``amax``) and their arg-max class are taken over the tile, then the arg-max member of the winning class
-    only where the running maximum improves.
+    ``amax``): the n entries along ``dim`` form n/g classes of g consecutive entries; the class maxima
+    (``amax``) and the first arg-max class are taken over the tile, then the first member of that class
+    equal to the maximum: ``g − max_m(1[member m = max]·(g − m))``, again an ``amax``.
     """
     n = scores.shape[dim]
     group = math.gcd(n, ARGMAX_GROUP)
-    classes = n // group
-    split = (group, classes, -1) if dim == 0 else (-1, group, classes)
-    tile_best, tile_class = scores.view(split).amax(dim).max(dim)
-    better = torch.nonzero(tile_best > best).squeeze(1)
-    if better.numel() == 0:
-        return
-    members = tile_class[better].unsqueeze(1) + classes * torch.arange(group, device=scores.device)
-    other = better.unsqueeze(1)
-    flat = members * scores.shape[1] + other if dim == 0 else other * n + members
-    candidates = scores.view(-1).take(flat)
-    best[better] = tile_best[better]
-    arg[better] = members.gather(1, candidates.argmax(1, keepdim=True)).squeeze(1) + offset
+    classes = scores.view((n // group, group, -1) if dim == 0 else (-1, n // group, group))
+    tile_best, tile_class = classes.amax(dim + 1).max(dim)
+    shape = list(classes.shape)
+    shape[dim] = 1
+    members = classes.gather(dim, tile_class.unsqueeze(dim).unsqueeze(dim).expand(shape)).squeeze(dim)
+    countdown = torch.arange(group, 0, -1, device=scores.device, dtype=torch.int8).unsqueeze(1 - dim)
+    first = group - ((members == tile_best.unsqueeze(dim)) * countdown).amax(dim)
+    better = tile_best > best
+    best.copy_(torch.where(better, tile_best, best))
+    arg.copy_(torch.where(better, tile_class * group + first + offset, arg))
 
 
 @torch.no_grad()
@@ -143,6 +145,6 @@ def mine_hardest_negatives(
             _fold_max(scores, 0, cap_best[t.cols], cap_arg[t.cols], t.rows.start)
     if not square:
         for t in score_tiles(key_ids, query_ids, keys, queries):  # rows: image keys, columns: caption queries
-            _fold_max(tile_scores(key_img, query_cap, t, similarity), 0, cap_best[t.cols], cap_arg[t.cols],
-                      t.rows.start)
+            scores = tile_scores(key_img, query_cap, t, similarity)
+            _fold_max(scores, 0, cap_best[t.cols], cap_arg[t.cols], t.rows.start)
     return HardestNegatives(img_arg, img_best, cap_arg, cap_best, 2 * masked)

@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from raydist.losses.miners import score_tiles, tile_scores, tile_shape
 from raydist.losses.similarity import pairwise_similarity
@@ -79,6 +80,7 @@ class TiledSumOfHinges(torch.autograd.Function):
         return image_terms, caption_terms
 
     @staticmethod
+    @once_differentiable
     def backward(ctx: Any, image_grad: Tensor, caption_grad: Tensor) -> tuple[Tensor | None, ...]:
         """Per tile: ``W = g_img[q]·1[cost ≥ 0]`` (rows) ``+ g_cap[q]·1[cost ≥ 0]`` (columns), zero at same
         ids; the similarity's vector-Jacobian product with W gives the embedding gradients and
@@ -136,5 +138,15 @@ def sum_of_hinges(
     """
     square = query_img is key_img and query_cap is key_cap
     return TiledSumOfHinges.apply(
-        positives, query_img, query_cap, key_img, key_cap, query_ids, key_ids, margin, similarity, tile, square
+        positives,
+        query_img,
+        query_cap,
+        key_img,
+        key_cap,
+        query_ids,
+        key_ids,
+        margin,
+        similarity,
+        tile,
+        square,
     )

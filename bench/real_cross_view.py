@@ -1,0 +1,214 @@
+"""Small real cross-view retrieval set (scikit-learn's 1797 handwritten 8×8 digits cut in halves): linear
+baselines vs raydist training with the shipped presets and schedule variants.
+
+View 1 ("image", 32-d): the left half of a digit, rows 0–7 × columns 0–3, intensities / 16 (in [0, 1]).
+View 2 ("caption"): the right half as words, one per inked pixel (intensity >= 8 of 16, i.e. half ink),
+``r{row}c{col}`` with col in 4–7, in row-major order: "r1c4 r1c5 r2c6 …" (2–19 words, 10.7 on average;
+32 possible words). One caption per image; image_id = sample_id = the index in ``load_digits``.
+Split: a permutation seeded by ``--seed`` gives 1100 train / 300 val / 397 test digits.
+The vocab keeps every train word (min count 1): VSE++'s converters drop words seen fewer than 4 times
+(raydist's ``convert`` default ``min_count=4``), but here every word is a pixel position and a rare one
+still carries its position, so nothing is mapped to ``<unk>`` that need not be.
+
+Baselines (fitted on train, evaluated on test with the VSE++ protocol, ``retrieval_metrics``):
+``cca16`` = 16-component CCA between the features and the caption bag-of-words, both views projected
+and L2-normalised; ``lsq`` = ridge least-squares map features → bag-of-words (centred), scored by the
+cosine between the predicted and the real bag-of-words.
+
+    pip install scikit-learn        # the experiments-only dependency (the `experiments` extra)
+    python bench/real_cross_view.py --out /tmp/digits-halves [--variants default,small ...] [--list]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import re
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
+
+from raydist.data import DatasetWriter, Vocab, split_arrays, tokenize
+from raydist.eval.metrics import retrieval_metrics
+
+INK_THRESHOLD = 8  # of 16: a right-half pixel at least half inked becomes a word
+SPLIT_SIZES = {"val": 300, "test": 397}  # the rest (1100 of 1797) is train
+KEYS = ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "rsum")
+
+# name → (preset, dotted overrides). `data.path`, `train.storage_path` and `train.tensorboard` are added.
+W0 = {"train.num_workers": 0}
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "default": ("default", {}),
+    "default-w0": ("default", W0),
+    "tiny-w0": ("tiny", W0),
+    "vsepp-coco-w0": ("vsepp-coco", W0),
+    "default-w0 ep20 b32 sh3": ("default", {**W0, "train.epochs": 20, "train.batch_size": 32,
+                                            "loss.warmup_sh_epochs": 3, "train.lr_decay_epoch": 15}),
+}
+
+
+def caption_of(right_half: np.ndarray, threshold: int = INK_THRESHOLD) -> str:
+    """Words ``r{row}c{col}`` (col 4–7) for the pixels of an 8×4 right half with intensity >= ``threshold``,
+    row-major; ``"blank"`` when none is inked (never happens at the default threshold)."""
+    rows, cols = np.nonzero(right_half >= threshold)
+    words = [f"r{r}c{c + 4}" for r, c in zip(rows, cols)]
+    return " ".join(words) or "blank"
+
+
+def digit_halves(threshold: int = INK_THRESHOLD) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """All 1797 digits as (left-half features float32 [N, 32] in [0, 1], right-half captions, class labels)."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images = digits.images  # [N, 8, 8], intensities 0–16
+    features = (images[:, :, :4].reshape(len(images), 32) / 16.0).astype(np.float32)
+    captions = [caption_of(img[:, 4:], threshold) for img in images]
+    return features, captions, digits.target.astype(np.int64)
+
+
+def split_indices(n: int, seed: int = 0, sizes: dict[str, int] = SPLIT_SIZES) -> dict[str, np.ndarray]:
+    """Seeded permutation of ``range(n)`` cut into val and test of ``sizes`` and train (the rest), each sorted."""
+    order = np.random.default_rng(seed).permutation(n)
+    val, test = sizes["val"], sizes["test"]
+    if n <= val + test:
+        raise ValueError(f"{n} samples leave no train split after {val} val + {test} test")
+    parts = {"train": order[: n - val - test], "val": order[n - val - test : n - test], "test": order[n - test :]}
+    return {k: np.sort(v) for k, v in parts.items()}
+
+
+def build_dataset(out: str | Path, *, seed: int = 0, limit: int | None = None, sizes: dict[str, int] = SPLIT_SIZES,
+                  threshold: int = INK_THRESHOLD, overwrite: bool = True) -> Path:
+    """Write the digit-halves set with raydist's DatasetWriter (vocab from train, min count 1); ``limit``
+    keeps the first ``limit`` digits (for smoke tests). Returns ``out``."""
+    features, captions, _ = digit_halves(threshold)
+    n = len(captions) if limit is None else min(limit, len(captions))
+    parts = split_indices(n, seed, sizes)
+    source = {"generator": "bench/real_cross_view.py", "data": "sklearn.datasets.load_digits", "seed": seed,
+              "limit": limit, "ink_threshold": threshold, "image": "left half / 16 (rows 0-7, cols 0-3)",
+              "caption": "right half: r{row}c{col} per pixel >= threshold, row-major"}
+    with DatasetWriter(out, source=source, overwrite=overwrite) as writer:
+        writer.vocab = Vocab.build((captions[i] for i in parts["train"]), min_count=1)
+        for split, idx in parts.items():
+            writer.add_split(split, idx, idx, features[idx], [captions[i] for i in idx])
+    return Path(out)
+
+
+def bag_of_words(captions: Sequence[str], vocab: Vocab) -> np.ndarray:
+    """Word counts ``[N, len(vocab) - 4]`` (specials dropped; out-of-vocab words ignored)."""
+    out = np.zeros((len(captions), len(vocab) - 4), dtype=np.float64)
+    for row, caption in enumerate(captions):
+        for tok in tokenize(caption):
+            j = vocab.index.get(tok, -1)
+            if j >= 4:
+                out[row, j - 4] += 1
+    return out
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def _split_views(data_dir: Path, split: str, vocab: Vocab) -> tuple[np.ndarray, np.ndarray]:
+    """(features [N, D], bag-of-words [N, V]) of a split with one caption per image."""
+    image_ids, _, features, captions = split_arrays(data_dir, split)
+    if len(np.unique(image_ids)) != len(image_ids):
+        raise ValueError("the linear baselines assume one caption per image")
+    return features.astype(np.float64), bag_of_words(captions, vocab)
+
+
+def cca_baseline(data_dir: str | Path, components: int = 16, split: str = "test") -> dict[str, float]:
+    """CCA (``components`` pairs) fitted on train; both test views projected, L2-normalised, VSE++ metrics."""
+    from sklearn.cross_decomposition import CCA
+
+    data_dir = Path(data_dir)
+    vocab = Vocab.load(data_dir / "vocab.json")
+    x_train, b_train = _split_views(data_dir, "train", vocab)
+    x_test, b_test = _split_views(data_dir, split, vocab)
+    keep = b_train.std(0) > 0  # a word absent from train carries nothing (and breaks scaling)
+    k = min(components, x_train.shape[1], int(keep.sum()))
+    cca = CCA(n_components=k, max_iter=2000).fit(x_train, b_train[:, keep])
+    img, cap = cca.transform(x_test, b_test[:, keep])
+    return retrieval_metrics(_unit(img), _unit(cap), np.arange(len(img)))
+
+
+def least_squares_baseline(data_dir: str | Path, ridge: float = 1e-3, split: str = "test") -> dict[str, float]:
+    """Ridge map ``W = argmin ‖X̃W − B̃‖² + ridge·N‖W‖²`` (X̃, B̃ centred on train means); score =
+    cos(X̃_test W, B̃_test); VSE++ metrics."""
+    data_dir = Path(data_dir)
+    vocab = Vocab.load(data_dir / "vocab.json")
+    x_train, b_train = _split_views(data_dir, "train", vocab)
+    x_test, b_test = _split_views(data_dir, split, vocab)
+    mx, mb = x_train.mean(0), b_train.mean(0)
+    xc = x_train - mx
+    gram = xc.T @ xc + ridge * len(xc) * np.eye(xc.shape[1])
+    w = np.linalg.solve(gram, xc.T @ (b_train - mb))
+    return retrieval_metrics(_unit((x_test - mx) @ w), _unit(b_test - mb), np.arange(len(x_test)))
+
+
+def run_variant(preset: str, overrides: dict[str, Any], data_dir: Path, storage: Path) -> dict[str, Any]:
+    """One ``run_training`` (its console output captured); test metrics of the best checkpoint, steps,
+    epochs run, SH/MH phases, wall seconds."""
+    from raydist.config import load_config
+    from raydist.train.trainer import run_training
+
+    cfg = load_config(preset, overrides={**overrides, "data.path": str(data_dir), "train.storage_path": str(storage),
+                                         "train.tensorboard": False})
+    log = io.StringIO()
+    t0, c0 = time.perf_counter(), time.process_time()
+    with contextlib.redirect_stdout(log):
+        outcome = run_training(cfg)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    hist = outcome.history
+    phases = "".join("M" if h.get("phase") == "MH" else "S" for h in hist)
+    stalls = len(re.findall(r"collapse value", log.getvalue()))
+    return {**outcome.test_metrics, "wall": wall, "cpu": cpu, "steps": hist[-1]["step"] if hist else 0, "epochs": len(hist),
+            "phases": phases, "stalls": stalls, "last_loss": hist[-1]["train/loss"] if hist else float("nan")}
+
+
+def _row(name: str, m: dict[str, Any]) -> str:
+    extra = (f"{m['wall']:7.0f}{m['steps']:7d}{m['epochs']:5d}  {m['phases']}" if "wall" in m else "")
+    return f"{name:34}" + "".join(f"{m[k]:8.1f}" for k in KEYS) + extra
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="/tmp/raydist-digits-halves", help="dataset folder (rebuilt)")
+    parser.add_argument("--storage", default="/tmp/raydist-digits-runs", help="run folders (deleted after)")
+    parser.add_argument("--seed", type=int, default=0, help="split seed")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated names (see --list)")
+    parser.add_argument("--baselines-only", action="store_true")
+    parser.add_argument("--list", action="store_true", help="print the variants and exit")
+    args = parser.parse_args(argv)
+    if args.list:
+        for name, (preset, over) in VARIANTS.items():
+            print(f"{name:34} --preset {preset} {' '.join(f'{k}={v}' for k, v in over.items())}")
+        return
+    data_dir = build_dataset(args.out, seed=args.seed)
+    print(f"dataset: {data_dir} (train/val/test 1100/300/397 digits, vocab {len(Vocab.load(data_dir / 'vocab.json'))})")
+    header = f"{'variant':34}" + "".join(f"{k.replace('_r', ' R@'):>8}" for k in KEYS)
+    print(header + f"{'wall s':>7}{'steps':>7}{'ep':>5}  phases")
+    print(_row("baseline cca16", cca_baseline(data_dir)))
+    print(_row("baseline lsq", least_squares_baseline(data_dir)), flush=True)
+    if args.baselines_only:
+        return
+    storage = Path(args.storage)
+    for name in [v.strip() for v in args.variants.split(",") if v.strip()]:
+        if name not in VARIANTS:
+            sys.exit(f"unknown variant {name!r}; --list shows them")
+        preset, over = VARIANTS[name]
+        print(_row(name, run_variant(preset, over, data_dir, storage / re.sub(r"\W+", "-", name))), flush=True)
+    shutil.rmtree(storage, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
