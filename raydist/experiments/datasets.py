@@ -1,0 +1,87 @@
+"""The datasets experiments run on: a folder given by the user, or one generated into the experiment's
+output folder — synthetic image–caption pairs, synthetic labelled vectors, or scikit-learn's bundled
+digits (1797 8×8 images, 10 classes) converted with :func:`raydist.data.labels_io.convert_npz`."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+
+from raydist.config import ConfigError
+from raydist.data import ensure_default_dataset, load_manifest
+from raydist.data.schema import MANIFEST_NAME
+
+# Quick mode: seconds-long trials. Normal mode on pairs uses the embedded default dataset (3000 train
+# images × 5 captions, 500 val and 1000 test images; the one README and bench/RESULTS.md report on).
+QUICK_PAIRS = {"images": 160, "captions_per_image": 5, "dim": 32, "val_images": 40, "test_images": 40, "seed": 0}
+QUICK_LABELS = {"classes": 5, "train_per_class": 40, "val_per_class": 10, "test_per_class": 10, "dim": 16,
+                "overlap": 0.3, "seed": 0}  # fmt: skip
+LABELS = {"classes": 10, "train_per_class": 100, "val_per_class": 40, "test_per_class": 60, "dim": 32,
+          "overlap": 0.3, "seed": 0}  # fmt: skip
+LABEL_SOURCES = ("synthetic", "digits")  # named datasets of the labels experiments; anything else is a folder
+
+
+def experiment_dataset(task: str, data: str | None, folder: Path, *, quick: bool) -> Path:
+    """The dataset folder of a run: ``data`` when it is a folder (its manifest must name ``task``); for
+    ``labels`` also ``"synthetic"`` (the default) or ``"digits"``; else the task's default, generated
+    under ``folder`` (quick mode: a tiny one)."""
+    if data and data not in LABEL_SOURCES:
+        path = Path(data).expanduser().resolve()
+        if not (path / MANIFEST_NAME).is_file():
+            raise ConfigError(f"--data {data}: not a dataset folder (no {MANIFEST_NAME})")
+        found = load_manifest(path).task
+        if found != task:
+            raise ConfigError(f"--data {data}: this experiment needs a {task!r} dataset, the folder holds {found!r}")
+        return path
+    if task == "pairs":
+        if data:
+            raise ConfigError(f"--data {data}: the named datasets {LABEL_SOURCES} are for labels experiments")
+        return _generated_pairs(folder) if quick else ensure_default_dataset()
+    if task != "labels":
+        raise ConfigError(f"no default dataset for task {task!r}")
+    if data == "digits":
+        return digits_dataset(folder)
+    return _generated_labels(folder, QUICK_LABELS if quick else LABELS)
+
+
+def _generated_pairs(folder: Path) -> Path:
+    from raydist.data import make_synthetic
+
+    out = folder / "pairs-quick"
+    if not (out / MANIFEST_NAME).is_file():
+        make_synthetic(out, overwrite=True, **QUICK_PAIRS)
+    return out
+
+
+def _generated_labels(folder: Path, args: dict[str, float]) -> Path:
+    from raydist.data.synthetic_labels import make_synthetic_labels
+
+    out = folder / ("labels-" + "-".join(f"{k[0]}{v}" for k, v in args.items()))
+    if not (out / MANIFEST_NAME).is_file():
+        make_synthetic_labels(out, overwrite=True, **args)
+    return out
+
+
+def digits_dataset(folder: Path, *, seed: int = 0) -> Path:
+    """scikit-learn's digits as a task-``labels`` dataset under ``folder``: features scaled to [0, 1]
+    (pixel / 16), saved as ``digits.npz`` (X, y) and converted with a stratified split (val 10 %, test 20 %,
+    ``seed``). Needs scikit-learn: ``pip install 'raydist[experiments]'``."""
+    if importlib.util.find_spec("sklearn") is None:
+        raise ConfigError(
+            "the digits dataset needs scikit-learn, which is not installed: pip install 'raydist[experiments]' "
+            "(or pip install scikit-learn), or pass --data synthetic or a labelled dataset folder"
+        )
+    from sklearn.datasets import load_digits
+
+    from raydist.data.labels_io import convert_npz
+
+    out = folder / f"digits-s{seed}"
+    if (out / MANIFEST_NAME).is_file():
+        return out
+    digits = load_digits()
+    folder.mkdir(parents=True, exist_ok=True)
+    npz = folder / "digits.npz"
+    np.savez(npz, X=(digits.data / 16.0).astype(np.float32), y=digits.target.astype(np.int64))
+    return convert_npz(npz, out, val_fraction=0.1, test_fraction=0.2, seed=seed, overwrite=True)
