@@ -8,7 +8,8 @@ View 2 ("caption"): the right half as words, one per inked pixel (intensity >= 8
 Split: a permutation seeded by ``--seed`` gives 1100 train / 300 val / 397 test digits.
 The vocab keeps every train word (min count 1): VSE++'s converters drop words seen fewer than 4 times
 (raydist's ``convert`` default ``min_count=4``), but here every word is a pixel position and a rare one
-still carries its position, so nothing is mapped to ``<unk>`` that need not be.
+still carries its position (with 4, "r2c7", seen once in train, would become ``<unk>``); the train vocab
+has 29 of the 32 positions.
 
 Baselines (fitted on train, evaluated on test with the VSE++ protocol, ``retrieval_metrics``):
 ``cca16`` = 16-component CCA between the features and the caption bag-of-words, both views projected
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import os
 import re
 import shutil
@@ -34,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
@@ -45,15 +48,50 @@ INK_THRESHOLD = 8  # of 16: a right-half pixel at least half inked becomes a wor
 SPLIT_SIZES = {"val": 300, "test": 397}  # the rest (1100 of 1797) is train
 KEYS = ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "rsum")
 
-# name → (preset, dotted overrides). `data.path`, `train.storage_path` and `train.tensorboard` are added.
-W0 = {"train.num_workers": 0}
+# Variants: name → (preset, dotted overrides); every run also gets data.path, train.storage_path,
+# train.tensorboard=false and eval.folds=1 (all 397 test digits; vsepp-coco.yaml sets folds=5).
+W0 = {"train.num_workers": 0}  # in-process (no Ray): the comparisons below do not depend on workers
+# The proposed default.yaml additions; they leave the synthetic default run's resolved config unchanged
+# (5 epochs × 117 steps = 585 steps, SH warm-up 1 epoch).
+PROPOSED_DEFAULT = {"train.min_steps": 585, "loss.warmup_sh_steps": 117}
+# What the proposed trainer change (scale train.lr_decay_epoch with the epochs min_steps adds: 4 · 74/5)
+# gives on this set, written out as an explicit override.
+SCALED_DECAY = {"train.lr_decay_epoch": 59}
+# The proposed small.yaml, as overrides of default.yaml: SH only, at least 1000 steps, no LR decay.
+SMALL = {"loss.hardest": False, "train.min_steps": 1000, "train.lr_decay_epoch": 1000}
+PD = {**W0, **PROPOSED_DEFAULT, **SCALED_DECAY}
+SM = {**W0, **SMALL}
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
-    "default": ("default", {}),
-    "default-w0": ("default", W0),
-    "tiny-w0": ("tiny", W0),
-    "vsepp-coco-w0": ("vsepp-coco", W0),
-    "default-w0 ep20 b32 sh3": ("default", {**W0, "train.epochs": 20, "train.batch_size": 32,
-                                            "loss.warmup_sh_epochs": 3, "train.lr_decay_epoch": 15}),
+    "default 2w": ("default", {}),
+    "default": ("default", W0),
+    "tiny": ("tiny", W0),
+    "vsepp-coco": ("vsepp-coco", W0),
+    "default ep20 b32 sh3": ("default", {**W0, "train.epochs": 20, "train.batch_size": 32,
+                                         "loss.warmup_sh_epochs": 3, "train.lr_decay_epoch": 15}),
+    "default ms585": ("default", {**W0, "train.min_steps": 585}),
+    "default ms585 wsh117": ("default", {**W0, **PROPOSED_DEFAULT}),
+    "proposed default": ("default", PD),
+    "proposed default s1": ("default", {**PD, "train.seed": 1}),
+    "proposed default s2": ("default", {**PD, "train.seed": 2}),
+    "proposed default nofallback": ("default", {**PD, "loss.stall_fallback": False}),
+    "proposed default nodecay": ("default", {**PD, "train.lr_decay_epoch": 1000}),
+    "proposed default 2w": ("default", {**PROPOSED_DEFAULT, **SCALED_DECAY}),
+    "MH ms600 wsh400 dec60": ("default", {**W0, "train.min_steps": 600, "loss.warmup_sh_steps": 400,
+                                          "train.lr_decay_epoch": 60}),
+    "small": ("default", SM),
+    "small s1": ("default", {**SM, "train.seed": 1}),
+    "small s2": ("default", {**SM, "train.seed": 2}),
+    "small pat20": ("default", {**SM, "train.early_stop_patience": 20}),
+    "small lr5e-4": ("default", {**SM, "train.lr": 5e-4}),
+    "small lr2e-3": ("default", {**SM, "train.lr": 2e-3}),
+    "small b32": ("default", {**SM, "train.batch_size": 32}),
+    "small b64": ("default", {**SM, "train.batch_size": 64}),
+    "small ms300": ("default", {**SM, "train.min_steps": 300}),
+    "small ms600": ("default", {**SM, "train.min_steps": 600}),
+    "small ms2000": ("default", {**SM, "train.min_steps": 2000}),
+    "small e64w32": ("default", {**SM, "model.embed_dim": 64, "model.word_dim": 32}),
+    "small e1024w300": ("default", {**SM, "model.embed_dim": 1024, "model.word_dim": 300}),
+    "small 2w": ("default", SMALL),
 }
 
 
@@ -156,28 +194,36 @@ def least_squares_baseline(data_dir: str | Path, ridge: float = 1e-3, split: str
 
 
 def run_variant(preset: str, overrides: dict[str, Any], data_dir: Path, storage: Path) -> dict[str, Any]:
-    """One ``run_training`` (its console output captured); test metrics of the best checkpoint, steps,
-    epochs run, SH/MH phases, wall seconds."""
+    """One ``run_training`` (console output swallowed): test metrics of the best checkpoint (by val rsum),
+    wall and this process's CPU seconds (all of the work when in-process), steps, epochs, SH/MH epochs."""
     from raydist.config import load_config
     from raydist.train.trainer import run_training
 
-    cfg = load_config(preset, overrides={**overrides, "data.path": str(data_dir), "train.storage_path": str(storage),
-                                         "train.tensorboard": False})
-    log = io.StringIO()
+    fixed = {"data.path": str(data_dir), "train.storage_path": str(storage), "train.tensorboard": False,
+             "eval.folds": 1}
+    cfg = load_config(preset, overrides={**overrides, **fixed})
     t0, c0 = time.perf_counter(), time.process_time()
-    with contextlib.redirect_stdout(log):
+    with contextlib.redirect_stdout(io.StringIO()):
         outcome = run_training(cfg)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    hist = outcome.history
-    phases = "".join("M" if h.get("phase") == "MH" else "S" for h in hist)
-    stalls = len(re.findall(r"collapse value", log.getvalue()))
-    return {**outcome.test_metrics, "wall": wall, "cpu": cpu, "steps": hist[-1]["step"] if hist else 0, "epochs": len(hist),
-            "phases": phases, "stalls": stalls, "last_loss": hist[-1]["train/loss"] if hist else float("nan")}
+    phases = [h.get("phase", "") for h in outcome.history]
+    first_mh = phases.index("MH") if "MH" in phases else len(phases)
+    return {**outcome.test_metrics, "wall": wall, "cpu": cpu, "epochs": len(phases),
+            "steps": outcome.history[-1]["step"] if phases else 0, "sh": phases.count("SH"),
+            "mh": phases.count("MH"), "fallbacks": phases[first_mh:].count("SH")}
+
+
+HEADER = (f"{'variant':30}" + "".join(f"{k.replace('_r', ' R@'):>8}" for k in KEYS)
+          + f"{'wall s':>8}{'cpu s':>7}{'steps':>7}{'epochs':>7}  SH/MH epochs (fallbacks)")
 
 
 def _row(name: str, m: dict[str, Any]) -> str:
-    extra = (f"{m['wall']:7.0f}{m['steps']:7d}{m['epochs']:5d}  {m['phases']}" if "wall" in m else "")
-    return f"{name:34}" + "".join(f"{m[k]:8.1f}" for k in KEYS) + extra
+    """One table line; training runs add time, steps, epochs and the loss phases."""
+    line = f"{name:30}" + "".join(f"{m[k]:8.1f}" for k in KEYS)
+    if "wall" in m:
+        line += (f"{m['wall']:8.0f}{m['cpu']:7.0f}{m['steps']:7d}{m['epochs']:7d}"
+                 f"  {m['sh']}/{m['mh']} ({m['fallbacks']})")
+    return line
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -188,26 +234,32 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated names (see --list)")
     parser.add_argument("--baselines-only", action="store_true")
     parser.add_argument("--list", action="store_true", help="print the variants and exit")
+    parser.add_argument("--json", default="", help="also write every row's metrics to this JSON file")
     args = parser.parse_args(argv)
     if args.list:
         for name, (preset, over) in VARIANTS.items():
             print(f"{name:34} --preset {preset} {' '.join(f'{k}={v}' for k, v in over.items())}")
         return
+    torch.set_num_threads(1)  # in-process runs: one thread, like a Ray worker (2 threads on a shared box crawl)
     data_dir = build_dataset(args.out, seed=args.seed)
-    print(f"dataset: {data_dir} (train/val/test 1100/300/397 digits, vocab {len(Vocab.load(data_dir / 'vocab.json'))})")
-    header = f"{'variant':34}" + "".join(f"{k.replace('_r', ' R@'):>8}" for k in KEYS)
-    print(header + f"{'wall s':>7}{'steps':>7}{'ep':>5}  phases")
-    print(_row("baseline cca16", cca_baseline(data_dir)))
-    print(_row("baseline lsq", least_squares_baseline(data_dir)), flush=True)
-    if args.baselines_only:
-        return
+    vocab = Vocab.load(data_dir / "vocab.json")
+    print(f"dataset {data_dir}: train/val/test 1100/300/397 digits, vocab {len(vocab)} ({len(vocab) - 4} words)")
+    print(HEADER)
+    rows = {"baseline cca16": cca_baseline(data_dir), "baseline lsq": least_squares_baseline(data_dir)}
+    for name, m in rows.items():
+        print(_row(name, m), flush=True)
+    names = [] if args.baselines_only else [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        sys.exit(f"unknown variant(s) {unknown}; --list shows them")
     storage = Path(args.storage)
-    for name in [v.strip() for v in args.variants.split(",") if v.strip()]:
-        if name not in VARIANTS:
-            sys.exit(f"unknown variant {name!r}; --list shows them")
+    for name in names:
         preset, over = VARIANTS[name]
-        print(_row(name, run_variant(preset, over, data_dir, storage / re.sub(r"\W+", "-", name))), flush=True)
+        rows[name] = run_variant(preset, over, data_dir, storage / re.sub(r"\W+", "-", name))
+        print(_row(name, rows[name]), flush=True)
     shutil.rmtree(storage, ignore_errors=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
 
 
 if __name__ == "__main__":

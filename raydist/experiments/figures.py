@@ -28,7 +28,7 @@ def spread_line(ax: Any, xs: Sequence[float], samples: Sequence[Sequence[float]]
     if not points:
         return
     x = [p[0] for p in points]
-    (line,) = ax.plot(x, [p[1].mean for p in points], marker="o", label=label, **style)
+    (line,) = ax.plot(x, [p[1].mean for p in points], label=label, **{"marker": "o", **style})
     if any(p[1].n > 1 for p in points):
         ax.fill_between(x, [p[1].low for p in points], [p[1].high for p in points], color=line.get_color(),
                         alpha=0.18, linewidth=0)  # fmt: skip

@@ -81,12 +81,24 @@ def _plain(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def best_epoch(history: list[dict[str, Any]], metric: str, mode: str = "max") -> int | None:
-    """The epoch whose report has the best ``metric`` (the first one on ties)."""
-    scored = [(float(r[metric]), int(r["epoch"])) for r in history if _finite(r.get(metric))]
+    """The epoch of the best ``metric`` among the reports whose checkpoint still exists (Ray keeps the best
+    ``train.keep_checkpoints``; of equal scores it may keep a later one), ties to the latest epoch."""
+    scored = [(float(r[metric]), int(r["epoch"])) for r in history
+              if _finite(r.get(metric)) and checkpoint_exists(r.get("checkpoint_path"))]  # fmt: skip
     if not scored:
         return None
-    pick = max if mode == "max" else min
-    return pick(scored, key=lambda s: (s[0], -s[1]))[1]
+    sign = 1 if mode == "max" else -1
+    return max(scored, key=lambda s: (sign * s[0], s[1]))[1]
+
+
+def checkpoint_exists(path: str | None) -> bool:
+    """Whether a checkpoint folder (local, or ``s3://`` …) still exists."""
+    if not path:
+        return False
+    import pyarrow.fs
+
+    fs, root = pyarrow.fs.FileSystem.from_uri(path)
+    return fs.get_file_info(root).type != pyarrow.fs.FileType.NotFound
 
 
 def local_checkpoint(path: str, cache: Path) -> Path:
