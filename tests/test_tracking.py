@@ -32,7 +32,7 @@ def _train(cfg, data_dir, run_dir):
     task = build_task(cfg, DataInfo.from_dataset(data_dir))
     plan = StepPlan.from_config(cfg)
     runtime = LocalRuntime(cfg, task, plan, run_dir)
-    return run_loop(cfg, task, runtime, plan, hooks=build_hooks(cfg, task, runtime.device, str(run_dir)))
+    return run_loop(cfg, task, runtime, plan, hooks=build_hooks(cfg, task, runtime, str(run_dir)))
 
 
 def read_events(path):
