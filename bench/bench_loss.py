@@ -7,6 +7,7 @@ bench/RESULTS.md.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 from raydist.benchmarks import append_results, run_benchmarks
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS")  # recorded with the command
 
 
 def main() -> None:
@@ -25,7 +27,8 @@ def main() -> None:
     args = parser.parse_args()
     table = run_benchmarks(args.names, smoke=args.smoke, repeats=args.repeats)
     if args.record:
-        append_results(RESULTS, shlex.join(["python", "bench/bench_loss.py", *sys.argv[1:]]), table)
+        env = [f"{name}={os.environ[name]}" for name in THREAD_VARIABLES if name in os.environ]
+        append_results(RESULTS, shlex.join([*env, "python", "bench/bench_loss.py", *sys.argv[1:]]), table)
 
 
 if __name__ == "__main__":
