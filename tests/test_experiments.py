@@ -1,0 +1,114 @@
+"""Experiments (raydist/experiments/): every sweep of every experiment resolves against the config and fits
+the CPU budget (no Ray); equal optimizer steps in ``negatives``; the digits refusal without scikit-learn;
+seed statistics; and each experiment end to end in quick mode on the session's 4-CPU Ray."""
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from raydist.config import ConfigError, load_config
+from raydist.experiments import experiment_names, get_experiment, run_experiment, summarise_saved
+from raydist.experiments.datasets import experiment_dataset
+from raydist.experiments.mh_vs_sh import collapse_value, stalled_epochs
+from raydist.experiments.negatives import steps_per_epoch
+from raydist.experiments.records import TrialRecord
+from raydist.experiments.registry import Setup
+from raydist.experiments.runner import space_path, sweep_space
+from raydist.experiments.tables import clearly_above, spread
+from raydist.tune.space import load_space, resolve_base_config
+from raydist.tune.sweep import sweep_cpus
+
+NAMES = ["gather", "label-noise", "matryoshka", "mh-vs-sh", "negatives"]
+TEST_CPUS = 4  # the session's Ray (tests/conftest.py); a local `raydist` Ray has max(cpu_count, 4)
+
+
+def _setup(name: str, quick: bool) -> Setup:
+    """A Setup as run_experiment builds it, for the embedded dataset's size (pairs) or 10 classes (labels)."""
+    experiment = get_experiment(name)
+    base = load_config(preset=experiment.preset, overrides={**load_space(space_path(experiment.space)).base,
+                                                            **(experiment.quick if quick else {})})  # fmt: skip
+    rows, classes = (15000, None) if experiment.task == "pairs" else (1000, 10)
+    seeds = experiment.seeds[:1] if quick else experiment.seeds
+    return Setup(quick=quick, seeds=seeds, data_dir=Path("unused"), train_rows=rows, num_classes=classes, base=base)
+
+
+def test_the_registry_names_every_experiment():
+    assert experiment_names() == NAMES
+    with pytest.raises(ValueError, match="unknown experiment 'nope'; registered: gather, label-noise"):
+        get_experiment("nope")
+
+
+@pytest.mark.parametrize("quick", [False, True])
+@pytest.mark.parametrize("name", NAMES)
+def test_every_sweep_resolves_and_fits_the_cpus(name, quick):
+    experiment = get_experiment(name)
+    setup = _setup(name, quick)
+    for sweep in experiment.sweeps(setup):
+        space = sweep_space(experiment, sweep, setup.seeds)
+        overrides = {**(experiment.quick if quick else {}), **sweep.overrides}
+        cfg = resolve_base_config(space, preset=experiment.preset, overrides=overrides)
+        assert sweep_cpus(space, cfg) <= TEST_CPUS, (name, sweep.label)
+        assert [p.args for p in space.params if p.key == "train.seed"] == [setup.seeds]
+
+
+def test_negatives_gives_every_size_the_same_optimizer_steps():
+    experiment = get_experiment("negatives")
+    setup = _setup("negatives", quick=False)
+    base_steps = setup.base.train.epochs * steps_per_epoch(setup.train_rows, setup.base.train.batch_size)
+    sizes = []
+    for sweep in experiment.sweeps(setup):
+        (members,) = sweep.grid.values()
+        sizes += members
+        rows = max(max(members), setup.base.train.batch_size)
+        per_epoch = steps_per_epoch(setup.train_rows, rows)
+        epochs = sweep.overrides.get("train.epochs", setup.base.train.epochs)
+        assert base_steps <= epochs * per_epoch < base_steps + per_epoch, sweep.label
+        warmup = sweep.overrides.get("loss.warmup_sh_epochs", setup.base.loss.warmup_sh_epochs)
+        assert warmup * per_epoch >= setup.base.loss.warmup_sh_epochs * base_steps // setup.base.train.epochs
+    assert sorted(sizes) == [2, 8, 32, 128, 512, 2048]
+
+
+def test_digits_without_scikit_learn_is_refused_clearly(monkeypatch, tmp_path):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sklearn" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"digits dataset needs scikit-learn.*pip install 'raydist\[experiments\]'"):
+        experiment_dataset("labels", "digits", tmp_path, quick=False)
+
+
+def test_a_dataset_of_the_wrong_task_is_refused(labels_dataset, tmp_path):
+    with pytest.raises(ConfigError, match="needs a 'pairs' dataset, the folder holds 'labels'"):
+        experiment_dataset("pairs", str(labels_dataset), tmp_path, quick=True)
+
+
+def test_seed_statistics():
+    s = spread([1.0, 2.0, 3.0, math.nan])
+    assert (s.mean, s.std, s.low, s.high, s.n) == (2.0, 1.0, 1.0, 3.0, 3)
+    assert s.cell() == "2.0 ± 1.0" and spread([5.0]).cell() == "5.0" and spread([]).cell() == "-"
+    # difference 3 vs two standard errors 2·√(1/3 + 1/3) = 1.63
+    assert clearly_above(spread([4.0, 5.0, 6.0]), s) and not clearly_above(spread([2.5, 3.5, 4.5]), s)
+
+
+def test_mh_stall_is_found_at_two_batch_margin():
+    config = {"loss.margin": 0.2, "train.batch_size": 128, "loss.reduction": "sum"}
+    history = [{"epoch": 1, "loss/hardest": 0, "train/loss": 51.2},  # SH phase: not MH, not a stall
+               {"epoch": 2, "loss/hardest": 1, "train/loss": 51.5},
+               {"epoch": 3, "loss/hardest": 1, "train/loss": 30.0}]  # fmt: skip
+    record = TrialRecord("mh", "t", "TERMINATED", config, history, "val/rsum")
+    assert collapse_value(config) == pytest.approx(51.2)
+    assert stalled_epochs(record) == [2]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_quick_mode_runs_end_to_end(ray_cluster, tmp_path, name):
+    out = run_experiment(name, quick=True, out_dir=tmp_path / name)
+    trials = json.loads(Path(out["files"]["trials"]).read_text())
+    assert trials and all(t["status"] == "TERMINATED" and t["test"] for t in trials), trials
+    assert out["rows"] and out["verdict"][-1].startswith("Quick mode")
+    assert out["table"].startswith("| ") and out["table"] in Path(out["files"]["summary"]).read_text()
+    for figure in out["figures"].values():
+        assert Path(figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert summarise_saved(out["out_dir"])["table"] == out["table"]
