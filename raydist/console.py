@@ -4,6 +4,7 @@ logs, worker chatter and library warnings go to the run's log file only. ``raydi
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import threading
 import warnings
@@ -12,7 +13,8 @@ from typing import Any
 
 PREFIX = "[raydist]"  # lines the workers print for the user start with this
 _state = {"verbose": False}
-_lock = threading.Lock()
+_lock = threading.Lock()  # console writes
+_file_lock = threading.Lock()  # log file appends
 
 
 def configure_console(verbose: bool) -> None:
@@ -24,6 +26,40 @@ def configure_console(verbose: bool) -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
     for name in ("ray", "ray.train", "ray.tune", "ray.data"):
         logging.getLogger(name).setLevel(logging.WARNING)
+
+
+_PERCENT = re.compile(r"^\[raydist\] epoch \d+/\d+ step \d+/\d+ \((\d+)%\)")
+_bar_open = {"value": False}
+BAR_WIDTH = 20
+
+
+def progress_bar(line: str) -> str | None:
+    """A progress line (``[raydist] epoch 2/5 step 40/117 (34%) …``) with a bar after the prefix, for a
+    terminal; None for any other line."""
+    match = _PERCENT.match(line)
+    if not match:
+        return None
+    filled = min(int(match.group(1)), 100) * BAR_WIDTH // 100
+    return f"{PREFIX} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {line[len(PREFIX) + 1:]}"
+
+
+def emit(lines: list[str]) -> None:
+    """Print our lines. On a terminal, progress lines redraw one bar in place (the next other line starts
+    below it); in logs, jobs and pipes every line is printed as it is."""
+    out = sys.stdout
+    tty = out.isatty()
+    with _lock:
+        for line in lines:
+            bar = progress_bar(line) if tty else None
+            if bar is not None:
+                out.write("\r\033[K" + bar)
+                _bar_open["value"] = True
+                continue
+            if _bar_open["value"]:
+                out.write("\n")
+                _bar_open["value"] = False
+            out.write(line + "\n")
+        out.flush()
 
 
 def is_verbose() -> bool:
@@ -43,15 +79,14 @@ def route_ray_output(log_file: str | Path) -> None:
 
     def handle(data: dict[str, Any]) -> None:
         source = data.get("actor_name") or data.get("task_name") or f"pid={data.get('pid')}"
-        with _lock, open(path, "a") as f:
+        with _file_lock, open(path, "a") as f:
             f.writelines(f"({source}) {line}\n" for line in data.get("lines", []))
         if verbose:
             print_to_stdstream(data, ignore_prefix=False)
             return
         ours = [line for line in data.get("lines", []) if line.startswith(PREFIX)]
         if ours:
-            sys.stdout.write("\n".join(ours) + "\n")
-            sys.stdout.flush()
+            emit(ours)
 
     dispatcher.remove_handler("ray_print_logs")
     dispatcher.remove_handler("raydist")

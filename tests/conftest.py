@@ -1,4 +1,4 @@
-"""One Ray local cluster per test session, environment set before Ray is imported (RAY_NOTES.md)."""
+"""One Ray local cluster per test session, environment set before Ray is imported."""
 
 import os
 

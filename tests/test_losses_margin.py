@@ -1,4 +1,5 @@
-"""raydist.losses.margin against a brute-force loop over pairs in float64 (DESIGN.md §4: ``[α + t(d − β)]₊``)."""
+"""raydist.losses.margin against a brute-force loop over pairs in float64
+(docs/algorithms.md#margin-loss: ``[α + t(d − β)]₊``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""raydist.losses.ranking / similarity against brute-force python loops in float64 (DESIGN.md §4)."""
+"""raydist.losses.ranking / similarity against brute-force python loops in float64
+(docs/algorithms.md#ranking-loss)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""raydist.losses.triplets / distances against brute-force python enumeration in float64 (DESIGN.md §4).
+"""raydist.losses.triplets / distances against brute-force python enumeration in float64
+(docs/algorithms.md#triplet-miners).
 
 Miners are compared as sets of triplets with loops over their written definitions; random miners by the
 validity of every draw and by draw frequencies over many seeds against probabilities computed here.

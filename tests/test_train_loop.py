@@ -122,6 +122,22 @@ def test_schedule_by_steps(tiny_dataset):
     assert resolve_schedule(load_config("tiny"), tiny_dataset)[0].train.epochs == load_config("tiny").train.epochs
 
 
+def test_raised_epochs_scale_the_lr_decay_epoch(tiny_dataset):
+    """The LR drops at the same fraction of the run when train.min_steps raises the epochs (4 of 5 epochs
+    → 4·E′/5 of E′), and a decay that never happens in the configured run stays off."""
+    from raydist.train.trainer import resolve_schedule
+
+    steps = 2000 // 128  # tiny_dataset: 400 images × 5 captions, batch 128 → 15 steps per epoch
+    cfg = load_config("tiny", overrides={"data.path": str(tiny_dataset), "train.batch_size": 128, "train.epochs": 5,
+                                         "train.lr_decay_epoch": 4, "train.min_steps": 40 * steps})  # fmt: skip
+    resolved, note = resolve_schedule(cfg, tiny_dataset)
+    assert resolved.train.epochs == 40 and resolved.train.lr_decay_epoch == 32  # 4 · 40 / 5
+    assert "LR decay at epoch 32, scaled from train.lr_decay_epoch=4" in note
+    plain, _ = resolve_schedule(cfg.model_copy(update={"train": cfg.train.model_copy(update={"min_steps": 0})}),
+                                tiny_dataset)  # fmt: skip
+    assert (plain.train.epochs, plain.train.lr_decay_epoch) == (5, 4)
+
+
 def test_stalled_mh_is_detected_and_falls_back_to_sh(tiny_dataset):
     cfg = load_config("tiny", overrides={"data.path": str(tiny_dataset)})
     task = build_task(cfg, DataInfo.from_dataset(tiny_dataset))

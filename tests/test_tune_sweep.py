@@ -18,6 +18,7 @@ from raydist.tune.sweep import (
     resume_sweep,
     run_sweep,
     sweep_cpus,
+    trial_epochs,
 )
 
 MARGIN = str(Path(__file__).resolve().parents[1] / "tune_spaces" / "margin.yaml")
@@ -52,6 +53,22 @@ def test_too_little_data_for_the_largest_negative_set_is_refused(tiny_dataset):
     cfg = resolve_base_config(space, preset="tiny", overrides={"data.path": str(tiny_dataset)})
     with pytest.raises(ValueError, match="has 2000 rows, fewer than one global batch of 4096"):
         run_sweep(space, cfg)
+
+
+def test_trials_schedule_by_steps_like_train(tiny_dataset):
+    """Tune trials resolve train.min_steps as `raydist train` does, per trial (a bigger swept batch has fewer
+    steps per epoch, so more epochs), and ASHA's max_t covers the longest trial."""
+    from raydist.tune.sweep import _scheduler
+
+    space = parse_space({"space": {"train.batch_size": {"grid": [16, 64]}}}, name="steps")
+    cfg = resolve_base_config(space, preset="tiny", overrides={"data.path": str(tiny_dataset), "train.min_steps": 400})
+    rows = 2000  # tiny_dataset: 400 images × 5 captions
+    expected = {b: max(cfg.train.epochs, -(-400 // (rows // b))) for b in (16, 64)}
+    assert expected[64] > expected[16] > cfg.train.epochs  # 13 vs 4 epochs; the preset runs 3
+    for batch, epochs in expected.items():
+        assert trial_epochs(cfg, {"train.batch_size": batch}, Path(tiny_dataset)) == epochs
+    assert trial_epochs(cfg, {"train.batch_size": 64}, None) == cfg.train.epochs
+    assert _scheduler(space, cfg, Path(tiny_dataset))._max_t == expected[64]
 
 
 def test_a_sweep_that_cannot_fit_is_refused(ray_cluster):

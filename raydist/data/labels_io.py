@@ -29,10 +29,10 @@ SPLIT_CODES = {0: "train", 1: "val", 2: "test"}
 
 
 def flip_labels(labels: np.ndarray, sample_ids: np.ndarray, *, p: float, num_classes: int, seed: int) -> np.ndarray:
-    """Symmetric label noise (DESIGN.md §4): each label y is kept with probability 1 − p and otherwise
-    replaced by ``(y + s) mod K``, s uniform on {1, …, K−1} — a uniformly chosen other class. The draws are a
-    function of (sample id, seed) alone, so a row gets the same noisy label in any order, shard or worker
-    (streamed, in memory, or written by :func:`corrupt_labels`)."""
+    """Symmetric label noise (docs/algorithms.md#label-noise): each label y is kept with probability 1 − p
+    and otherwise replaced by ``(y + s) mod K``, s uniform on {1, …, K−1} — a uniformly chosen other class.
+    The draws are a function of (sample id, seed) alone, so a row gets the same noisy label in any order,
+    shard or worker (streamed, in memory, or written by :func:`corrupt_labels`)."""
     if not 0.0 <= p < 1.0:
         raise RaydistDataError(f"label noise p must lie in [0, 1), got {p}")
     if p == 0:
@@ -48,11 +48,11 @@ def corrupt_labels(src: str | Path, out: str | Path, *, p: float, seed: int, ove
     """Copy the labels dataset ``src`` to ``out`` with symmetric noise on the train labels; return ``out``.
 
     Each train row's label y is kept with probability 1 − p and otherwise replaced by ``(y + s) mod K``
-    with s uniform on {1, …, K−1}, i.e. a uniformly chosen other class (DESIGN.md §4). Val and test labels
-    are not changed. ``clean_label`` is written on every split: the source's ``clean_label`` when it has
-    one (so noise on noise keeps the original truth), else its ``label``. Ids, features (same dtype) and
-    shard sizes are copied; the manifest ``source`` records p, seed, the flipped count and the source's
-    own notes. Deterministic for a seed: :func:`flip_labels` draws by sample id.
+    with s uniform on {1, …, K−1}, i.e. a uniformly chosen other class (docs/algorithms.md#label-noise).
+    Val and test labels are not changed. ``clean_label`` is written on every split: the source's
+    ``clean_label`` when it has one (so noise on noise keeps the original truth), else its ``label``. Ids,
+    features (same dtype) and shard sizes are copied; the manifest ``source`` records p, seed, the flipped
+    count and the source's own notes. Deterministic for a seed: :func:`flip_labels` draws by sample id.
     """
     src, out = Path(src), Path(out)
     if not 0.0 <= p < 1.0:

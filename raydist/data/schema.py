@@ -1,4 +1,4 @@
-"""Shard schema (DESIGN.md §2): column names and Arrow types, dataset layout constants, the data error.
+"""Shard schema (README.md#data): column names and Arrow types, dataset layout constants, the data error.
 
 One Parquet row per caption (task ``pairs``) or per sample (task ``labels``, and any other registered task,
 which uses the labelled layout).

@@ -1,4 +1,5 @@
-"""Dataset validation: every check of DESIGN.md §2 as a :class:`Problem` naming file, row and field.
+"""Dataset validation: every check of the dataset layout (README.md#data) as a :class:`Problem` naming
+file, row and field.
 
 The same checks guard the writer (before a shard is written) and ``read_split(verify=True)``.
 Row numbers are 0-based positions within the named Parquet file.

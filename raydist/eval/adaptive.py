@@ -1,7 +1,8 @@
 """Adaptive and funnel retrieval with nested embeddings (Kusupati et al. 2022), their cost and baselines.
 
-Owns shortlist-then-re-rank search over re-normalised prefixes, the MFLOPs/query formula (DESIGN.md §4),
-projections for non-nested models (first m dims, SVD, Gaussian JL) and a wall-clock timer.
+Owns shortlist-then-re-rank search over re-normalised prefixes, the MFLOPs/query formula
+(docs/algorithms.md#retrieval-cost), projections for non-nested models (first m dims, SVD, Gaussian JL)
+and a wall-clock timer.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Metrics for class-labelled embeddings (DESIGN.md §4): Recall@K, P@k, mAP@k, NMI, 1-NN accuracy.
+"""Metrics for class-labelled embeddings (docs/algorithms.md#labelled-metrics): Recall@K, P@k, mAP@k, NMI,
+1-NN accuracy.
 
 All are percentages (×100), computed on the labels given (pass the clean labels). Retrieval is
 leave-one-out within the set by inner product of L2-normalised rows: a query never retrieves itself.

@@ -1,4 +1,4 @@
-"""Image–caption retrieval metrics with the VSE++ protocol (DESIGN.md §4).
+"""Image–caption retrieval metrics with the VSE++ protocol (docs/algorithms.md#retrieval-metrics).
 
 i2t: an image's rank is the best (smallest) 0-based rank among its captions; t2i: one query per
 caption, ranked against all images. R@K = % of queries with rank < K; medr = floor(median) + 1;

@@ -1,5 +1,6 @@
-"""Retrieval with the nested (Matryoshka) embeddings of a trained checkpoint (DESIGN.md §4): embed a split,
-index re-normalised prefixes, and score single-shot, adaptive, funnel and baseline retrieval per dim.
+"""Retrieval with the nested (Matryoshka) embeddings of a trained checkpoint
+(docs/algorithms.md#adaptive-and-funnel-retrieval): embed a split, index re-normalised prefixes, and score
+single-shot, adaptive, funnel and baseline retrieval per dim.
 
 The ``evaluate_*`` functions return flat rows (method, dims, metrics, MFLOPs/query, ms/query) that
 :mod:`raydist.eval.retrieval_plots` renders; faiss and matplotlib are imported lazily.

@@ -1,5 +1,5 @@
-"""``label-noise``: triplet / margin losses under symmetric label noise p (DESIGN.md §4). Claims: (1) a loss
-keeps its clean-label Recall@1 while noisy pairs stay a minority after the sampler's skew —
+"""``label-noise``: triplet / margin losses under symmetric label noise p (docs/algorithms.md#label-noise).
+Claims: (1) a loss keeps its clean-label Recall@1 while noisy pairs stay a minority after the sampler's skew —
 ``η₊·q₊ < 1/2`` and ``η₋·q₋ < 1/2`` (:func:`raydist.losses.noise.noise_tolerance`; η₊ = 1 assumed, η₋
 measured) — and loses it beyond; (2) drawing the semi-hard negative at random skews less than taking the
 closest one (η_random < η_fixed); (3) hardest mining is the least robust."""
@@ -143,8 +143,9 @@ register_experiment(Experiment(
     name="label-noise",
     claim="metric losses keep clean-label Recall@1 below the label-noise bound; random semi-hard mining skews "
           "less than fixed; hardest mining is the least robust",
-    reference="DESIGN.md §4 (raydist.losses.noise: pair_flip_rates, sampler_skew, noise_tolerance); miners after "
-              "Wu et al. 2017; margin loss of Wu et al. 2017",
+    reference="docs/algorithms.md#label-noise, #sampler-skew, #noise-tolerance (raydist.losses.noise: "
+              "pair_flip_rates, sampler_skew, noise_tolerance); miners after Wu et al. 2017; margin loss of "
+              "Wu et al. 2017",
     task="labels",
     space="label_noise",
     sweeps=sweeps,

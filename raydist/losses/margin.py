@@ -1,5 +1,5 @@
-"""Margin loss (Wu, Manmatha et al. 2017; DESIGN.md §4): pair terms ``[α + t(d − β)]₊`` around a learnable
-boundary β (one, or one per class), on the pairs of mined triplets.
+"""Margin loss (Wu, Manmatha et al. 2017; docs/algorithms.md#margin-loss): pair terms ``[α + t(d − β)]₊``
+around a learnable boundary β (one, or one per class), on the pairs of mined triplets.
 """
 
 from __future__ import annotations
@@ -95,7 +95,8 @@ def margin_loss(
     reduction: str = "mean",
     nu: float = 0.0,
 ) -> Tensor:
-    """Margin loss of a labelled batch (DESIGN.md §4; α = 0.2, β₀ = 1.2): :func:`margin_loss_parts` reduced.
+    """Margin loss of a labelled batch (docs/algorithms.md#margin-loss; α = 0.2, β₀ = 1.2):
+    :func:`margin_loss_parts` reduced.
 
     Each triplet (a, p, n) gives the positive pair (a, p) and the negative pair (a, n). Without
     ``triplets`` they are mined by :func:`mine_triplets` with ``strategy`` (semi-hard windows use

@@ -1,4 +1,5 @@
-"""Matryoshka (nested) losses: one loss applied to re-normalised prefixes of the embedding (DESIGN.md §4).
+"""Matryoshka (nested) losses: one loss applied to re-normalised prefixes of the embedding
+(docs/algorithms.md#matryoshka-loss).
 
 Owns the nesting-list checks and the prefix views; the wrapped loss never knows it is nested.
 """

@@ -1,5 +1,6 @@
-"""Label-noise maths (DESIGN.md §4): pair flip rates q₊/q₋ under symmetric noise, the sampler skew η
-measured from mined pairs, and the tolerance condition raydist checks."""
+"""Label-noise maths (docs/algorithms.md#label-noise, #sampler-skew, #noise-tolerance): pair flip rates
+q₊/q₋ under symmetric noise, the sampler skew η measured from mined pairs, and the tolerance condition
+raydist checks."""
 
 from __future__ import annotations
 

@@ -152,9 +152,10 @@ def ranking_loss(
 
     With ``S = s(img, cap)`` (rows images, columns captions), SH is
     ``Σ_k Σ_{l≠k} [α − S_kk + S_kl]₊ + Σ_l Σ_{k≠l} [α − S_ll + S_kl]₊`` and MH (``hardest=True``) replaces
-    each inner Σ by max (DESIGN.md §4). Rows sharing an ``image_id`` are never each other's negatives
-    (without ids only the diagonal is masked). ``reduction="mean"`` divides the sum by the 2N query terms.
-    Computed tiled by :func:`mined_ranking_terms` (MH: miner + hinge on the mined rows; SH: tiled sums).
+    each inner Σ by max (docs/algorithms.md#ranking-loss). Rows sharing an ``image_id`` are never each
+    other's negatives (without ids only the diagonal is masked). ``reduction="mean"`` divides the sum by
+    the 2N query terms. Computed tiled by :func:`mined_ranking_terms` (MH: miner + hinge on the mined rows;
+    SH: tiled sums).
     """
     n = img.shape[0]
     ids = torch.arange(n, device=img.device) if image_ids is None else image_ids.to(img.device)

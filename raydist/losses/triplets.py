@@ -1,4 +1,5 @@
-"""Triplet miners over a labelled batch and the triplet loss (DESIGN.md §4; sampling after Wu et al. 2017).
+"""Triplet miners over a labelled batch and the triplet loss (docs/algorithms.md#triplet-miners; sampling
+after Wu et al. 2017).
 
 A miner returns :class:`Triplets` (index tuples, no autograd); :func:`triplet_terms` gives one term per
 triplet; :func:`reduce_terms` gives a :class:`TermSum` whose count a cross-worker caller may replace.
@@ -256,8 +257,8 @@ def negative_probabilities(
 def triplet_terms(
     emb: Tensor, triplets: Triplets, *, margin: float = 0.2, hinged: bool = True, distance: str = "euclidean"
 ) -> Tensor:
-    """Per-triplet terms [T]: hinged ``[d_ap − d_an + α]₊``, unhinged ``d_ap − d_an`` (DESIGN.md §4),
-    with ``d`` = :func:`paired_distance`."""
+    """Per-triplet terms [T]: hinged ``[d_ap − d_an + α]₊``, unhinged ``d_ap − d_an``
+    (docs/algorithms.md#triplet-loss), with ``d`` = :func:`paired_distance`."""
     anchors, positives, negatives = triplets
     anchor_rows = emb[anchors]
     gap = paired_distance(anchor_rows, emb[positives], distance) - paired_distance(

@@ -1,6 +1,7 @@
 """Matryoshka classification heads: logits from each nested prefix of an embedding (MRL and MRL-E).
 
-Owns the per-prefix linear heads and the nested cross-entropy ``Σ_m c_m · CE(logits_m, y)`` (DESIGN.md §4).
+Owns the per-prefix linear heads and the nested cross-entropy ``Σ_m c_m · CE(logits_m, y)``
+(docs/algorithms.md#matryoshka-loss).
 """
 
 from __future__ import annotations

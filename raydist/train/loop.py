@@ -7,7 +7,6 @@ number of times (a report is a barrier under Ray)."""
 from __future__ import annotations
 
 import dataclasses
-import sys
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
@@ -72,9 +71,11 @@ class LoopState:
 
 def say(*parts: Any) -> None:
     """Print a progress line once. (Train V2 patches ``print`` in workers to also copy each line to its
-    logger, which prints every line twice on the driver; writing to the stream does not.)"""
-    sys.stdout.write(" ".join(str(p) for p in parts) + "\n")
-    sys.stdout.flush()
+    logger, which prints every line twice on the driver; writing to the stream does not.) In-process, a
+    terminal shows progress lines as a bar redrawn in place (:func:`raydist.console.emit`)."""
+    from raydist.console import emit
+
+    emit([" ".join(str(p) for p in parts)])
 
 
 def autocast(amp: str, device: torch.device) -> torch.autocast:

@@ -52,7 +52,9 @@ def checked_data_dir(cfg: Config, configs: Iterable[Config] = ()) -> Path:
 def resolve_schedule(cfg: Config, data_dir: Path) -> tuple[Config, str]:
     """Epochs from steps: ``train.epochs`` is raised until the run has ``train.min_steps`` optimizer steps
     and ``loss.warmup_sh_epochs`` until SH runs ``loss.warmup_sh_steps`` steps (small datasets have few
-    steps per epoch). Returns the config to run and a one-line description of the schedule."""
+    steps per epoch). When the epochs are raised, ``train.lr_decay_epoch`` is scaled by the same factor, so
+    the LR still drops at the same fraction of the run. Returns the config to run and a one-line
+    description of the schedule."""
     import math
 
     rows = load_manifest(data_dir).splits["train"].rows * cfg.data.train_fraction
@@ -60,15 +62,20 @@ def resolve_schedule(cfg: Config, data_dir: Path) -> tuple[Config, str]:
     t, lo = cfg.train, cfg.loss
     epochs = max(t.epochs, math.ceil(t.min_steps / steps))
     warmup = max(lo.warmup_sh_epochs, math.ceil(lo.warmup_sh_steps / steps)) if lo.hardest else 0
+    decay = max(1, round(t.lr_decay_epoch * epochs / t.epochs)) if epochs != t.epochs else t.lr_decay_epoch
     note = f"schedule: {epochs} epochs × {steps} steps = {epochs * steps} steps"
     if epochs != t.epochs:
-        note += f" (train.epochs {t.epochs} raised for train.min_steps={t.min_steps})"
+        note += f" (train.epochs {t.epochs} raised for train.min_steps={t.min_steps}"
+        if t.lr_decay_factor != 1.0 and t.lr_decay_epoch <= t.epochs:
+            note += f"; LR decay at epoch {decay}, scaled from train.lr_decay_epoch={t.lr_decay_epoch}"
+        note += ")"
     if warmup:
         note += f"; SH warm-up {warmup} epochs" + (
             f" (raised for loss.warmup_sh_steps={lo.warmup_sh_steps})" if warmup != lo.warmup_sh_epochs else ""
         )
     resolved = cfg.model_copy(deep=True)
     resolved.train.epochs, resolved.loss.warmup_sh_epochs = epochs, max(warmup, lo.warmup_sh_epochs)
+    resolved.train.lr_decay_epoch = decay
     return resolved, note
 
 

@@ -16,7 +16,7 @@ import yaml
 from raydist.config import Config, ConfigError, dump_yaml, from_dict
 from raydist.console import route_ray_output
 from raydist.runtime import DATA_CPUS, init_ray, run_cpus
-from raydist.train.trainer import build_trainer, checked_data_dir
+from raydist.train.trainer import build_trainer, checked_data_dir, resolve_schedule
 from raydist.tune.space import SweepSpace, parse_space, trial_config, trial_configs
 
 SWEEP_FILE = "raydist_sweep.yaml"  # space + base config + data folder: what `--resume` needs
@@ -93,7 +93,7 @@ def trial_driver(
     from ray import tune
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    cfg = trial_config(from_dict(base), config)
+    cfg, _ = resolve_schedule(trial_config(from_dict(base), config), Path(data_dir))
     trial_folder = f"{experiment_path}/{Path(tune.get_context().get_trial_dir()).name}"
     trainer = build_trainer(
         cfg,
@@ -138,7 +138,7 @@ def run_sweep(
             mode=space.mode,
             num_samples=space.num_samples,
             max_concurrent_trials=space.max_concurrent_trials,
-            scheduler=_scheduler(space, cfg),
+            scheduler=_scheduler(space, cfg, data_dir),
             search_alg=search_alg,
             trial_dirname_creator=trial_dirname,
         ),
@@ -146,7 +146,7 @@ def run_sweep(
             name=name, storage_path=storage, failure_config=tune.FailureConfig(max_failures=0)
         ),
     )
-    return summarise(tuner.fit(), space, cfg, experiment_path)
+    return summarise(tuner.fit(), space, cfg, experiment_path, data_dir)
 
 
 def resume_sweep(path: str, *, resume_errored: bool = False, address: str | None = None) -> SweepOutcome:
@@ -168,14 +168,17 @@ def resume_sweep(path: str, *, resume_errored: bool = False, address: str | None
         trainable=_trainable(space, cfg, Path(saved["data_dir"]), experiment_path),
         resume_errored=resume_errored,
     )
-    return summarise(tuner.fit(), space, cfg, experiment_path)
+    return summarise(tuner.fit(), space, cfg, experiment_path, Path(saved["data_dir"]))
 
 
-def summarise(grid: Any, space: SweepSpace, base: Config, experiment_path: str) -> SweepOutcome:
-    """Results table rows from a Tune ``ResultGrid``; writes the best trial's config as a preset."""
+def summarise(
+    grid: Any, space: SweepSpace, base: Config, experiment_path: str, data_dir: Path | None = None
+) -> SweepOutcome:
+    """Results table rows from a Tune ``ResultGrid``; writes the best trial's config as a preset. With
+    ``data_dir``, a trial's planned epochs are those of its resolved schedule (``train.min_steps``)."""
     rows, checkpoints = [], {}
     for result in grid:
-        row, checkpoints[Path(result.path).name] = _trial_row(result, space, base)
+        row, checkpoints[Path(result.path).name] = _trial_row(result, space, base, data_dir)
         rows.append(row)
     rows.sort(key=lambda r: r.trial)
     best = _best_row(grid, space, rows)
@@ -203,7 +206,16 @@ def _best_row(grid: Any, space: SweepSpace, rows: list[TrialRow]) -> TrialRow | 
     return next((r for r in rows if r.trial == name and r.metric is not None), None)
 
 
-def _trial_row(result: Any, space: SweepSpace, base: Config) -> tuple[TrialRow, str | None]:
+def trial_epochs(base: Config, values: dict[str, Any], data_dir: Path | None) -> int:
+    """The epochs a trial with these swept ``values`` runs: its config's, raised by ``train.min_steps``
+    for the data in ``data_dir`` (as ``trial_driver`` resolves it)."""
+    cfg = trial_config(base, values)
+    return resolve_schedule(cfg, data_dir)[0].train.epochs if data_dir else cfg.train.epochs
+
+
+def _trial_row(
+    result: Any, space: SweepSpace, base: Config, data_dir: Path | None = None
+) -> tuple[TrialRow, str | None]:
     """A trial's table row and the checkpoint of its best report (per ``metric``/``mode``)."""
     import pandas as pd
 
@@ -216,14 +228,15 @@ def _trial_row(result: Any, space: SweepSpace, base: Config) -> tuple[TrialRow, 
         metric = reports[space.metric]
         best = reports.loc[metric.idxmax() if space.mode == "max" else metric.idxmin()]
     epochs = int(df["epoch"].max()) if "epoch" in df and len(df) else 0
+    planned = trial_epochs(base, values, data_dir)
     row = TrialRow(
         trial=Path(result.path).name,
         values=values,
         metric=None if best is None else float(best[space.metric]),
         epochs=epochs,
-        status=_status(result, epochs, trial_config(base, values).train.epochs),
+        status=_status(result, epochs, planned),
         error=_error_line(result.error),
-        note=_note(result, epochs, trial_config(base, values).train.epochs),
+        note=_note(result, epochs, planned),
     )
     return row, None if best is None else best.get("checkpoint_path")
 
@@ -273,15 +286,18 @@ def _trainable(space: SweepSpace, cfg: Config, data_dir: Path, experiment_path: 
     return tune.with_resources(driver, {"cpu": space.trial_cpus})
 
 
-def _scheduler(space: SweepSpace, cfg: Config) -> Any:
+def _scheduler(space: SweepSpace, cfg: Config, data_dir: Path) -> Any:
+    """FIFO, or ASHA on epochs; ASHA's ``max_t`` defaults to the most epochs a checked trial config runs
+    after ``train.min_steps`` raised them (a bigger swept batch has fewer steps per epoch)."""
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
     s = space.scheduler
     if s.kind == "fifo":
         return FIFOScheduler()
+    planned = [resolve_schedule(c, data_dir)[0].train.epochs for c in [cfg, *trial_configs(space, cfg)]]
     return ASHAScheduler(
         time_attr="epoch",
-        max_t=s.max_t or cfg.train.epochs,
+        max_t=s.max_t or max(planned),
         grace_period=s.grace_period,
         reduction_factor=s.reduction_factor,
     )
