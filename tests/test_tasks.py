@@ -69,12 +69,18 @@ def test_a_new_task_is_one_registered_class(labels_dataset, tmp_path):
     assert out["history"][-1]["val/acc"] > 40  # 10 classes: chance 10 %
 
 
-@pytest.mark.timeout(240)
-def test_labels_task_trains_end_to_end_with_two_workers(ray_cluster, tmp_path, capsys):
-    data = tmp_path / "labels"
+@pytest.fixture(scope="module")
+def separable_labels(tmp_path_factory):
+    data = tmp_path_factory.mktemp("labels") / "labels"
     assert main(["make-data", "synthetic-labels", "--out", str(data), "--classes", "10", "--train-per-class",
                  "80", "--val-per-class", "20", "--test-per-class", "30", "--dim", "32", "--overlap", "0.05",
                  "--seed", "1"]) == 0  # fmt: skip
+    return data
+
+
+@pytest.mark.timeout(240)
+def test_labels_task_trains_end_to_end_with_two_workers(ray_cluster, separable_labels, tmp_path, capsys):
+    data = separable_labels
     out_json = tmp_path / "outcome.json"
     code = main(["train", "--preset", "tiny", "--data", str(data), "--storage", str(tmp_path / "runs"),
                  "--json", str(out_json), "train.epochs=4", "train.lr=0.005"])  # fmt: skip
@@ -83,3 +89,16 @@ def test_labels_task_trains_end_to_end_with_two_workers(ray_cluster, tmp_path, c
     assert outcome["test_metrics"]["top1"] > 50, outcome["test_metrics"]  # chance: 10 %
     assert outcome["test_metrics"]["r1"] > 50
     assert "top-1" in capsys.readouterr().out
+
+
+@pytest.mark.timeout(240)
+def test_triplet_loss_under_label_noise_trains_end_to_end_with_two_workers(ray_cluster, separable_labels, tmp_path):
+    """Triplet loss, random semi-hard mining over the batch gathered from 2 workers, 20 % of the train labels
+    flipped: clean-label test Recall@1 far above chance (10 %)."""
+    out_json = tmp_path / "outcome.json"
+    code = main(["train", "--preset", "tiny", "--data", str(separable_labels), "--storage", str(tmp_path / "runs"),
+                 "--json", str(out_json), "train.epochs=4", "train.lr=0.005", "train.batch_size=64",
+                 "loss.kind=triplet", "loss.miner=semihard-random", "data.label_noise=0.2"])  # fmt: skip
+    assert code == 0
+    metrics = json.loads(out_json.read_text())["test_metrics"]
+    assert metrics["r1"] > 50, metrics
