@@ -458,9 +458,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides every trial shares")
     p.set_defaults(func=cmd_tune)
     for command in sub.choices.values():  # every option's help shows its default
-        command.formatter_class = argparse.ArgumentDefaultsHelpFormatter
+        command.formatter_class = DefaultsHelpFormatter
     parser.set_defaults(commands=sub.choices)
     return parser
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Append ``(default: X)`` to an option's help when it has a real default that the help text does not
+    already describe (no "(default: None)" or "(default: False)" noise)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -75,3 +75,16 @@ def test_progress_line_counts_and_eta():
     p.times = [0.0, 1.0, 2.0]  # 2 steps in 2 s → 1 step/s
     line = p.line(epoch=0, step_in_epoch=5)
     assert line.startswith("epoch 1/2 step 5/10 (50%)") and "samples/s 64" in line and "ETA 0m15s" in line
+
+
+def test_every_help_shows_real_defaults_once_and_no_empty_ones():
+    from raydist.cli import build_parser
+
+    commands = build_parser().parse_args(["train"]).commands
+    assert {"train", "eval", "tune", "retrieve", "experiment"} <= set(commands)
+    for name, command in commands.items():
+        text = " ".join(command.format_help().split())
+        assert "(default: None)" not in text and "(default: False)" not in text, name
+    assert "(default: 10)" in " ".join(commands["retrieve"].format_help().split())  # --k
+    tune = " ".join(commands["tune"].format_help().split())  # a help that states its default gets no second one
+    assert "(default: the embedded synthetic dataset, cached) --preset" in tune
