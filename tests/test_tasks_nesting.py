@@ -81,3 +81,45 @@ def test_labels_nesting(labels_dataset, kind):
                         terms.append(max(0.0, float(d[a, p] - d[a, n] + 0.2)))
             want = want + sum(terms) / len(terms)
         assert float(got) == pytest.approx(float(want), rel=1e-4)
+
+
+class _Prefix(torch.nn.Module):
+    """``inner`` with its embeddings cut to the first ``m`` dims and re-normalised, written out here
+    independently of the code under test."""
+
+    def __init__(self, inner, m):
+        super().__init__()
+        self.inner, self.m = inner, m
+
+    def image(self, x):
+        return l2_normalize(self.inner.image(x)[:, : self.m])
+
+    def text(self, tokens, lengths):
+        return l2_normalize(self.inner.text(tokens, lengths)[:, : self.m])
+
+    def forward(self, x):  # labels model: (embedding, logits)
+        emb, logits = self.inner(x)
+        return l2_normalize(emb[:, : self.m]), logits
+
+
+def test_validation_reports_the_smallest_prefix_next_to_the_full_dim(tiny_dataset, labels_dataset):
+    """min_dim_* (what a Matryoshka sweep can score on) equals the metric of the explicitly truncated model."""
+    from raydist.eval.label_metrics import label_metrics
+
+    for data, nesting, keys in ((tiny_dataset, "[8, 64]", ("rsum", "i2t_r1", "t2i_r1")), (labels_dataset, "[4, 32]", ("r1",))):
+        cfg = load_config("tiny", overrides={"data.path": str(data), "model.nesting": nesting})
+        task = build_task(cfg, DataInfo.from_dataset(data))
+        torch.manual_seed(0)
+        model = task.build_model()
+        got = task.evaluate(model, "val")
+        small = int(nesting[1:].split(",")[0])
+        if keys == ("r1",):
+            emb, _, labels = task.embed_split(_Prefix(model, small), "val")
+            want = label_metrics(emb.numpy(), labels, ks=(1,))
+        else:
+            plain = build_task(load_config("tiny", overrides={"data.path": str(data)}), DataInfo.from_dataset(data))
+            want = plain.evaluate(_Prefix(model, small), "val")
+            assert "min_dim_rsum" not in plain.evaluate(model, "val")  # no nesting: no extra metric
+        for key in keys:
+            assert got[f"min_dim_{key}"] == pytest.approx(want[key], abs=1e-9), key
+        assert got[keys[0]] != pytest.approx(got[f"min_dim_{keys[0]}"])  # the full dim is reported too

@@ -66,13 +66,23 @@ def evaluate_arrays(
     folds: int = 1,
     batch_size: int = 512,
     device: torch.device | str = "cpu",
+    prefix_dim: int | None = None,
 ) -> dict[str, float]:
-    """Retrieval metrics of ``model`` on ``(image_ids, sample_ids, features, captions)`` arrays."""
+    """Retrieval metrics of ``model`` on ``(image_ids, sample_ids, features, captions)`` arrays. With
+    ``prefix_dim`` m, also ``min_dim_<key>`` for R@1 and rsum of the re-normalised first m dims (one
+    embedding pass serves both)."""
+    from raydist.losses.similarity import l2_normalize
+
     image_ids, _, features, captions = arrays
     emb = embed_split(
         model, vocab, features, captions, image_ids, max_len=max_len, batch_size=batch_size, device=device
     )
-    return retrieval_metrics(emb.images, emb.captions, emb.cap_to_img, folds=folds)
+    metrics = retrieval_metrics(emb.images, emb.captions, emb.cap_to_img, folds=folds)
+    if prefix_dim:
+        low = retrieval_metrics(l2_normalize(emb.images[:, :prefix_dim]), l2_normalize(emb.captions[:, :prefix_dim]),
+                                emb.cap_to_img, folds=folds)  # fmt: skip
+        metrics.update({f"min_dim_{k}": low[k] for k in ("i2t_r1", "t2i_r1", "rsum")})
+    return metrics
 
 
 def evaluate_checkpoint(

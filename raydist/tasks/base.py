@@ -165,6 +165,13 @@ class Task(ABC):
 _TASKS: dict[str, type[Task]] = {}
 
 
+def smallest_prefix(cfg: Config) -> int | None:
+    """The smallest ``model.nesting`` dim when it is below the embedding size (its metrics are reported
+    as ``min_dim_<metric>`` next to the full-dim ones, so a sweep can score on both); else None."""
+    dims = [d for d in cfg.model.nesting if d < cfg.model.embed_dim]
+    return min(dims) if dims else None
+
+
 def register_task(cls: type[Task]) -> type[Task]:
     """Class decorator: make ``cls`` the task of datasets whose manifest says ``task: cls.name``."""
     if cls.name in _TASKS and _TASKS[cls.name] is not cls:

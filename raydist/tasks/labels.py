@@ -20,7 +20,7 @@ from raydist.data.labels_io import flip_labels
 from raydist.data.schema import CLEAN_LABEL, IMAGE, LABEL
 from raydist.distributed import GatheredBatch, NegativeSet, step_generator
 from raydist.distributed.metric import rank_metric_loss
-from raydist.eval.label_metrics import label_metrics
+from raydist.eval.label_metrics import label_metrics, leave_one_out_neighbours
 from raydist.losses.margin import MarginBeta, margin_loss_parts
 from raydist.losses.noise import sampler_skew
 from raydist.losses.triplets import (
@@ -32,7 +32,7 @@ from raydist.losses.triplets import (
 )
 from raydist.models.matryoshka import nested_cross_entropy
 from raydist.models.mlp import LabelsModel
-from raydist.tasks.base import Encoded, StepContext, Task, nested_sum, register_task
+from raydist.tasks.base import Encoded, StepContext, Task, nested_sum, register_task, smallest_prefix
 
 
 def mining_stats(emb: Tensor, labels: Tensor, triplets: Any, *, strategy: str, margin: float,
@@ -182,6 +182,10 @@ class LabelsTask(Task):
         emb, logits, labels = self.embed_split(model, split, device)
         top1 = 100.0 * float((logits.argmax(1).numpy() == labels).mean())
         metrics = label_metrics(emb.numpy(), labels, ks=tuple(self.cfg.eval.recall_at))
+        low = smallest_prefix(self.cfg)
+        if low:  # Recall@1 of the re-normalised smallest Matryoshka prefix
+            nearest = labels[leave_one_out_neighbours(emb[:, :low].numpy(), 1)[:, 0]]
+            metrics["min_dim_r1"] = 100.0 * float((nearest == labels).mean())
         return {"top1": top1, **metrics}
 
     def summary(self, metrics: dict) -> str:

@@ -15,7 +15,7 @@ from raydist.data import Vocab, feature_matrix, split_arrays
 from raydist.distributed import GatheredBatch, NegativeSet, rank_ranking_loss
 from raydist.eval.evaluate import evaluate_arrays
 from raydist.models import build_model
-from raydist.tasks.base import Encoded, StepContext, Task, nested_sum, register_task
+from raydist.tasks.base import Encoded, StepContext, Task, nested_sum, register_task, smallest_prefix
 
 
 @register_task
@@ -108,7 +108,7 @@ class PairsTask(Task):
         return evaluate_arrays(
             model, self.vocab, self._splits[split], max_len=self.cfg.data.max_caption_len,
             folds=1 if split == "val" else self.cfg.eval.folds, batch_size=self.cfg.eval.batch_size,
-            device=device,
+            device=device, prefix_dim=smallest_prefix(self.cfg),
         )  # fmt: skip
 
     def phase(self, epoch: int) -> str:
