@@ -71,6 +71,19 @@ def test_negatives_gives_every_size_the_same_optimizer_steps():
     assert sorted(sizes) == [2, 8, 32, 128, 512, 2048]
 
 
+def test_negatives_leaves_out_sizes_larger_than_the_train_split_and_says_so():
+    from dataclasses import replace
+
+    from raydist.experiments.negatives import _verdict, sweeps
+
+    setup = replace(_setup("negatives", quick=False), train_rows=1100)
+    run = sorted(n for sweep in sweeps(setup) for n in next(iter(sweep.grid.values())))
+    assert run == [2, 8, 32, 128, 512]
+    assert _verdict({}, setup)[-1] == "Not run: n = 2048 (more rows per step than the 1100 train rows)."
+    with pytest.raises(ValueError, match=r"holds \(100 rows\)"):
+        sweeps(replace(setup, train_rows=100))
+
+
 def test_digits_without_scikit_learn_is_refused_clearly(monkeypatch, tmp_path):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sklearn" else real(name, *a))

@@ -26,11 +26,23 @@ def steps_per_epoch(train_rows: int, rows_per_step: int) -> int:
     return train_rows // rows_per_step
 
 
+def run_sizes(setup: Setup) -> tuple[list[int], list[int]]:
+    """(sizes run, sizes left out): a size whose rows per step exceed the train split cannot run one step;
+    the summary names the sizes left out."""
+    sizes = QUICK_SIZES if setup.quick else SIZES
+    fits = [n for n in sizes if max(n, setup.base.train.batch_size) <= setup.train_rows]
+    if not fits:
+        raise ValueError(f"every negative-set size {sizes} needs more rows per step than the train split "
+                         f"holds ({setup.train_rows} rows)")  # fmt: skip
+    return fits, [n for n in sizes if n not in fits]
+
+
 def sweeps(setup: Setup) -> list[Sweep]:
     """One sweep per rows-per-step group; a group embedding r rows per step runs
-    ``ceil(E · steps(B) / steps(r))`` epochs (and the SH warm-up scaled alike), E = ``train.epochs``."""
+    ``ceil(E · steps(B) / steps(r))`` epochs (and the SH warm-up scaled alike), E = ``train.epochs``.
+    Sizes larger than the train split are left out (:func:`run_sizes`)."""
     base = setup.base
-    sizes = QUICK_SIZES if setup.quick else SIZES
+    sizes, _ = run_sizes(setup)
     batch_steps = steps_per_epoch(setup.train_rows, StepPlan.from_config(base).rows_per_step)
     groups = group_by(sizes, lambda n: max(n, base.train.batch_size))
     out = []
@@ -98,6 +110,10 @@ def _verdict(by_size: dict[int, list[TrialRecord]], setup: Setup) -> list[str]:
     test = {n: s for n, s in test.items() if s.n}
     lines = _optimum(test) if len(test) >= 3 else \
         [f"not enough sizes with results ({sorted(test)}) to look for an interior optimum"]  # fmt: skip
+    left_out = run_sizes(setup)[1]
+    if left_out:
+        lines.append(f"Not run: n = {', '.join(map(str, left_out))} (more rows per step than the "
+                     f"{setup.train_rows} train rows).")  # fmt: skip
     if setup.quick:
         lines.append("Quick mode (one seed, tiny data): a smoke test, not evidence.")
     return lines
