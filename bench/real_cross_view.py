@@ -236,6 +236,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         preset, over = VARIANTS[name]
         rows[name] = run_variant(preset, over, data_dir, storage / re.sub(r"\W+", "-", name))
         print(_row(name, rows[name]), flush=True)
+    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+        sys.modules["ray"].shutdown()  # stop Ray's log forwarding before its run folders go
     shutil.rmtree(storage, ignore_errors=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
