@@ -357,7 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("experiment", help="run a paper's claim as an experiment: sweep, table, PNG, verdict")
-    p.add_argument("name", help="negatives, mh-vs-sh, gather, label-noise or matryoshka")
+    p.add_argument("name", help="negatives, mh-vs-sh, gather, label-noise, matryoshka or gc-variance")
     p.add_argument("--quick", action="store_true", help="tiny preset, one seed, 1-2 epochs (a smoke run)")
     p.add_argument("--seeds", help="comma-separated seeds (default: the experiment's)")
     p.add_argument("--data", help="dataset folder (default: the experiment's own data)")

@@ -21,7 +21,7 @@ from raydist.experiments.tables import clearly_above, spread
 from raydist.tune.space import load_space, resolve_base_config
 from raydist.tune.sweep import sweep_cpus
 
-NAMES = ["gather", "label-noise", "matryoshka", "mh-vs-sh", "negatives"]
+NAMES = ["gather", "gc-variance", "label-noise", "matryoshka", "mh-vs-sh", "negatives"]
 TEST_CPUS = 4  # the session's Ray (tests/conftest.py); a local `raydist` Ray has max(cpu_count, 4)
 
 
@@ -37,7 +37,7 @@ def _setup(name: str, quick: bool) -> Setup:
 
 def test_the_registry_names_every_experiment():
     assert experiment_names() == NAMES
-    with pytest.raises(ValueError, match="unknown experiment 'nope'; registered: gather, label-noise"):
+    with pytest.raises(ValueError, match="unknown experiment 'nope'; registered: gather, gc-variance, label-noise"):
         get_experiment("nope")
 
 
@@ -94,6 +94,31 @@ def test_digits_without_scikit_learn_is_refused_clearly(monkeypatch, tmp_path):
 def test_a_dataset_of_the_wrong_task_is_refused(labels_dataset, tmp_path):
     with pytest.raises(ConfigError, match="needs a 'pairs' dataset, the folder holds 'labels'"):
         experiment_dataset("pairs", str(labels_dataset), tmp_path, quick=True)
+
+
+def test_gc_variance_defaults_to_duplicated_data_and_judges_the_half_of_the_claim_it_has(tmp_path):
+    from dataclasses import replace
+
+    from raydist.data import load_manifest
+    from raydist.experiments.gc_variance import summarise
+
+    assert get_experiment("gc-variance").data == "duplicated" and get_experiment("label-noise").data is None
+    dup, plain = (experiment_dataset("labels", name, tmp_path, quick=True) for name in ("duplicated", "no-duplicates"))
+    assert [load_manifest(d).source["duplicates"] for d in (dup, plain)] == [16, 1]
+    assert load_manifest(dup).splits["train"].rows == load_manifest(plain).splits["train"].rows == 640
+
+    def trials(gc: float) -> list[TrialRecord]:  # epoch 1: clusters not formed yet, GC ≈ SGD
+        return [TrialRecord("", f"t{seed}", "TERMINATED", {"train.seed": seed},
+                            [{"epoch": e, "gvar/sgd_nvar": 0.5, "gvar/gc_nvar": 0.49 if e == 1 else gc + 0.01 * seed,
+                              "gc/distortion": 100.0} for e in (1, 2, 3)], "val/r1") for seed in range(3)]  # fmt: skip
+
+    setup = _setup("gc-variance", quick=False)
+    verdict = {(d.name, gc): summarise(trials(gc), tmp_path, replace(setup, data_dir=d)).verdict[0]
+               for d in (dup, plain) for gc in (0.2, 0.49)}  # fmt: skip
+    assert verdict[(dup.name, 0.2)].startswith("Duplicated data (each train example ×16)")
+    assert verdict[(dup.name, 0.2)].endswith(": held.") and verdict[(dup.name, 0.49)].endswith("did not hold.")
+    assert verdict[(plain.name, 0.49)].endswith(": held.") and verdict[(plain.name, 0.2)].endswith("did not hold.")
+    assert "GC/SGD 0.42 ± 0.02" in verdict[(dup.name, 0.2)]
 
 
 def test_seed_statistics():

@@ -4,12 +4,12 @@ whether the claim held); :func:`run_experiment` runs one by name and :func:`summ
 finished one.
 
 Registered here (one module each): ``negatives``, ``mh-vs-sh``, ``gather``, ``label-noise``,
-``matryoshka``. To add one (e.g. gradient-variance curves from raydist.gradclust): write
+``matryoshka``, ``gc-variance``. To add one: write
 ``raydist/experiments/<name>.py`` with a space file, ``sweeps(setup)``, ``summarise(records, out, setup)``
 and ``register_experiment(Experiment(...))``, and import it below.
 """
 
-from raydist.experiments import gather, label_noise, matryoshka, mh_vs_sh, negatives  # noqa: F401  (register)
+from raydist.experiments import gather, gc_variance, label_noise, matryoshka, mh_vs_sh, negatives  # noqa: F401  (register)
 from raydist.experiments.registry import Experiment, Setup, Summary, Sweep, experiment_names, get_experiment
 from raydist.experiments.runner import run_experiment, summarise_saved
 

@@ -20,13 +20,22 @@ QUICK_LABELS = {"classes": 5, "train_per_class": 40, "val_per_class": 10, "test_
                 "overlap": 0.3, "seed": 0}  # fmt: skip
 LABELS = {"classes": 10, "train_per_class": 100, "val_per_class": 40, "test_per_class": 60, "dim": 32,
           "overlap": 0.3, "seed": 0}  # fmt: skip
-LABEL_SOURCES = ("synthetic", "digits")  # named datasets of the labels experiments; anything else is a folder
+# Gradient clustering's variance study (gc-variance, bench/RESULTS.md): 40 distinct train examples × 16 copies
+# (identical features and label), and its twin without duplicates (64 distinct examples per class); both are
+# small enough for quick mode as they are.
+DUPLICATED = {"classes": 10, "train_per_class": 4, "duplicates": 16, "val_per_class": 20, "test_per_class": 20,
+              "dim": 32, "overlap": 0.05, "seed": 5}  # fmt: skip
+NO_DUPLICATES = {**DUPLICATED, "train_per_class": 64, "duplicates": 1}
+GENERATED_LABELS = {"duplicated": DUPLICATED, "no-duplicates": NO_DUPLICATES}
+# named datasets of the labels experiments; anything else is a folder
+LABEL_SOURCES = ("synthetic", "digits", *GENERATED_LABELS)
 
 
 def experiment_dataset(task: str, data: str | None, folder: Path, *, quick: bool) -> Path:
     """The dataset folder of a run: ``data`` when it is a folder (its manifest must name ``task``); for
-    ``labels`` also ``"synthetic"`` (the default) or ``"digits"``; else the task's default, generated
-    under ``folder`` (quick mode: a tiny one)."""
+    ``labels`` also ``"synthetic"`` (the default), ``"digits"``, ``"duplicated"`` or ``"no-duplicates"``
+    (:data:`DUPLICATED`, :data:`NO_DUPLICATES`); else the task's default, generated under ``folder`` (quick
+    mode: a tiny one)."""
     if data and data not in LABEL_SOURCES:
         path = Path(data).expanduser().resolve()
         if not (path / MANIFEST_NAME).is_file():
@@ -43,6 +52,8 @@ def experiment_dataset(task: str, data: str | None, folder: Path, *, quick: bool
         raise ConfigError(f"no default dataset for task {task!r}")
     if data == "digits":
         return digits_dataset(folder)
+    if data in GENERATED_LABELS:
+        return _generated_labels(folder, GENERATED_LABELS[data])
     return _generated_labels(folder, QUICK_LABELS if quick else LABELS)
 
 

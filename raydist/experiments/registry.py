@@ -55,7 +55,9 @@ class Experiment:
     ``task`` names the data it needs (``pairs`` or ``labels``); ``space`` its space file in ``tune_spaces/``;
     ``sweeps`` lists the Tune sweeps of a run; ``summarise(records, out_dir, setup)`` writes the figures into
     ``out_dir`` and returns a :class:`Summary`. ``seeds`` are the normal mode's seeds (quick mode runs the
-    first); ``preset`` is the base preset; ``quick`` the overrides of quick mode (epochs, sizes).
+    first); ``preset`` is the base preset; ``quick`` the overrides of quick mode (epochs, sizes); ``data`` the
+    named dataset used when the run gives no ``--data`` (:data:`raydist.experiments.datasets.LABEL_SOURCES`;
+    None: the task's default).
     """
 
     name: str
@@ -68,6 +70,7 @@ class Experiment:
     seeds: tuple[int, ...] = (0, 1, 2)
     preset: str = "tiny"
     quick: Mapping[str, Any] = field(default_factory=dict)
+    data: str | None = None
 
 
 _EXPERIMENTS: dict[str, Experiment] = {}

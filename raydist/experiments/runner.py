@@ -81,7 +81,7 @@ def run_experiment(
     experiment = get_experiment(name)
     out = Path(out_dir or f"runs/experiments/{name}-{time.strftime('%Y%m%d-%H%M%S')}").expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
-    data_dir = experiment_dataset(experiment.task, data, out / "data", quick=quick)
+    data_dir = experiment_dataset(experiment.task, data or experiment.data, out / "data", quick=quick)
     chosen = tuple(seeds) if seeds else experiment.seeds
     base_overrides = {**(experiment.quick if quick else {}), **(overrides or {}), "data.path": str(data_dir)}
     file_base = load_space(space_path(experiment.space)).base  # swept values are checked per sweep below
