@@ -1,5 +1,5 @@
 """raydist.gradclust: gradient clustering (Faghri et al. 2020) — layer statistics, A/U steps, sharded
-reduce, stratified sampler with unbiased weights, variance meter (DESIGN.md §4)."""
+reduce, stratified sampler with unbiased weights, variance meter (docs/algorithms.md#gradient-clustering)."""
 
 from raydist.gradclust.centres import RankOneCentres, assign, layer_terms, squared_distances
 from raydist.gradclust.clustering import GradientClustering

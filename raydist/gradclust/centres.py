@@ -1,5 +1,6 @@
 """Rank-1 cluster centres ``C_k = d_k c_kᵀ`` of one layer: exact distances to per-example gradients from
-their factors, the A-step, and the least-squares factor updates of the U-step (DESIGN.md §4).
+their factors, the A-step, and the least-squares factor updates of the U-step
+(docs/algorithms.md#per-layer-distances, #a-step, #u-step).
 
 Every layer kind keeps rank-1 centres, Conv2d and Embedding included (their per-example gradients are sums
 of P rank-1 terms, so a centre is not their mean): the distance costs O(B·P·K·(n_in + n_out)), where a
@@ -50,10 +51,59 @@ def layer_terms(factors: Factors, centres: RankOneCentres) -> LayerTerms:
 def combine(terms: list[LayerTerms], centre_sq: Tensor) -> Tensor:
     """``Σ_layers ‖C_k − g_i‖² = Σ_l ‖C_lk‖² − 2 Σ_l cross_lik + Σ_l ‖G_li‖²`` → [B, K] float64, with
     ``centre_sq = Σ_l ‖C_lk‖²``; rounding below 0 is clamped to 0."""
-    cross = sum(t.cross for t in terms).double().mul_(-2)
-    cross += sum(t.grad_sq for t in terms).double().unsqueeze(1)
-    cross += centre_sq
-    return cross.clamp_min_(0)
+    return distances_from(sum(t.cross for t in terms), sum(t.grad_sq for t in terms), centre_sq)
+
+
+def distances_from(cross: Tensor, grad_sq: Tensor, centre_sq: Tensor) -> Tensor:
+    """``centre_sq_k − 2·cross_ik + grad_sq_i`` → [B, K] float64, clamped at 0 (the sums over layers of
+    :func:`combine`)."""
+    # (−2·cross + ‖G‖²) + ‖C‖², each step exact as written (×−2 is exact, + commutes)
+    out = torch.add(grad_sq.double().unsqueeze(1), cross.double(), alpha=-2)
+    out += centre_sq
+    return out.clamp_min_(0)
+
+
+@dataclass
+class PreparedCentres:
+    """One layer's centres laid out for the A-step of every batch, rebuilt only when the centres change:
+    ``d_t = dᵀ`` [n_out, K] and ``c_t = cᵀ`` [n_in, K], contiguous; for a dense layer with a bias ``c_t``
+    holds the input rows [n_in − 1, K] and ``c_bias`` the bias row [K] (see ``Factors.input_proj_t``)."""
+
+    d_t: Tensor
+    c_t: Tensor
+    c_bias: Tensor | None = None
+
+    @classmethod
+    def of(cls, centres: RankOneCentres, bias: bool = False) -> PreparedCentres:
+        c_t = centres.c.T.contiguous()
+        return (
+            cls(centres.d.T.contiguous(), c_t[:-1], c_t[-1]) if bias else cls(centres.d.T.contiguous(), c_t)
+        )
+
+
+def batch_terms(
+    factors: dict[str, Factors], prepared: dict[str, PreparedCentres]
+) -> tuple[Tensor, Tensor, dict[str, tuple[Tensor, Tensor]]]:
+    """The per-batch pieces of :func:`squared_distances` over the layers of ``prepared``, in fewer ops than
+    :func:`layer_terms` + :func:`combine`: ``(Σ_l cross_lik`` [B, K], ``Σ_l ‖G_li‖²`` [B],
+    ``{layer: (δ_ip·d_k, u_ip·c_k)}`` flat [B·P, K]); the same sums, accumulated layer by layer."""
+    cross: Tensor | None = None
+    grad_sq: Tensor | None = None
+    projections = {}
+    for name, prep in prepared.items():
+        f = factors[name]
+        grad_proj, input_proj = f.grad_proj_t(prep.d_t), f.input_proj_t(prep.c_t, prep.c_bias)
+        projections[name] = (grad_proj, input_proj)
+        if f.positions == 1:  # the sum over p is the single product
+            cross = grad_proj * input_proj if cross is None else torch.addcmul(cross, grad_proj, input_proj)
+        else:
+            term = (grad_proj * input_proj).view(f.batch_size, f.positions, -1).sum(1)
+            cross = term if cross is None else cross + term
+        sq = f.sq_norms()
+        grad_sq = sq if grad_sq is None else grad_sq + sq
+    if cross is None or grad_sq is None:
+        raise ValueError("batch_terms needs at least one layer")
+    return cross, grad_sq, projections
 
 
 def squared_distances(factors: dict[str, Factors], centres: dict[str, RankOneCentres]) -> Tensor:

@@ -1,5 +1,6 @@
-"""Gradient clustering (Faghri et al. 2020, DESIGN.md §4) as a training-loop component: A-step on every
-captured batch, U-step per window, centres identical on all workers, checkpoint state.
+"""Gradient clustering (Faghri et al. 2020, docs/algorithms.md#gradient-clustering) as a training-loop
+component: A-step on every captured batch, U-step per window, centres identical on all workers, checkpoint
+state.
 """
 
 from __future__ import annotations
@@ -15,21 +16,26 @@ from torch import Tensor, nn
 from raydist.distributed.gather import global_rank, world_size
 from raydist.distributed.reduce import all_reduce_sum
 from raydist.gradclust.centres import (
+    PreparedCentres,
     RankOneCentres,
-    assign,
-    combine,
-    layer_terms,
+    batch_terms,
+    distances_from,
     picked,
     update_input_factor,
     update_output_factor,
 )
-from raydist.gradclust.layers import Factors, LayerCapture, factor_shape, scan_layers
+from raydist.gradclust.layers import Factors, LayerCapture, factor_shape, has_bias, scan_layers
 
 MODES = ("online", "batch")
+PENDING_BATCHES = 32  # batches of assignments kept before _fold (bounds the memory in batch mode)
 
 
 def _sum_over_workers(parts: list[Tensor]) -> Iterator[Tensor]:
-    """Each part summed over all ranks with one all-reduce (packed as float64), in its own shape and dtype."""
+    """Each part summed over all ranks with one all-reduce (packed as float64), in its own shape and dtype;
+    one worker: the parts themselves (the float64 round trip would be the identity)."""
+    if world_size() == 1:
+        yield from parts
+        return
     flat = all_reduce_sum(torch.cat([p.reshape(-1).double() for p in parts]))
     for part, chunk in zip(parts, flat.split([p.numel() for p in parts])):
         yield chunk.view(part.shape).to(part.dtype)
@@ -56,8 +62,9 @@ class GradientClustering:
       ``online``: γ = ``decay``, a U-step after every ``update_every`` batches. ``batch``: γ = 0, the
       loop calls :meth:`update` once per pass, so ``N_k`` are the pass's counts and the fit is to the
       pass mean ``M_k`` (``c_k = M_kᵀ d_k/‖d_k‖²``).
-    * Reported after each U-step: ``objective = Σ_k N_k D̄_k`` (DESIGN's ``Σ_k N_k Σ_{i∈k}‖C_k − g_i‖²``
-      for a batch-mode pass, with the centres the pass was assigned to) and ``total_distortion = Σ_k D̄_k``.
+    * Reported after each U-step: ``objective = Σ_k N_k D̄_k`` (the ``Σ_k N_k Σ_{i∈k}‖C_k − g_i‖²`` of
+      docs/algorithms.md#gradient-clustering for a batch-mode pass, with the centres the pass was
+      assigned to) and ``total_distortion = Σ_k D̄_k``.
     * Re-seeding (after each U-step): for each k in order with ``N_k < min_cluster_size``, the cluster m
       with the largest ``D̄_m > 0`` among those with ``N_m ≥ 2·min_cluster_size`` is split: for every layer
       ``r = split_noise·‖c_m‖·z/‖z‖`` (z standard normal from the generator), ``c_k = c_m + r``,
@@ -78,6 +85,21 @@ class GradientClustering:
         gc.after_backward(sample_ids, loss_scale=1.0)  # any time before the next capture
         optimizer.step()
         # batch mode: gc.update() after each pass on every worker; checkpoints: gc.state_dict()
+
+    Losses that are not sums of per-example terms (the pairs task's ranking loss, the labels task's triplet
+    and margin losses: a row's term depends on other rows): backpropagate the loss itself (loss_scale = 1,
+    :meth:`raydist.tasks.Task.row_loss_scale`). What the hooks record for row i is then its *contribution*,
+    the gradient of the batch loss that flows through row i's activations (∂L/∂(row i's outputs) propagated
+    through row i's own forward); the contributions sum to the batch gradient, and ``g_i`` above is row
+    i's contribution (tests/test_gradclust_rows.py checks both against autograd in float64). Clustering
+    contributions, and stratifying batches by them, is a heuristic: a contribution changes with the rest of
+    the batch, and the sampler's weights make ``Σ_i w_i ℓ_i / B`` unbiased only for a sum of per-example
+    losses (``gc.sample`` is refused for such losses; ``gc.measure`` reports the statistics).
+
+    Per step the A-step costs a fixed handful of ops per layer (two skinny matrix products, ‖G_i‖², the
+    masked U-step sums) plus about a dozen for the whole batch: the centre layouts, ``Σ_l ‖C_lk‖²`` and
+    ``N_k + 1`` are computed once per centre change, and the window's counts, distortion and per-sample
+    assignments are folded in once per U-step (or every :data:`PENDING_BATCHES` batches), not per batch.
     """
 
     def __init__(
@@ -109,16 +131,22 @@ class GradientClustering:
         self._capture = LayerCapture(layers)
         self._weights = {name: module.weight for name, module in layers.items()}
         self._shapes = {name: factor_shape(module) for name, module in layers.items()}
+        self._bias = {name: not isinstance(m, nn.Embedding) and has_bias(m) for name, m in layers.items()}
         device = next(iter(self._weights.values())).device
         self.centres: dict[str, RankOneCentres] = {}  # change only through seeding, update, load
         self._centre_sq = torch.zeros(num_clusters, dtype=torch.float64, device=device)  # Σ_l ‖C_lk‖²
+        self._prepared: dict[str, PreparedCentres] = {}  # the centres laid out for batch_terms
         self.counts = torch.zeros(num_clusters, dtype=torch.float64, device=device)
+        self._assign_weight = (self.counts + 1).unsqueeze(0)  # the A-step's (N_k + 1), [1, K]
         self.distortion = torch.zeros_like(self.counts)
         self.objective = 0.0
         self.total_distortion = 0.0
         self.steps = self.updates = self.reseeds = 0
         self._generator = torch.Generator().manual_seed(seed)
         self._assignments: dict[int, int] = {}
+        # per-batch (assignment [B], own distance [B, 1], sample ids or None), folded into the window's
+        # counts and distortion and into _assignments in one go by _fold (fewer ops per batch)
+        self._pending: list[tuple[Tensor, Tensor, Tensor | None]] = []
         self._reset_window()
 
     @property
@@ -143,20 +171,32 @@ class GradientClustering:
         factors = self._capture.factors(loss_scale)
         if not self.centres:
             self._seed(factors)
-        terms = {name: layer_terms(factors[name], self.centres[name]) for name in self._shapes}
-        distances = combine(list(terms.values()), self._centre_sq)
-        assignment = assign(distances, self.counts)
-        own = distances.gather(1, assignment.unsqueeze(1)).squeeze(1)
-        self._window_counts += torch.bincount(assignment, minlength=self.num_clusters).double()
-        self._window_distortion.index_add_(0, assignment, own)
-        for name, t in terms.items():
-            f, out = factors[name], self._sums[name]
-            if self.updating_inputs:
-                f.add_input_sums(out, picked(t.grad_proj, assignment), assignment)
+        # the distances of centres.squared_distances and the A-step of centres.assign, with the centre
+        # layouts, ‖C_k‖² and (N_k + 1) computed once per centre change (_centres_changed), not per batch
+        cross, grad_sq, projections = batch_terms(factors, self._prepared)
+        distances = distances_from(cross, grad_sq, self._centre_sq)
+        assignment = torch.argmin(self._assign_weight * distances, dim=1)
+        column = assignment.unsqueeze(1)
+        ids = None if sample_ids is None else sample_ids.clone()  # the caller may reuse or modify these
+        self._pending.append((assignment.clone(), distances.gather(1, column), ids))
+        if len(self._pending) >= PENDING_BATCHES:
+            self._fold()
+        # U-step sums: coeff_(ip)k = proj_(ip)k in the column k = a_i, 0 elsewhere (one mask for all layers)
+        inputs, mask = self.updating_inputs, None
+        for name, (grad_proj, input_proj) in projections.items():
+            f, proj = factors[name], grad_proj if inputs else input_proj
+            if mask is None or mask.dtype != proj.dtype:
+                mask = proj.new_zeros(assignment.shape[0], self.num_clusters)
+                mask.scatter_(1, column, 1.0)
+            if f.positions == 1:
+                coeff = proj * mask
             else:
-                f.add_grad_sums(out, picked(t.input_proj, assignment), assignment)
-        if sample_ids is not None:
-            self._assignments.update(zip(sample_ids.tolist(), assignment.tolist()))
+                coeff = (proj.view(f.batch_size, f.positions, -1) * mask.unsqueeze(1)).view(proj.shape)
+            if inputs:
+                main, bias = self._sum_parts[name]
+                f.add_masked_input_sums(main, coeff, bias)
+            else:
+                f.add_masked_grad_sums(self._sums[name], coeff)
         self.steps += 1
         if self.mode == "online" and self.steps % self.update_every == 0:
             self.update()
@@ -167,6 +207,7 @@ class GradientClustering:
         if not self.centres:
             raise RuntimeError("update() before any after_backward()")
         names = self.layers
+        self._fold()
         counts, distortion, *sums = _sum_over_workers(
             [self._window_counts, self._window_distortion] + [self._sums[n] for n in names]
         )
@@ -189,15 +230,40 @@ class GradientClustering:
 
     def assignments(self, sample_ids: Tensor) -> Tensor:
         """Last cluster of each sample id seen by this worker's :meth:`after_backward`; −1 if never seen."""
+        self._fold()
         return torch.tensor([self._assignments.get(i, -1) for i in sample_ids.tolist()], dtype=torch.long)
+
+    def _fold(self) -> None:
+        """Add the pending batches to the window's counts and distortion (``n_k``, ``D_k``) and to the
+        per-sample assignments, in batch order (a later batch's assignment of a sample id wins)."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        assignment = torch.cat([a for a, _, _ in pending])
+        self._window_counts += torch.bincount(assignment, minlength=self.num_clusters)
+        self._window_distortion.index_add_(
+            0, assignment, torch.cat([own for _, own, _ in pending]).squeeze(1)
+        )
+        for a, _, ids in pending:
+            if ids is not None:
+                self._assignments.update(zip(ids.tolist(), a.tolist()))
 
     def _reset_window(self) -> None:
         self._window_counts = torch.zeros_like(self.counts)
         self._window_distortion = torch.zeros_like(self.counts)
         side = 1 if self.updating_inputs else 0
-        self._sums = {
-            name: self._weights[name].new_zeros(self.num_clusters, shape[side])
-            for name, shape in self._shapes.items()
+        sums = {
+            n: self._weights[n].new_zeros(self.num_clusters, shape[side]) for n, shape in self._shapes.items()
+        }
+        self._set_sums(sums)
+
+    def _set_sums(self, sums: dict[str, Tensor]) -> None:
+        """The window's factor sums, and for input sums of layers with a bias the views (inputs' part,
+        bias column) that ``add_masked_input_sums`` adds to."""
+        self._sums = sums
+        self._sum_parts = {
+            name: (s[:, :-1], s[:, -1]) if self._bias[name] and self.updating_inputs else (s, None)
+            for name, s in sums.items()
         }
 
     def _seed(self, factors: dict[str, Factors]) -> None:
@@ -225,12 +291,16 @@ class GradientClustering:
         self._centres_changed()
 
     def _centres_changed(self) -> None:
+        """Everything the per-batch A-step derives from the centres and counts (called after each change)."""
         self._centre_sq = sum(c.sq_norms().double() for c in self.centres.values())
+        self._prepared = {
+            name: PreparedCentres.of(self.centres[name], self._bias[name]) for name in self.layers
+        }
+        self._assign_weight = (self.counts + 1).unsqueeze(0)
 
     def _reseed(self) -> None:
-        for k in range(self.num_clusters):
-            if self.counts[k] >= self.min_cluster_size:
-                continue
+        # a split halves a donor's N_m ≥ 2·min_cluster_size, so the set of small clusters is fixed up front
+        for k in (self.counts < self.min_cluster_size).nonzero().flatten().tolist():
             donors = (self.counts >= 2 * self.min_cluster_size) & (self.distortion > 0)
             if not donors.any():
                 return
@@ -247,6 +317,7 @@ class GradientClustering:
     def state_dict(self) -> dict[str, Any]:
         """Centres, counts, the open window, this worker's assignments (by sample id), generator and
         counters. Centres are identical on all workers; the assignments are this worker's own."""
+        self._fold()
         ids = list(self._assignments)
         return {
             "num_clusters": self.num_clusters,
@@ -281,14 +352,16 @@ class GradientClustering:
             for n, c in state["centres"].items()
         }
         self.counts = state["counts"].to(device, torch.float64, copy=True)
+        self._assign_weight = (self.counts + 1).unsqueeze(0)
         self.distortion = state["distortion"].to(device, torch.float64, copy=True)
         self.objective, self.total_distortion = state["objective"], state["total_distortion"]
         counters = state["counters"]
         self.steps, self.updates, self.reseeds = counters["steps"], counters["updates"], counters["reseeds"]
         window = state["window"]
+        self._pending = []
         self._window_counts = window["counts"].to(device, torch.float64, copy=True)
         self._window_distortion = window["distortion"].to(device, torch.float64, copy=True)
-        self._sums = {n: s.to(self._weights[n], copy=True) for n, s in window["sums"].items()}
+        self._set_sums({n: s.to(self._weights[n], copy=True) for n, s in window["sums"].items()})
         ids, clusters = state["assignments"]["sample_ids"], state["assignments"]["clusters"]
         self._assignments = dict(zip(ids.tolist(), clusters.tolist()))
         self._generator.set_state(state["generator"])

@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import partial
+from functools import cached_property, partial
 
 import torch
 import torch.nn.functional as F
@@ -35,19 +35,30 @@ def _add_cluster_sums(out: Tensor, values: Tensor, weights: Tensor, index: Tenso
     out.addmm_(coeff.view(out.shape[0], -1), values.reshape(batch * positions, width))
 
 
-def _sq_norm(x: Tensor) -> Tensor:
-    """``‖x_i‖²`` over all but the first dimension."""
-    return torch.linalg.vector_norm(x.flatten(1), dim=1).square()
-
-
 class Factors(ABC):
-    """Per-example gradients ``G_i = Σ_p δ_ip u_ipᵀ`` of one layer, never formed; ``grads``: δ [B,P,n_out]."""
+    """Per-example gradients ``G_i = Σ_p δ_ip u_ipᵀ`` of one layer, never formed; ``grads``: δ [B,P,n_out].
+
+    Two interfaces: the reference one (:meth:`grad_proj`, :meth:`input_proj`, :meth:`add_grad_sums`,
+    :meth:`add_input_sums`: centre factors as [K, n], results [B, P, K], cluster sums from per-example
+    weights and indices) and the per-step one of :class:`~raydist.gradclust.GradientClustering`
+    (``*_t`` / ``add_masked_*``: transposed centre factors [n, K] laid out once per centre change, results
+    flat [B·P, K], cluster sums from masked coefficients), which does the same sums in fewer ops.
+    """
 
     grads: Tensor
 
     @property
     def batch_size(self) -> int:
         return self.grads.shape[0]
+
+    @property
+    def positions(self) -> int:
+        return self.grads.shape[1]
+
+    @cached_property
+    def flat_grads(self) -> Tensor:
+        """δ as [B·P, n_out]."""
+        return self.grads.reshape(-1, self.grads.shape[2])
 
     def grad_proj(self, d: Tensor) -> Tensor:
         """``δ_ip · d_k`` → [B, P, K] for output factors d [K, n_out]."""
@@ -57,9 +68,29 @@ class Factors(ABC):
         """``out_k += Σ_{i: index_i = k} Σ_p w_ip δ_ip`` for out [K, n_out], weights [B, P]."""
         _add_cluster_sums(out, self.grads, weights, index)
 
+    def grad_proj_t(self, d_t: Tensor) -> Tensor:
+        """``δ_ip · d_k`` → [B·P, K] from the transposed factors ``d_t = dᵀ`` [n_out, K]: one product."""
+        return torch.mm(self.flat_grads, d_t)
+
+    def add_masked_grad_sums(self, out: Tensor, coeff: Tensor) -> None:
+        """``out_k += Σ_{i,p} coeff_(ip)k δ_ip`` for out [K, n_out] and coeff [B·P, K] (each example's
+        weights in its own cluster's column, zero elsewhere): one product [K, B·P] @ [B·P, n_out]."""
+        out.addmm_(coeff.T, self.flat_grads)
+
     @abstractmethod
     def input_proj(self, c: Tensor) -> Tensor:
         """``u_ip · c_k`` → [B, P, K] for input factors c [K, n_in]."""
+
+    @abstractmethod
+    def input_proj_t(self, c_t: Tensor, c_bias: Tensor | None = None) -> Tensor:
+        """``u_ip · c_k`` → [B·P, K] from the transposed factors ``c_t = cᵀ`` [n_in, K] (contiguous), or, for
+        a dense layer with a bias, ``c_t`` = the rows of the inputs [n, K] and ``c_bias`` the bias row [K]."""
+
+    @abstractmethod
+    def add_masked_input_sums(self, out: Tensor, coeff: Tensor, out_bias: Tensor | None = None) -> None:
+        """``out_k += Σ_{i,p} coeff_(ip)k u_ip`` for out [K, n_in] and coeff [B·P, K] as in
+        :meth:`add_masked_grad_sums`; for a dense layer with a bias ``out`` is the inputs' part [K, n] and
+        ``out_bias`` the bias column [K] (views of the [K, n + 1] sums)."""
 
     @abstractmethod
     def add_input_sums(self, out: Tensor, weights: Tensor, index: Tensor) -> None:
@@ -83,6 +114,11 @@ class DenseFactors(Factors):
     grads: Tensor
     bias: bool = False
 
+    @cached_property
+    def flat_inputs(self) -> Tensor:
+        """a as [B·P, n]."""
+        return self.inputs.reshape(-1, self.inputs.shape[2])
+
     def input_proj(self, c: Tensor) -> Tensor:
         if not self.bias:
             return self.inputs @ c.T
@@ -97,13 +133,25 @@ class DenseFactors(Factors):
         _add_cluster_sums(out[:, :-1], self.inputs, weights, index)
         out[:, -1].index_add_(0, index, weights.sum(1))
 
+    def input_proj_t(self, c_t: Tensor, c_bias: Tensor | None = None) -> Tensor:
+        if c_bias is None:
+            return torch.mm(self.flat_inputs, c_t)
+        return torch.addmm(c_bias, self.flat_inputs, c_t)
+
+    def add_masked_input_sums(self, out: Tensor, coeff: Tensor, out_bias: Tensor | None = None) -> None:
+        out.addmm_(coeff.T, self.flat_inputs)
+        if out_bias is not None:
+            out_bias += coeff.sum(0)
+
     def sq_norms(self) -> Tensor:
         """``Σ_{p,q} (u_p·u_q)(δ_p·δ_q)`` (elementwise when P = 1) or ``‖Σ_p δ_p u_pᵀ‖²``, whichever
         :func:`gram_is_cheaper` picks; ``u_p·u_q = a_p·a_q + 1`` with a bias."""
         a, g, bias = self.inputs, self.grads, float(self.bias)
         positions = a.shape[1]
         if positions == 1:  # one read of each; no squared copy
-            return (_sq_norm(a) + bias) * _sq_norm(g)
+            a_sq = torch.linalg.vector_norm(self.flat_inputs, dim=1).square_()
+            g_sq = torch.linalg.vector_norm(self.flat_grads, dim=1).square_()
+            return (a_sq.add_(bias) if self.bias else a_sq).mul_(g_sq)
         if gram_is_cheaper(positions, a.shape[2] + self.bias, g.shape[2]):
             return ((torch.bmm(a, a.mT) + bias) * torch.bmm(g, g.mT)).sum((1, 2))
         dense = torch.bmm(g.mT, a).square().sum((1, 2))
@@ -127,6 +175,12 @@ class EmbeddingFactors(Factors):
     def add_input_sums(self, out: Tensor, weights: Tensor, index: Tensor) -> None:
         flat = (index.unsqueeze(1) * self.num_embeddings + self.tokens).flatten()
         out.view(-1).index_add_(0, flat, weights.flatten())
+
+    def input_proj_t(self, c_t: Tensor, c_bias: Tensor | None = None) -> Tensor:
+        return c_t[self.tokens.flatten()]
+
+    def add_masked_input_sums(self, out: Tensor, coeff: Tensor, out_bias: Tensor | None = None) -> None:
+        out.T.index_add_(0, self.tokens.flatten(), coeff)
 
     def sq_norms(self) -> Tensor:
         """``Σ_v ‖Σ_{p: x_ip = v} δ_ip‖²``: δ summed per (example, token id), then squared."""
@@ -209,7 +263,8 @@ def factor_shape(module: nn.Module) -> tuple[int, int]:
 def _factors(module: nn.Module, x: Tensor, grad: Tensor) -> Factors:
     """Factors in the weight's dtype (under autocast δ may be half precision)."""
     batch, dtype = x.shape[0], module.weight.dtype
-    grad = grad.to(dtype)
+    if grad.dtype != dtype:
+        grad = grad.to(dtype)
     if isinstance(module, nn.Embedding):
         tokens = x.reshape(batch, -1)
         grads = grad.reshape(batch, tokens.shape[1], -1)
@@ -225,9 +280,20 @@ def _factors(module: nn.Module, x: Tensor, grad: Tensor) -> Factors:
     else:
         if x.dim() < 2:
             raise ValueError("Linear gradient clustering needs batched [B, ..., in] inputs")
-        inputs = x.to(dtype).reshape(batch, -1, x.shape[-1])
+        if x.dtype != dtype:
+            x = x.to(dtype)
+        if x.dim() == 2:  # one position: the flat views are the captured tensors themselves
+            factors = DenseFactors(x.unsqueeze(1), grad.unsqueeze(1), bias=has_bias(module))
+            factors.flat_inputs, factors.flat_grads = x, grad
+            return factors
+        inputs = x.reshape(batch, -1, x.shape[-1])
         grads = grad.reshape(batch, inputs.shape[1], -1)
-    return DenseFactors(inputs, grads, bias=module.bias is not None and module.bias.requires_grad)
+    return DenseFactors(inputs, grads, bias=has_bias(module))
+
+
+def has_bias(module: nn.Module) -> bool:
+    """Whether the layer has a trainable bias (the implicit ones column of its inputs)."""
+    return module.bias is not None and module.bias.requires_grad
 
 
 class LayerCapture:

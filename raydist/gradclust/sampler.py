@@ -1,5 +1,6 @@
 """Stratified mini-batches over one worker's shard, strata = cluster assignments, with the weights that make
-``Σ_i w_i ℓ_i / B`` an unbiased estimate of the shard's mean loss (and gradient) (DESIGN.md §4).
+``Σ_i w_i ℓ_i / B`` an unbiased estimate of the shard's mean loss (and gradient)
+(docs/algorithms.md#stratified-sampler).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Gradient variance meter: variance and normalized variance of SGD and GC mini-batch gradient estimates,
-from extra batches drawn with their own generator (DESIGN.md §4).
+from extra batches drawn with their own generator (docs/algorithms.md#gradient-variance).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ LossFn = Callable[[nn.Module, Any], Tensor]
 def gradient_variance(estimates: Tensor) -> tuple[float, float]:
     """``(Σ_j Var_t(ĝ_tj), mean_j Σ_t (ĝ_tj − ḡ_j)² / (Σ_t ĝ_tj² + 1e-7))`` for T estimates ĝ [T, D].
 
-    Var_t is the unbiased sample variance (divisor T − 1); the normalized variance is DESIGN §4's.
+    Var_t is the unbiased sample variance (divisor T − 1); the normalized variance is that of
+    docs/algorithms.md#gradient-variance.
     """
     if estimates.shape[0] < 2:
         raise ValueError("need at least two gradient estimates")
