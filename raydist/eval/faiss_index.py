@@ -64,8 +64,12 @@ class PrefixIVFIndex:
     goes to the list of its highest-inner-product centroid. Search: the query prefix
     ``normalize(q[:, :prefix_dim])`` picks the ``nprobe`` best centroids; every vector in those lists
     is scored by the full-dim inner product ``⟨normalize(q), normalize(x)⟩`` and the top k are kept
-    (ties by smaller id; slots left empty get id −1, score −inf). ``nprobe = nlist`` scores every vector:
-    exact search. The coarse step runs on ``device``; list scoring is numpy on the CPU.
+    (slots left empty get id −1, score −inf). ``nprobe = nlist`` scores every vector: exact search.
+
+    Search runs in faiss's ``IndexIVFFlat`` (C++, all queries at once): its quantizer holds the prefix
+    centroids zero-padded to D, so a full-dim query scores ``⟨c, q[:prefix_dim]⟩``, a positive multiple
+    of the prefix score: the same probes and the same list of every vector as the prefix search. ``lists``
+    and ``coarse`` (the prefix-space centroids) stay for inspection. The coarse k-means runs on ``device``.
     """
 
     kind = "ivf-prefix"
@@ -90,6 +94,24 @@ class PrefixIVFIndex:
         order = np.argsort(assign[:, 0], kind="stable")
         bounds = np.searchsorted(assign[order, 0], np.arange(nlist + 1))
         self.lists = [order[bounds[c] : bounds[c + 1]] for c in range(nlist)]  # ids, ascending per list
+        padded = np.zeros((nlist, self.dim), dtype=np.float32)
+        padded[:, :prefix_dim] = kmeans.centroids
+        self._quantizer = faiss.IndexFlatIP(self.dim)
+        self._quantizer.add(padded)
+        self._ivf = faiss.IndexIVFFlat(self._quantizer, self.dim, nlist, faiss.METRIC_INNER_PRODUCT)
+        self._ivf.add(self.vectors)
+        self._ivf.nprobe = nprobe
+
+    @property
+    def nprobe(self) -> int:
+        """Lists scored per query."""
+        return self._nprobe
+
+    @nprobe.setter
+    def nprobe(self, value: int) -> None:
+        self._nprobe = int(value)
+        if hasattr(self, "_ivf"):
+            self._ivf.nprobe = min(max(self._nprobe, 1), self.nlist)
 
     @property
     def ntotal(self) -> int:
@@ -101,15 +123,10 @@ class PrefixIVFIndex:
         _check_search(queries, self.dim, k)
         if not 1 <= self.nprobe <= self.nlist:
             raise ValueError(f"nprobe={self.nprobe}: expected 1 <= nprobe <= nlist={self.nlist}")
-        _, probes = self.coarse.search(queries[:, : self.prefix_dim], self.nprobe)
-        scores = np.full((len(queries), k), -np.inf, dtype=np.float32)
-        ids = np.full((len(queries), k), -1, dtype=np.int64)
-        for q, lists in enumerate(probes):
-            cand = np.sort(np.concatenate([self.lists[c] for c in lists if c >= 0]))
-            s = self.vectors[cand] @ queries[q]
-            best = np.argsort(-s, kind="stable")[:k]
-            scores[q, : len(best)], ids[q, : len(best)] = s[best], cand[best]
-        return scores, ids
+        scores, ids = self._ivf.search(queries, k)
+        empty = ids < 0
+        scores[empty] = -np.inf
+        return scores, ids.astype(np.int64)
 
 
 def build_index(
