@@ -80,13 +80,12 @@ class Sizes:
     hidden: int = 512
     ivf_prefix_dim: int = 16
     ivf_nprobe: int = 8
-    ivf_batch: int = 100  # prefix-IVF searches query by query in Python: batched timing on the first 100
     hnsw_m: int = 32
     ef_search: int = 128
 
 
 FULL = Sizes(100_000, 1000, 50, 1024, (16, 32, 64, 128, 256, 512, 1024), (16, 32, 64), steps=150)
-SMOKE = Sizes(2000, 30, 5, 64, (16, 32, 64), (16, 32), steps=4, batch=64, hidden=64, ivf_batch=10)
+SMOKE = Sizes(2000, 30, 5, 64, (16, 32, 64), (16, 32), steps=4, batch=64, hidden=64)
 
 
 class Planted:
@@ -262,7 +261,7 @@ def ann_methods(database: np.ndarray, queries: np.ndarray, sizes: Sizes) -> list
                hnsw_mflops, hnsw_s),
         Method(f"ivf-prefix {ds}→{full} ({ivf.nlist} lists, nprobe {ivf.nprobe})",
                lambda q: ivf.search(q, K)[1], mflops_per_query(ivf.nlist, ds, [(round(scored), full)]),
-               ivf_s, sizes.ivf_batch),
+               ivf_s),
     ]  # fmt: skip
 
 
@@ -355,8 +354,7 @@ def retrieval(*, smoke: bool, repeats: int) -> str:
         f"{list(sizes.nesting)} on the planted generator (raydist/benchmarks/retrieval.py: what is measured); "
         f"Q = {sizes.queries} queries (noisy views of database items), k = {K}, shortlist {SHORTLIST}, "
         f"{THREADS} faiss/torch thread. ms/query as median (min–max) of {repeats} interleaved rounds after a "
-        f"warm-up; batched: all Q in one call (prefix-IVF: the first {sizes.ivf_batch}, it loops over queries "
-        f"anyway); one at a time: the first {sizes.single} queries. Speedup and "
+        f"warm-up; batched: all Q in one call; one at a time: the first {sizes.single} queries. Speedup and "
         f"MFLOPs ratio are against the flat {sizes.dim} row of the same run; exact R@10 = overlap with flat "
         f"{sizes.dim}'s top 10 (lost = 100 − it); task R@10 = the query's own item in the top 10.\n\n"
         f"{verdict}\n\n{table}"
