@@ -15,12 +15,17 @@ from raydist.benchmarks import (
     registry,
     run_benchmarks,
 )
+from raydist.benchmarks.harness import RAY_BENCHMARKS
 from raydist.benchmarks.loss import dense_max_of_hinges
 from raydist.losses import l2_normalize, ranking_loss
 
 
 @pytest.mark.parametrize("name", list(registered_benchmarks()))
-def test_benchmark_runs_in_smoke_mode(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_benchmark_runs_in_smoke_mode(
+    name: str, capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest
+) -> None:
+    if name in RAY_BENCHMARKS:  # the session's Ray instance (conftest), not a private one per benchmark
+        request.getfixturevalue("ray_cluster")
     table = run_benchmarks([name], smoke=True, repeats=3)
     assert table.startswith(f"### {name} (smoke)")
     assert "|---" in table and table.strip().splitlines()[-1].startswith("| ")

@@ -38,3 +38,15 @@ def test_tiny_two_workers_learn(ray_cluster, tiny_dataset, tmp_path):
     again = evaluate_checkpoint(outcome.best_checkpoint, tiny_dataset, "val", folds=1)["rsum"]
     assert again == pytest.approx(best, abs=1e-6)
     assert outcome.test_metrics["rsum"] > before + 60
+
+
+@pytest.mark.timeout(240)
+def test_streamed_train_split_through_ray_data_learns(ray_cluster, tiny_dataset, tmp_path):
+    """data.in_memory_max_mb=0 forces the Ray Data path (read_parquet → map_batches → streaming_split):
+    every epoch runs the same global steps as the in-memory path (2000 rows // 32) and the model learns."""
+    cfg = load_config("tiny", overrides={"data.path": str(tiny_dataset), "train.storage_path": str(tmp_path),
+                                         "train.epochs": 2, "data.in_memory_max_mb": 0})  # fmt: skip
+    before = untrained_rsum(cfg, tiny_dataset)
+    outcome = run_training(cfg, evaluate_test=False)
+    assert [m["step"] for m in outcome.history] == [2000 // 32, 2 * (2000 // 32)]
+    assert outcome.history[-1]["val/rsum"] > before + 40, (before, outcome.history)

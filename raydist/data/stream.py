@@ -94,7 +94,15 @@ def train_dataset(data_dir: str | Path, columns: Sequence[str], transform: Trans
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True  # deterministic row order for a fixed seed
     ctx.enable_progress_bars = False
-    ds = ray.data.read_parquet(split_files(data_dir, "train")).select_columns(list(columns))
+    # Ray 2.60's default Parquet reader (DataSourceV2) plans a split of small shards as one read task that
+    # yields one block: nothing streams, and every epoch waits for the whole split to be read and transformed
+    # before its first batch (bench/RESULTS.md, "data"). The V1 reader makes one read task per shard.
+    v2 = getattr(ctx, "use_datasource_v2", False)
+    ctx.use_datasource_v2 = False
+    try:
+        ds = ray.data.read_parquet(split_files(data_dir, "train")).select_columns(list(columns))
+    finally:
+        ctx.use_datasource_v2 = v2
     return ds.map_batches(transform, batch_format="numpy")
 
 

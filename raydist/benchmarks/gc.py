@@ -1,0 +1,231 @@
+"""Benchmark of gradient clustering's cost ("gc"): training step time with GC statistics on vs off (same
+model, batch and data; plain and GC steps alternate, so load from other processes hits both alike), at W = 1
+(one process) and W = 2 (gloo processes, DDP), and the memory GC adds (its state, the per-step tensors, the
+measured peak RSS of a fresh process)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch import nn
+
+from raydist.benchmarks.harness import held, row, spread
+from raydist.benchmarks.registry import register_benchmark
+from raydist.gradclust import GradientClustering
+
+TARGET = 1.2  # issue #11: a GC step at most 1.2× the plain step
+WARMUP = 5
+STEPS_PER_REPEAT = 40  # timed steps of each kind per suite repeat (200 for the suite's default 5)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The classification MLP ``features → hidden → hidden → classes`` (float32, ReLU), K clusters, a U-step
+    every ``update_every`` steps, the per-worker batches and the timed steps of each kind."""
+
+    features: int = 256
+    hidden: int = 512
+    classes: int = 10
+    clusters: int = 10
+    update_every: int = 10
+    batches: tuple[int, ...] = (128, 512)
+    steps: int = 200
+
+    @classmethod
+    def for_mode(cls, smoke: bool, repeats: int) -> Sizes:
+        if smoke:
+            return cls(features=16, hidden=32, batches=(16, 32), steps=20)
+        return cls(steps=STEPS_PER_REPEAT * repeats)
+
+    @property
+    def dims(self) -> list[int]:
+        return [self.features, self.hidden, self.hidden, self.classes]
+
+
+def make_model(sizes: Sizes) -> nn.Sequential:
+    """The MLP of ``sizes`` (seeded by the caller)."""
+    d = sizes.dims
+    return nn.Sequential(
+        nn.Linear(d[0], d[1]), nn.ReLU(), nn.Linear(d[1], d[2]), nn.ReLU(), nn.Linear(d[2], d[3])
+    )
+
+
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    gc: GradientClustering | None,
+) -> None:
+    """One SGD step on the SUM cross-entropy; with ``gc``: forward inside capture, then after_backward."""
+    optimizer.zero_grad(set_to_none=True)
+    with gc.capture() if gc is not None else nullcontext():
+        loss = F.cross_entropy(model(x), y, reduction="sum")
+    loss.backward()
+    if gc is not None:
+        gc.after_backward(torch.arange(x.shape[0]))
+    optimizer.step()
+
+
+def time_both(sizes: Sizes, batch: int, rank: int = 0) -> tuple[dict[str, list[float]], GradientClustering]:
+    """Seconds per step, wall and this thread's CPU time, GC off and on, one plain and one GC step in turn
+    after :data:`WARMUP` of each. Under DDP (an initialised process group) the model is wrapped and GC
+    clusters the inner module's layers (its U-step all-reduces over the workers)."""
+    torch.manual_seed(0)
+    model = make_model(sizes)
+    stepped: nn.Module = nn.parallel.DistributedDataParallel(model) if dist.is_initialized() else model
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+    gc = GradientClustering(model, sizes.clusters, update_every=sizes.update_every)
+    g = torch.Generator().manual_seed(1 + rank)
+    x, y = (
+        torch.randn(batch, sizes.features, generator=g),
+        torch.randint(0, sizes.classes, (batch,), generator=g),
+    )
+    for _ in range(WARMUP):
+        train_step(stepped, optimizer, x, y, None)
+        train_step(stepped, optimizer, x, y, gc)
+    times: dict[str, list[float]] = {"off": [], "on": [], "off_cpu": [], "on_cpu": []}
+    for _ in range(sizes.steps):
+        for key, clustering in (("off", None), ("on", gc)):
+            wall, cpu = time.perf_counter(), time.thread_time()
+            train_step(stepped, optimizer, x, y, clustering)
+            times[f"{key}_cpu"].append(time.thread_time() - cpu)
+            times[key].append(time.perf_counter() - wall)
+    return times, gc
+
+
+def state_bytes(gc: GradientClustering) -> int:
+    """Bytes of the clustering's tensors besides the per-example assignments (centres, counts, window)."""
+    state = gc.state_dict()
+    del state["assignments"]
+    total, stack = 0, [state]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, torch.Tensor):
+            total += item.numel() * item.element_size()
+    return total
+
+
+def step_bytes(sizes: Sizes, batch: int, elem: int = 4) -> int:
+    """Per-step tensors, analytic (every layer has one position): each layer's input a and output gradient
+    δ kept from forward/backward until after_backward, B·(n_in + n_out), and its projections δ·d, a·c,
+    2·B·K; plus the float64 distances [B, K]. (The bias column of ones is implicit, never stored.)"""
+    k = sizes.clusters
+    per_layer = sum(batch * (n_in + n_out + 2 * k) for n_in, n_out in itertools.pairwise(sizes.dims))
+    return per_layer * elem + batch * k * 8
+
+
+def peak_rss_child() -> None:
+    """In a fresh process (argv: JSON sizes, batch, "on"/"off"): 2·update_every steps, print the peak RSS in
+    bytes."""
+    sizes = Sizes(**{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(sys.argv[1]).items()})
+    batch, on = int(sys.argv[2]), sys.argv[3] == "on"
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = make_model(sizes)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+    gc = GradientClustering(model, sizes.clusters, update_every=sizes.update_every) if on else None
+    x, y = torch.randn(batch, sizes.features), torch.randint(0, sizes.classes, (batch,))
+    for _ in range(2 * sizes.update_every):
+        train_step(model, optimizer, x, y, gc)
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+
+
+def peak_rss(sizes: Sizes, batch: int, on: bool) -> int:
+    """Peak RSS (bytes) of :func:`peak_rss_child` with GC on or off."""
+    code = "from raydist.benchmarks.gc import peak_rss_child; peak_rss_child()"
+    args = [json.dumps(asdict(sizes)), str(batch), "on" if on else "off"]
+    out = subprocess.run([sys.executable, "-c", code, *args], check=True, capture_output=True, text=True)
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+def _rank_process(rank: int, port: int, sizes: Sizes, out: str) -> None:
+    """Rank ``rank`` of 2 (gloo, one torch thread): :func:`time_both` per batch; rank 0 writes the times."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        results = {str(batch): time_both(sizes, batch, rank)[0] for batch in sizes.batches}
+    finally:
+        dist.destroy_process_group()
+    if rank == 0:
+        Path(out).write_text(json.dumps(results))
+
+
+def time_two_workers(sizes: Sizes) -> dict[str, dict[str, list[float]]]:
+    """:func:`time_both` at W = 2 (two spawned gloo processes, DDP); rank 0's times per batch."""
+    with socket.socket() as s, tempfile.TemporaryDirectory(prefix="raydist-bench-gc-") as tmp:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        out = Path(tmp) / "rank0.json"
+        mp.start_processes(
+            _rank_process, args=(port, sizes, str(out)), nprocs=2, join=True, start_method="spawn"
+        )
+        return json.loads(out.read_text())
+
+
+def _ms(values: list[float]) -> str:
+    return spread([v * 1e3 for v in values], "{:.2f}")
+
+
+def _row(batch: int, world: int, times: dict[str, list[float]], memory: list[str]) -> str:
+    med = {k: statistics.median(v) for k, v in times.items()}
+    wall, cpu = med["on"] / med["off"], med["on_cpu"] / med["off_cpu"]
+    return row(batch, world, _ms(times["off"]), _ms(times["on"]), f"{wall:.2f}×", f"{cpu:.2f}×",
+               held(wall <= TARGET), *memory)  # fmt: skip
+
+
+@register_benchmark("gc")
+def gc_cost(*, smoke: bool, repeats: int) -> str:
+    """Step time with gradient clustering statistics on vs off (W=1 and W=2), and the memory GC adds."""
+    sizes = Sizes.for_mode(smoke, repeats)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        single = {batch: time_both(sizes, batch) for batch in sizes.batches}
+    finally:
+        torch.set_num_threads(threads)
+    double = time_two_workers(sizes)
+    rows = [
+        row("batch per worker", "W", "plain step (ms)", "GC step (ms)", "GC / plain (wall)", "GC / plain (CPU)",
+            f"≤ {TARGET}×", "GC state", "per-step tensors", "peak RSS Δ"),
+        "|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+    ]  # fmt: skip
+    for batch in sizes.batches:
+        times, gc = single[batch]
+        rss = (
+            "—"
+            if smoke
+            else f"{(peak_rss(sizes, batch, True) - peak_rss(sizes, batch, False)) / 2**20:.1f} MiB"
+        )
+        memory = [f"{state_bytes(gc) / 1024:.0f} KiB", f"{step_bytes(sizes, batch) / 1024:.0f} KiB", rss]
+        rows.append(_row(batch, 1, times, memory))
+        rows.append(_row(batch, 2, double[str(batch)], ["same", "same", "—"]))
+    d = sizes.dims
+    return (
+        f"MLP {d[0]}→{d[1]}→{d[2]}→{d[3]} float32, SGD on the summed cross-entropy, K = {sizes.clusters} clusters, "
+        f"online U-step every {sizes.update_every} steps; one torch thread per worker; W = 2: two spawned gloo "
+        "processes on localhost, DDP, the batch per worker as at W = 1, rank 0's times. "
+        f"{sizes.steps} plain and {sizes.steps} GC steps alternating after {WARMUP} warm-up steps of each; ms as "
+        "median (min–max) of wall time; the ratios are of medians, wall and this thread's CPU time (the CPU "
+        "ratio is less sensitive to other processes on a shared machine). Memory (W = 1): GC state = "
+        "centres, counts and the open window; per-step tensors = analytic; peak RSS Δ = fresh process with "
+        "GC on minus off (not measured in smoke mode).\n\n" + "\n".join(rows)
+    )

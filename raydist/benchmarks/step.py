@@ -1,0 +1,230 @@
+"""Benchmark of the training step under Ray Train ("step"): steps/s of a Ray Train run (the real
+``build_trainer`` → ``train_loop_per_worker`` → ``run_loop``) with 1 worker against the same model and batches
+in a plain single-process loop, and with 2 workers against 2 processes of torch.distributed (gloo, DDP)
+without Ray; every process with the torch threads a Ray Train worker gets. Diagnostic rows: ``run_loop`` in
+one process without Ray (loop, hooks, progress) and the thread settings seen inside the workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from raydist.benchmarks.harness import held, median, omp_wait_policy, pairs_setup, ray_instance, row, spread
+from raydist.benchmarks.registry import register_benchmark
+from raydist.config import Config, from_dict
+from raydist.data import make_synthetic
+from raydist.data.stream import InMemoryBatches, train_arrays
+from raydist.distributed import StepPlan
+from raydist.tasks import DataInfo, StepContext, build_task
+from raydist.train.hooks import Hook
+from raydist.train.loop import Trainables, train_step
+
+# (train images, captions per image, feature dim): 1400 × 5 = 7000 rows = 54 steps of the default global
+# batch 128 in one epoch; the smoke run: 8 steps of 16 rows
+FULL_DATA, SMOKE_DATA = (1400, 5, 128), (26, 5, 16)
+FULL_BATCH, SMOKE_BATCH = 128, 16
+WARM_STEPS = 3  # steps left out of every rate (thread pools, first TensorBoard write, allocator)
+CPUS_PER_WORKER = 1.0  # 2 workers × 1 logical CPU on a 2-core box
+TARGET = 0.95
+
+
+class StepClock(Hook):
+    """Records ``time.perf_counter()`` after every optimizer step (appended after the run's other hooks)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def after_step(self, ctx: StepContext, loss: float, stats: dict[str, float]) -> None:
+        self.times.append(time.perf_counter())
+
+
+def steps_per_s(times: list[float]) -> float:
+    """Rate over the steps after :data:`WARM_STEPS` (from the end of the last warm step to the last step)."""
+    times = times[WARM_STEPS - 1 :]
+    return (len(times) - 1) / (times[-1] - times[0])
+
+
+def thread_report() -> dict[str, Any]:
+    """What sets the CPU threads of this process."""
+    return {"torch_threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(),
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+            "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"), "nice": os.nice(0)}  # fmt: skip
+
+
+def timed_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any] | None:
+    """Ray Train entry point: :func:`raydist.train.ray_worker.train_loop_per_worker` with a
+    :class:`StepClock` after the run's own hooks; rank 0 returns the step times and its thread settings."""
+    from raydist.train import ray_worker
+
+    clock, build_hooks = StepClock(), ray_worker.build_hooks
+    ray_worker.build_hooks = lambda *args, **kwargs: [*build_hooks(*args, **kwargs), clock]
+    try:
+        result = ray_worker.train_loop_per_worker(loop_config)
+    finally:
+        ray_worker.build_hooks = build_hooks
+    return None if result is None else {"times": clock.times, **thread_report()}
+
+
+def ray_run(cfg: Config, data_dir: Path, storage: Path) -> dict[str, Any]:
+    """One Ray Train fit of ``cfg`` (a fresh run name): rank 0's step times, threads and the fit's wall time."""
+    from ray.train.torch import TorchTrainer
+
+    from raydist.train.trainer import build_trainer
+
+    base = build_trainer(cfg, data_dir, storage_path=str(storage))
+    trainer = TorchTrainer(
+        timed_loop_per_worker, train_loop_config=base.train_loop_config, scaling_config=base.scaling_config,
+        run_config=base.run_config, datasets=base.datasets, dataset_config=base.data_config,
+    )  # fmt: skip
+    start = time.perf_counter()
+    result = trainer.fit()
+    return {**result.return_value, "fit_s": time.perf_counter() - start}
+
+
+def reference_process(rank: int, world: int, cfg_dict: dict[str, Any], data_dir: str, port: int, threads: int,
+                      nice: int, out: str, loop: bool) -> None:  # fmt: skip
+    """One process of the no-Ray reference: rank ``rank`` of ``world`` (gloo + DDP when world > 1) runs the
+    same ``train_step`` on the same in-memory batches as a Ray Train worker; ``loop``: the whole
+    ``run_loop`` with a :class:`raydist.train.local.LocalRuntime` instead (world 1). Rank 0 writes its step
+    times to ``out``. Torch threads and process priority (``nice``) are set to a Ray Train worker's."""
+    torch.set_num_threads(threads)
+    os.nice(max(nice - os.nice(0), 0))
+    cfg, cpu = from_dict(cfg_dict), torch.device("cpu")
+    task = build_task(cfg, DataInfo.from_dataset(data_dir))
+    plan = StepPlan(cfg.train.batch_size, cfg.loss.negative_set_size, world)
+    clock = StepClock()
+    if loop:
+        from raydist.train.hooks import build_hooks
+        from raydist.train.local import LocalRuntime
+        from raydist.train.loop import run_loop
+
+        with tempfile.TemporaryDirectory(prefix="raydist-bench-loop-") as run_dir:
+            runtime = LocalRuntime(cfg, task, plan, run_dir)
+            run_loop(cfg, task, runtime, plan, hooks=[*build_hooks(cfg, task, runtime, run_dir), clock])
+    else:
+        if world > 1:
+            dist.init_process_group(
+                "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+            )
+        torch.manual_seed(cfg.train.seed)
+        model = task.build_model()
+        parts = Trainables.build(cfg, model, cpu)
+        if world > 1:
+            parts.model = torch.nn.parallel.DistributedDataParallel(model)
+        arrays = train_arrays(data_dir, task.columns, task.transform)
+        batches = InMemoryBatches(
+            arrays, rows=plan.rows_per_worker, rank=rank, world=world, seed=cfg.train.seed
+        )
+        for step, batch in enumerate(batches.epoch(0)):
+            train_step(parts, task, batch, cfg, plan, StepContext(0, step, rank, world), cpu, {})
+            clock.times.append(time.perf_counter())
+        if world > 1:
+            dist.destroy_process_group()
+    if rank == 0:
+        Path(out).write_text(json.dumps({"times": clock.times, **thread_report()}))
+
+
+def reference_run(cfg: Config, data_dir: Path, world: int, worker: dict[str, Any], *, loop: bool = False
+                  ) -> dict[str, Any]:  # fmt: skip
+    """Run :func:`reference_process` in ``world`` fresh spawned processes with the torch threads and priority
+    of the Ray Train ``worker`` (its :func:`thread_report`); rank 0's report."""
+    with socket.socket() as s, tempfile.TemporaryDirectory(prefix="raydist-bench-ref-") as tmp:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        out = Path(tmp) / "rank0.json"
+        args = (
+            world,
+            cfg.to_dict(),
+            str(data_dir),
+            port,
+            worker["torch_threads"],
+            worker["nice"],
+            str(out),
+            loop,
+        )
+        mp.start_processes(reference_process, args=args, nprocs=world, join=True, start_method="spawn")
+        return json.loads(out.read_text())
+
+
+@register_benchmark("step")
+def step_rate(*, smoke: bool, repeats: int) -> str:
+    """Steps/s of a Ray Train run (1 and 2 workers) vs the same steps without Ray."""
+    images, captions, dim = SMOKE_DATA if smoke else FULL_DATA
+    worlds = (2,) if smoke else (1, 2)
+    with tempfile.TemporaryDirectory(prefix="raydist-bench-step-") as tmp, ray_instance():
+        data_dir = make_synthetic(Path(tmp) / "data", images=images, captions_per_image=captions, dim=dim, seed=0,
+                                  val_images=8, test_images=8)  # fmt: skip
+        configs = {w: pairs_setup(data_dir, {
+            "train.num_workers": w, "train.cpus_per_worker": CPUS_PER_WORKER, "train.epochs": 1,
+            "train.batch_size": SMOKE_BATCH if smoke else FULL_BATCH, "train.storage_path": str(Path(tmp) / "runs"),
+        })[0] for w in worlds}  # fmt: skip
+        rates: dict[str, list[float]] = {}
+        seen: dict[str, dict[str, Any]] = {}
+        fit_s: dict[int, list[float]] = {w: [] for w in worlds}
+        for _ in range(repeats):  # interleaved: a load change hits Ray and its reference alike
+            for w in worlds:
+                ray_out = ray_run(configs[w], data_dir, Path(tmp) / "runs")
+                ref_out = reference_run(configs[w], data_dir, w, ray_out)
+                runs = {f"ray{w}": ray_out, f"ref{w}": ref_out}
+                if w == 1 and not smoke:
+                    runs["loop1"] = reference_run(configs[w], data_dir, 1, ray_out, loop=True)
+                for key, out in runs.items():
+                    rates.setdefault(key, []).append(steps_per_s(out["times"]))
+                    seen[key] = out
+                fit_s[w].append(ray_out["fit_s"])
+        steps = len(seen[f"ray{worlds[0]}"]["times"])
+
+    rows = [
+        row("run", "steps/s, median (min–max)", "ratio to reference", "target", "held"),
+        "|---|---:|---:|---:|---|",
+    ]
+    for w in worlds:
+        ratio = median(rates[f"ray{w}"]) / median(rates[f"ref{w}"])
+        reference = "plain single-process loop" if w == 1 else "2 processes, torch.distributed gloo + DDP"
+        rows.append(row(f"{reference} (reference, W={w})", spread(rates[f"ref{w}"], "{:.2f}"), "", "", ""))
+        rows.append(
+            row(
+                f"Ray Train, {w} worker{'s' if w > 1 else ''} × {CPUS_PER_WORKER:g} CPU",
+                spread(rates[f"ray{w}"], "{:.2f}"),
+                f"{ratio:.3f}×",
+                f"≥ {TARGET}×",
+                held(ratio >= TARGET),
+            )
+        )
+        if w == 1 and "loop1" in rates:
+            loop_ratio = median(rates["loop1"]) / median(rates["ref1"])
+            rows.append(
+                row(
+                    "`run_loop` + hooks, 1 process, no Ray (diagnostic)",
+                    spread(rates["loop1"], "{:.2f}"),
+                    f"{loop_ratio:.3f}×",
+                    "",
+                    "",
+                )
+            )
+    threads = "; ".join(f"{k}: torch {v['torch_threads']} (interop {v['interop_threads']}), OMP_NUM_THREADS="
+                        f"{v['OMP_NUM_THREADS']}, nice {v['nice']}" for k, v in seen.items())  # fmt: skip
+    fits = ", ".join(f"W={w}: {spread(fit_s[w])} s" for w in worlds)
+    return (
+        f"Default preset (pairs, GRU, embed {configs[worlds[0]].model.embed_dim}), global batch "
+        f"{configs[worlds[0]].train.batch_size}, synthetic data {images}×{captions} rows of {dim}-d in memory, one "
+        f"epoch of {steps} steps (SH); rate over steps {WARM_STEPS + 1}…{steps} from the step times rank 0 "
+        "records after each optimizer step (Ray: a hook after the run's own hooks; reference: after "
+        "`train_step`). Ray Train: `build_trainer` (workers × "
+        f"{CPUS_PER_WORKER:g} logical CPU, private instance with 4) with `train_loop_per_worker`, fresh run each "
+        "repeat; reference: the same `train_step`, model, seed and `InMemoryBatches` in fresh spawned processes "
+        "without Ray, torch threads and process priority (nice) set to what the Ray worker reported. "
+        f"{repeats} interleaved repeats. Threads seen: {threads}; OMP_WAIT_POLICY={omp_wait_policy()} in the "
+        f"driver. Wall time of a whole Ray fit (worker start, data read, validation, checkpoint): {fits}.\n\n"
+        + "\n".join(rows)
+    )
