@@ -73,6 +73,11 @@ def spread(values: list[float], fmt: str = "{:.1f}") -> str:
     return f"{fmt.format(median(values))} ({fmt.format(min(values))}–{fmt.format(max(values))})"
 
 
+def ms_spread(times: list[float], fmt: str = "{:.2f}") -> str:
+    """``median (min–max)`` of times in seconds, shown in milliseconds."""
+    return spread([t * 1e3 for t in times], fmt)
+
+
 def row(*cells: object) -> str:
     """A markdown table row."""
     return "| " + " | ".join(str(c) for c in cells) + " |"

@@ -9,13 +9,13 @@ import resource
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from raydist.benchmarks.harness import ms_spread, seconds
 from raydist.benchmarks.registry import register_benchmark
 from raydist.losses import TILE_ELEMENTS, ranking_loss
 
@@ -73,18 +73,6 @@ def _matmul(img: Tensor, cap: Tensor) -> None:
         img @ cap.T
 
 
-def _seconds(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
-def _spread(times: list[float]) -> str:
-    """``median (min–max)`` in milliseconds."""
-    ms = [t * 1e3 for t in times]
-    return f"{statistics.median(ms):.2f} ({min(ms):.2f}–{max(ms):.2f})"
-
-
 def _time_size(batch: int, dim: int, repeats: int) -> str:
     """One table row of :func:`loss_time`."""
     img, cap = unit_pairs(batch, dim)
@@ -100,10 +88,10 @@ def _time_size(batch: int, dim: int, repeats: int) -> str:
     times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):  # interleaved, so that load changes hit all three alike
         for name, run in runs.items():
-            times[name].append(_seconds(run))
+            times[name].append(seconds(run))
     med = {name: statistics.median(t) for name, t in times.items()}
     return (
-        f"| {batch}×{dim} | {_spread(times['matmul'])} | {_spread(times['mh'])} | {_spread(times['dense'])} "
+        f"| {batch}×{dim} | {ms_spread(times['matmul'])} | {ms_spread(times['mh'])} | {ms_spread(times['dense'])} "
         f"| {med['dense'] / med['mh']:.1f}× | {med['mh'] / med['matmul']:.2f}× |"
     )
 
@@ -144,11 +132,11 @@ def peak_memory_child() -> None:
     Path("/proc/self/clear_refs").write_text("5")  # reset the peak (VmHWM) to the current RSS
     before = _status_kib("VmRSS")
     try:
-        seconds = _seconds(lambda: _forward_backward(LOSSES[name], img, cap))
+        wall = seconds(lambda: _forward_backward(LOSSES[name], img, cap))
     except (RuntimeError, MemoryError) as err:
         print(json.dumps({"error": str(err).splitlines()[0][:80]}))
         return
-    print(json.dumps({"peak": (_status_kib("VmHWM") - before) * 1024, "seconds": seconds}))
+    print(json.dumps({"peak": (_status_kib("VmHWM") - before) * 1024, "seconds": wall}))
 
 
 def measure_peak(name: str, batch: int, dim: int, cap_bytes: int = 0) -> dict[str, float | str]:

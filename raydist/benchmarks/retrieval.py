@@ -52,6 +52,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from raydist.benchmarks.harness import ms_spread, seconds
 from raydist.benchmarks.registry import register_benchmark
 from raydist.eval.adaptive import mflops_per_query
 from raydist.eval.faiss_index import build_index, unit_rows
@@ -276,17 +277,6 @@ def _one_at_a_time(search: Callable[[np.ndarray], np.ndarray], queries: np.ndarr
         search(queries[i : i + 1])
 
 
-def _seconds(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
-def _spread(times: list[float]) -> str:
-    ms = [t * 1e3 for t in times]
-    return f"{statistics.median(ms):.3g} ({min(ms):.3g}–{max(ms):.3g})"
-
-
 def measure(methods: list[Method], queries: np.ndarray, targets: np.ndarray, sizes: Sizes, repeats: int):
     """Quality pass, then ``repeats`` interleaved timing rounds: rows of dicts (first method = reference)."""
     results = [m.search(queries) for m in methods]  # quality pass (and warm-up)
@@ -296,8 +286,8 @@ def measure(methods: list[Method], queries: np.ndarray, targets: np.ndarray, siz
     for _ in range(repeats):
         for i, m in enumerate(methods):
             block = queries[: m.batch_cap]
-            batched[i].append(_seconds(lambda m=m, b=block: m.search(b)) / len(block))
-            one[i].append(_seconds(lambda m=m: _one_at_a_time(m.search, single)) / len(single))
+            batched[i].append(seconds(lambda m=m, b=block: m.search(b)) / len(block))
+            one[i].append(seconds(lambda m=m: _one_at_a_time(m.search, single)) / len(single))
     rows = []
     for m, ids, b, o in zip(methods, results, batched, one):
         rows.append({
@@ -323,7 +313,7 @@ def format_rows(rows: list[dict]) -> tuple[str, str]:
         lost = 100.0 - row["exact_r10"]
         lines.append(
             f"| {row['name']} | {row['mflops']:.3g} | {ref['mflops'] / row['mflops']:.3g}× | "
-            f"{_spread(row['batched'])} | {sb:.3g}× | {_spread(row['one'])} | {so:.3g}× | "
+            f"{ms_spread(row['batched'], '{:.3g}')} | {sb:.3g}× | {ms_spread(row['one'], '{:.3g}')} | {so:.3g}× | "
             f"{row['exact_r10']:.1f} | {lost:.1f} | {row['task_r10']:.1f} | {row['build_s']:.1f} |"
         )
         if row["name"].startswith("adaptive"):
