@@ -59,13 +59,16 @@ def time_batch(rank: int, batch: int, dim: int, repeats: int) -> dict[str, list[
         keys = [gathered.keys["img"], gathered.keys["cap"]]
         torch.autograd.backward(keys, [torch.ones_like(k) for k in keys])  # the gather's reduce-scatter
 
-    def loss_step() -> None:
-        gathered = gather_step({"img": img, "cap": cap}, ids)
-        loss = rank_ranking_loss(
+    def loss_of(emb_img: torch.Tensor, emb_cap: torch.Tensor) -> torch.Tensor:
+        """The training step's cross-worker loss: one gather, the step's negative set, MH."""
+        gathered = gather_step({"img": emb_img, "cap": emb_cap}, ids)
+        return rank_ranking_loss(
             gathered, plan.draw(rank, step_generator(0, 0)), ids="image_id", margin=lo.margin,
             hardest=lo.hardest, reduction=lo.reduction, similarity=lo.similarity, tile=lo.tile, stats={},
         )  # fmt: skip
-        loss.backward()
+
+    def loss_step() -> None:
+        loss_of(img, cap).backward()
 
     cfg = load_config("default")
     torch.manual_seed(0)
@@ -77,13 +80,7 @@ def time_batch(rank: int, batch: int, dim: int, repeats: int) -> dict[str, list[
 
     def train_step() -> None:
         optimizer.zero_grad(set_to_none=True)
-        emb_img, emb_cap = model(features, tokens, lengths)
-        gathered = gather_step({"img": emb_img, "cap": emb_cap}, ids)
-        loss = rank_ranking_loss(
-            gathered, plan.draw(rank, step_generator(0, 0)), ids="image_id", margin=lo.margin,
-            hardest=lo.hardest, reduction=lo.reduction, similarity=lo.similarity, tile=lo.tile, stats={},
-        )  # fmt: skip
-        loss.backward()
+        loss_of(*model(features, tokens, lengths)).backward()
         optimizer.step()
 
     runs = {"collectives": collectives, "step": loss_step, "train_step": train_step}
