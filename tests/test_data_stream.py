@@ -44,3 +44,15 @@ def test_uniform_by_id_is_uniform_and_a_function_of_id_and_seed():
     assert (uniform_by_id(ids[::-1], seed=3) == u[::-1]).all()
     assert not np.allclose(uniform_by_id(ids, seed=4), u)
     assert abs(np.corrcoef(uniform_by_id(ids, 3, 0), uniform_by_id(ids, 3, 1))[0, 1]) < 0.01
+
+
+def test_stream_epoch_through_ray_data_gives_each_row_once(ray_cluster):
+    import ray.data
+
+    from raydist.data.stream import stream_epoch
+
+    ds = ray.data.from_items([{"sample_id": i} for i in range(2500)])
+    batches = list(stream_epoch(ds, rows=96, shuffle_buffer=512, seed=0, epoch=0, rank=0))
+    seen = np.concatenate([b["sample_id"] for b in batches])
+    assert len(batches) == 2500 // 96 and all(len(b["sample_id"]) == 96 for b in batches)
+    assert len(np.unique(seen)) == len(seen) and not np.array_equal(seen, np.sort(seen))  # shuffled, no repeats
