@@ -40,7 +40,7 @@ def summarise(records: list[TrialRecord], out: Path, setup: Setup) -> Summary:
     header = ["workers", "gather", "keys per query", "test i2t R@1", "test t2i R@1", "test rsum",
               "remote hardest (last epoch)", "(W−1)/W"]  # fmt: skip
     figure = _plot(groups, out / "gather.png")
-    return Summary(rows, markdown_table(header, table), {"gather": figure}, _verdict(groups, setup))
+    return Summary(rows, markdown_table(header, table), {"gather": figure}, _verdict(groups))
 
 
 def _plot(groups: dict[tuple, list[TrialRecord]], path: Path) -> Path:
@@ -60,7 +60,7 @@ def _plot(groups: dict[tuple, list[TrialRecord]], path: Path) -> Path:
     return save(fig, path)
 
 
-def _verdict(groups: dict[tuple, list[TrialRecord]], setup: Setup) -> list[str]:
+def _verdict(groups: dict[tuple, list[TrialRecord]]) -> list[str]:
     """Gap (on − off) in test rsum per worker count, whether it grows with W, and W=1 on = off."""
     test = {k: spread(r.test.get("rsum", math.nan) for r in t) for k, t in groups.items()}
     lines, gaps = [], []
@@ -82,8 +82,6 @@ def _verdict(groups: dict[tuple, list[TrialRecord]], setup: Setup) -> list[str]:
         same = alone[True] == alone[False]
         lines.append(f"W=1 (no other worker): gather on and off {'give identical' if same else 'differ in'} "
                      "test rsum per seed.")
-    if setup.quick:
-        lines.append("Quick mode (one seed, tiny data): a smoke test, not evidence.")
     return lines
 
 

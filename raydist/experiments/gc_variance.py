@@ -87,7 +87,7 @@ def summarise(records: list[TrialRecord], out: Path, setup: Setup) -> Summary:
     header = ["epoch", "seeds", "SGD normalized variance", "GC normalized variance", "GC / SGD", "GC distortion"]
     copies = duplicates(setup.data_dir)
     figures = {"gc_variance": _plot(done, out / "gc_variance.png", copies)}
-    return Summary(rows, markdown_table(header, table), figures, _verdict(done, setup, copies))
+    return Summary(rows, markdown_table(header, table), figures, _verdict(done, copies))
 
 
 def _data_label(copies: int | None) -> str:
@@ -117,7 +117,7 @@ def _plot(done: list[TrialRecord], path: Path, copies: int | None) -> Path:
     return save(fig, path)
 
 
-def _verdict(done: list[TrialRecord], setup: Setup, copies: int | None) -> list[str]:
+def _verdict(done: list[TrialRecord], copies: int | None) -> list[str]:
     """The half of the claim that applies to this data (duplicates: far lower; none: about equal), judged on
     each seed's mean over the epochs after the first."""
     late = [_late(r) for r in done]
@@ -148,8 +148,6 @@ def _verdict(done: list[TrialRecord], setup: Setup, copies: int | None) -> list[
             lines.append(f"{measured} ({apart}). This dataset's manifest does not say whether its train split "
                          f"has duplicates, so neither half of the claim is judged: it predicts GC/SGD ≤ "
                          f"{FAR_LOWER} with duplicates and about 1 without.")  # fmt: skip
-    if setup.quick:
-        lines.append("Quick mode (one seed, 2 epochs): a smoke test, not evidence.")
     return lines
 
 

@@ -68,7 +68,7 @@ def summarise(records: list[TrialRecord], out: Path, setup: Setup) -> Summary:
     header = ["loss", "miner", "p", "val R@1", "test R@1", "R@1 lost vs p=0", "η₋", "q₊", "η₋·q₋", "inside bound"]
     figures = {"label_noise_r1": _plot_r1(groups, out / "label_noise_r1.png", uniform_bound(k)),
                "label_noise_eta": _plot_eta(groups, out / "label_noise_eta.png", k)}  # fmt: skip
-    return Summary(rows, markdown_table(header, table), figures, _verdict(rows, setup, k))
+    return Summary(rows, markdown_table(header, table), figures, _verdict(rows, k))
 
 
 def _curves(groups: dict[tuple, list[TrialRecord]], kind: str, m: int, value) -> tuple[list[float], list]:
@@ -107,7 +107,7 @@ def _plot_eta(groups: dict[tuple, list[TrialRecord]], path: Path, k: int) -> Pat
     return save(fig, path)
 
 
-def _verdict(rows: list[dict], setup: Setup, k: int) -> list[str]:
+def _verdict(rows: list[dict], k: int) -> list[str]:
     """The three claims, per loss, from the table rows."""
     lines = [f"K={k} classes: uniform sampling tolerates p < {uniform_bound(k):.2f} (q₊ < 1/2)."]
     for kind in sorted({r["loss"] for r in rows}):
@@ -134,8 +134,6 @@ def _verdict(rows: list[dict], setup: Setup, k: int) -> list[str]:
             worst = max(drops, key=lambda mi: drops[mi].mean)
             lines.append(f"{kind}: hardest mining least robust {'held' if worst == 'hardest' else 'did not hold'} "
                          f"(mean drop over p > 0: {', '.join(f'{mi} {s.mean:+.1f}' for mi, s in drops.items())}).")  # fmt: skip
-    if setup.quick:
-        lines.append("Quick mode (one seed, tiny data): a smoke test, not evidence.")
     return lines
 
 

@@ -52,7 +52,7 @@ def summarise(records: list[TrialRecord], out: Path, setup: Setup) -> Summary:
              for (dim, m), cell in cells.items()]  # fmt: skip
     header = ["dim m", "model", "test i2t R@1", "test t2i R@1", "test rsum"]
     return Summary(rows, markdown_table(header, table), {"matryoshka": _plot(rows, out / "matryoshka.png")},
-                   _verdict(rows, setup))  # fmt: skip
+                   _verdict(rows))  # fmt: skip
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> Path:
@@ -67,7 +67,7 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> Path:
     return save(fig, path)
 
 
-def _verdict(rows: list[dict[str, Any]], setup: Setup) -> list[str]:
+def _verdict(rows: list[dict[str, Any]]) -> list[str]:
     """At every dim below the full one: nested rsum vs the best baseline; at the full dim: nested vs plain."""
     if not rows:
         return ["no seed finished both a nested and a plain trial: nothing to compare"]
@@ -93,8 +93,6 @@ def _verdict(rows: list[dict[str, Any]], setup: Setup) -> list[str]:
                      f"of {', '.join(map(str, low))}.")  # fmt: skip
     lines.append(f"At the full dim {full}: nested {rsum[('single', full)].cell()}, plain "
                  f"{rsum[('first-m', full)].cell()} rsum (the cost of nesting at full size).")  # fmt: skip
-    if setup.quick:
-        lines.append("Quick mode (one seed, tiny data): a smoke test, not evidence.")
     return lines
 
 

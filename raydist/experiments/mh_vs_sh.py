@@ -79,7 +79,7 @@ def summarise(records: list[TrialRecord], out: Path, setup: Setup) -> Summary:
               "MH epochs at 2·B·α"]  # fmt: skip
     figures = {"mh_vs_sh_val": _plot_curves(groups, out / "mh_vs_sh_val.png", "val/rsum"),
                "mh_vs_sh_loss": _plot_curves(groups, out / "mh_vs_sh_loss.png", "train/loss")}  # fmt: skip
-    return Summary(rows, markdown_table(header, table), figures, _verdict(groups, setup))
+    return Summary(rows, markdown_table(header, table), figures, _verdict(groups))
 
 
 def _plot_curves(groups: dict[tuple, list[TrialRecord]], path: Path, key: str) -> Path:
@@ -103,7 +103,7 @@ def _plot_curves(groups: dict[tuple, list[TrialRecord]], path: Path, key: str) -
     return save(fig, path)
 
 
-def _verdict(groups: dict[tuple, list[TrialRecord]], setup: Setup) -> list[str]:
+def _verdict(groups: dict[tuple, list[TrialRecord]]) -> list[str]:
     """SH→MH vs SH on test rsum at each fraction, whether the gap grows with data, and MH's collapse."""
     test = {(f, VARIANTS[v]): spread(r.test.get("rsum", math.nan) for r in t) for (f, v), t in groups.items()}
     lines, gaps, wins = [], [], {}
@@ -129,8 +129,6 @@ def _verdict(groups: dict[tuple, list[TrialRecord]], setup: Setup) -> list[str]:
         hits = [f"fraction {f} seed {s}" for f, s, e in stalled if e]
         lines.append(f"MH from a random start stalled at 2·B·α in {len(hits)} of {len(stalled)} trials"
                      + (f" ({', '.join(hits)})" if hits else "") + ".")  # fmt: skip
-    if setup.quick:
-        lines.append("Quick mode (one seed, tiny data): a smoke test, not evidence.")
     return lines
 
 

@@ -114,8 +114,6 @@ def _verdict(by_size: dict[int, list[TrialRecord]], setup: Setup) -> list[str]:
     if left_out:
         lines.append(f"Not run: n = {', '.join(map(str, left_out))} (more rows per step than the "
                      f"{setup.train_rows} train rows).")  # fmt: skip
-    if setup.quick:
-        lines.append("Quick mode (one seed, tiny data): a smoke test, not evidence.")
     return lines
 
 

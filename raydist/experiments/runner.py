@@ -137,11 +137,15 @@ def trial_records(
     return records
 
 
+QUICK_NOTE = "Quick mode (one seed, tiny data, few epochs): a smoke test, not evidence."
+
+
 def write_summary(experiment: Experiment, records: list[TrialRecord], out: Path, setup: Setup) -> dict[str, Any]:
     """Run the experiment's summary and write ``summary.md`` (claim, data, table, verdict, figures) and
     ``rows.json`` into ``out``. Returns ``name``, ``claim``, ``out_dir``, ``data_dir``, ``table``,
     ``verdict``, ``rows``, ``figures`` (name → path) and ``files`` (summary, rows, trials)."""
     summary: Summary = experiment.summarise(records, out, setup)
+    verdict = [*summary.verdict, *([QUICK_NOTE] if setup.quick else [])]
     failed = [r for r in records if r.status == "ERROR"]
     lines = [
         f"# {experiment.name}: {experiment.claim}",
@@ -154,7 +158,7 @@ def write_summary(experiment: Experiment, records: list[TrialRecord], out: Path,
         "",
         summary.table,
         "",
-        *(f"- {line}" for line in summary.verdict),
+        *(f"- {line}" for line in verdict),
         "",
         *(f"![{key}]({path.name})" for key, path in summary.figures.items()),
     ]
@@ -166,7 +170,7 @@ def write_summary(experiment: Experiment, records: list[TrialRecord], out: Path,
         "out_dir": str(out),
         "data_dir": str(setup.data_dir),
         "table": summary.table,
-        "verdict": summary.verdict,
+        "verdict": verdict,
         "rows": summary.rows,
         "figures": {key: str(path) for key, path in summary.figures.items()},
         "files": {"summary": str(out / SUMMARY_FILE), "rows": str(out / ROWS_FILE), "trials": str(out / TRIALS_FILE)},
