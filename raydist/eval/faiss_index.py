@@ -79,27 +79,24 @@ class PrefixIVFIndex:
     ) -> None:
         import faiss
 
-        self.vectors = unit_rows(vectors)
-        self.dim = self.vectors.shape[1]
+        vectors = unit_rows(vectors)
+        self.dim = vectors.shape[1]
         self.prefix_dim = prefix_dim
         self.nlist = nlist
         self.nprobe = nprobe
         gpu = _gpu_wanted(use_gpu)
-        prefixes = unit_rows(self.vectors[:, :prefix_dim])
         kmeans = faiss.Kmeans(prefix_dim, nlist, niter=20, seed=1234, spherical=True, gpu=gpu)
-        kmeans.train(prefixes)
+        kmeans.train(unit_rows(vectors[:, :prefix_dim]))
         self.coarse = build_index(kmeans.centroids, "flat", use_gpu=use_gpu)
         self.device = self.coarse.device
-        _, assign = self.coarse.search(prefixes, 1)
-        order = np.argsort(assign[:, 0], kind="stable")
-        bounds = np.searchsorted(assign[order, 0], np.arange(nlist + 1))
-        self.lists = [order[bounds[c] : bounds[c + 1]] for c in range(nlist)]  # ids, ascending per list
         padded = np.zeros((nlist, self.dim), dtype=np.float32)
         padded[:, :prefix_dim] = kmeans.centroids
         self._quantizer = faiss.IndexFlatIP(self.dim)
         self._quantizer.add(padded)
         self._ivf = faiss.IndexIVFFlat(self._quantizer, self.dim, nlist, faiss.METRIC_INNER_PRODUCT)
-        self._ivf.add(self.vectors)
+        self._ivf.add(vectors)  # each vector goes to its best prefix centroid (the padded quantizer's argmax)
+        inv = self._ivf.invlists
+        self.lists = [faiss.rev_swig_ptr(inv.get_ids(c), inv.list_size(c)).copy() for c in range(nlist)]  # ascending
         self._ivf.nprobe = nprobe
 
     @property
@@ -115,7 +112,7 @@ class PrefixIVFIndex:
 
     @property
     def ntotal(self) -> int:
-        return len(self.vectors)
+        return int(self._ivf.ntotal)
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-k of each query over its ``nprobe`` lists: (scores float32 [Q, k], ids int64 [Q, k])."""
