@@ -183,3 +183,54 @@ def test_row_contributions_sum_to_the_batch_gradient_and_are_what_gc_clusters(ca
         window["distortion"].numpy(), np.bincount(assignment.numpy(), weights=nearest, minlength=K),
         rtol=1e-9, atol=1e-12,
     )  # fmt: skip
+
+
+def test_local_loss_with_row_weights_gives_the_weighted_sum_of_contributions(case) -> None:
+    """``Task.local_loss(..., row_weights=w)`` (the reassignment pass's and the variance meter's loss, and
+    through ``Encoded.weighted`` the loss of GC-sampled training batches) has the unweighted loss's value and
+    the gradient ``Σ_i w_i c_i`` of the contributions computed row by row as above."""
+    task, batch = case
+    torch.manual_seed(0)
+    model = task.build_model().to(DTYPE)
+    params = dict(model.named_parameters())
+    rows = len(batch["sample_id"])
+    ctx = StepContext(0, 0, 0, 1)
+    encoded = task.encode(model, batch)
+    outs = row_outputs(encoded)
+    for out in outs:
+        out.retain_grad()
+    plain = step_loss(task, encoded)
+    plain.backward()
+    weights = torch.linspace(0.25, 3.0, rows, dtype=DTYPE)
+    want = {n: torch.zeros_like(p) for n, p in params.items()}
+    for r in range(rows):
+        own = row_outputs(task.encode(model, {k: v[r : r + 1] for k, v in batch.items()}))
+        grads = torch.autograd.grad(own, list(params.values()), [o.grad[r : r + 1] for o in outs], allow_unused=True)
+        for name, grad in zip(params, grads):
+            if grad is not None:
+                want[name] += weights[r] * grad
+    model.zero_grad(set_to_none=True)
+    weighted = task.local_loss(model, batch, ctx, row_weights=weights)
+    torch.testing.assert_close(weighted.detach(), plain.detach(), rtol=1e-12, atol=0)
+    weighted.backward()
+    for name, p in params.items():
+        if name.startswith("beta."):  # the margin loss's β is a parameter of the loss, not of any row
+            continue
+        torch.testing.assert_close(p.grad, want[name], rtol=1e-10, atol=1e-12)
+
+
+def test_local_loss_of_cross_entropy_with_weights_is_the_weighted_mean() -> None:
+    """The thesis setting: for a mean of per-example losses, weighting the rows' contributions is exactly the
+    gradient of ``Σ_i w_i ℓ_i / B`` (the stratified estimator), checked against per-example cross-entropy."""
+    task, batch = labels_case("cross_entropy", "semihard-random")
+    torch.manual_seed(0)
+    model = task.build_model().to(DTYPE)
+    weights = torch.linspace(0.5, 2.0, len(batch["sample_id"]), dtype=DTYPE)
+    _, logits = model(batch["image"])
+    # the head's cross-entropy runs in float32 (as in training), so the reference does too
+    per_row = torch.nn.functional.cross_entropy(logits.float(), batch["label"], reduction="none")
+    want = torch.autograd.grad((weights.float() * per_row).mean(), list(model.parameters()))
+    got = torch.autograd.grad(task.local_loss(model, batch, StepContext(0, 0, 0, 1), row_weights=weights),
+                              list(model.parameters()))  # fmt: skip
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-9)

@@ -57,9 +57,30 @@ def test_sample_trains_on_stratified_weighted_batches(labels_dataset, tmp_path):
     assert float(batch["weight"].sum()) / hook.rows == pytest.approx(1.0, rel=1e-5)
 
 
-def test_sample_is_refused_for_losses_without_per_example_terms(labels_dataset, tmp_path):
-    with pytest.raises(ValueError, match="gc.sample needs a loss"):
-        _run(labels_dataset, tmp_path, **{"gc.sample": True, "loss.kind": "triplet", "train.epochs": 1})
+@pytest.mark.timeout(240)
+def test_metric_loss_samples_by_row_contributions_and_meters_the_variance(labels_dataset, tmp_path, capsys):
+    """Triplet loss (not a sum over rows): gc.sample runs as the documented heuristic, the reassignment pass
+    assigns every row of the shard, and the variance meter reports both estimators."""
+    out, _, hook = _run(labels_dataset, tmp_path, **{"gc.sample": True, "loss.kind": "triplet", "train.epochs": 2})
+    assert "heuristic" in capsys.readouterr().out
+    last = out["history"][-1]
+    for key in ("gvar/sgd_var", "gvar/sgd_nvar", "gvar/gc_var", "gvar/gc_nvar"):
+        assert last[key] > 0
+    chunks = len(hook.shard_ids) // hook.rows * hook.rows
+    clusters = hook.gc.assignments(hook.shard_ids[:chunks])
+    assert (clusters >= 0).all() and len(set(clusters.tolist())) > 1
+
+
+@pytest.mark.timeout(240)
+def test_pairs_ranking_loss_gets_reassignment_and_the_variance_meter(tiny_dataset, tmp_path):
+    """The pairs task (VSE++ ranking loss, per-row contributions): gc.measure with a reassignment pass each
+    epoch and the meter every few steps."""
+    out, _, hook = _run(tiny_dataset, tmp_path, **{"gc.measure": True, "gc.reassign_every": 1, "train.epochs": 1})
+    last = out["history"][-1]
+    for key in ("gvar/sgd_var", "gvar/sgd_nvar", "gvar/gc_var", "gvar/gc_nvar", "gc/distortion"):
+        assert key in last and last[key] > 0
+    chunks = len(hook.shard_ids) // hook.rows * hook.rows
+    assert (hook.gc.assignments(hook.shard_ids[:chunks]) >= 0).all()
 
 
 def test_plot_shows_the_variance_over_training(labels_dataset, tmp_path):

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from test_gradclust_layers import CLASSES, DTYPE, MLP
 
-from raydist.gradclust import GradientClustering, gradient_variance, measure_gradient_variance
+from raydist.gradclust import GradientClustering, gradient_variance, measure_gradient_variance, weighted_mean
 
 
 def test_gradient_variance_matches_numpy() -> None:
@@ -54,7 +54,7 @@ def test_gc_variance_is_far_below_sgd_on_duplicated_examples() -> None:
     rng_before = torch.get_rng_state()
     stats = measure_gradient_variance(
         model,
-        per_example_loss,
+        weighted_mean(per_example_loss),
         list(zip(x, y)),
         gc,
         batch_size=8,

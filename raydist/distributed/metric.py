@@ -56,7 +56,8 @@ def rank_metric_loss(
     parts = loss_parts(global_emb, global_labels, mine)
     if parts.count is None:
         return scale_for_world(parts.total, batch.world)
-    count = all_gather_tensor(parts.count.reshape(1)).sum()
+    # a batch of one rank (Task.local_loss) is its own global batch: no collective
+    count = parts.count if batch.world == 1 else all_gather_tensor(parts.count.reshape(1)).sum()
     return scale_for_world(parts.value(count), batch.world)
 
 

@@ -13,7 +13,7 @@ from raydist.gradclust.layers import (
     unsupported_layers,
 )
 from raydist.gradclust.sampler import StratifiedBatch, StratifiedSampler, allocate, stratified_weights
-from raydist.gradclust.variance import gradient_variance, measure_gradient_variance
+from raydist.gradclust.variance import gradient_variance, measure_gradient_variance, weighted_mean
 
 __all__ = [
     "DenseFactors",
@@ -34,4 +34,5 @@ __all__ = [
     "squared_distances",
     "stratified_weights",
     "unsupported_layers",
+    "weighted_mean",
 ]

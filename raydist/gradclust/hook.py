@@ -52,19 +52,18 @@ class GradientClusteringHook(Hook):
     """``gc.measure``: statistics from every training step (the task's loss backpropagated as a sum of
     per-row contributions, ``loss_scale`` from :meth:`Task.row_loss_scale`), a reassignment pass over the
     shard every ``gc.reassign_every`` epochs, and every ``gc.log_every`` steps the variance meter
-    (T = ``gc.variance_batches`` extra batches from its own generator; tasks with per-example losses).
+    (T = ``gc.variance_batches`` extra batches from its own generator).
     ``gc.sample``: the epoch's batches are drawn by :class:`StratifiedSampler` over the shard's clusters,
-    with weights ``w_i = N_k / (N·b_k) · B`` fed to the loss; statistics then come from the reassignment
-    passes only (the training gradients are weighted)."""
+    with weights ``w_i = N_k / (N·b_k) · B`` scaling each row's gradient contribution (unbiased for losses
+    that are means of per-example terms; a heuristic otherwise); statistics then come from the reassignment
+    passes only (the training gradients are weighted). Losses that are not sums over rows are clustered by
+    their per-row contributions (docs/algorithms.md#gradient-clustering)."""
 
     def __init__(self, cfg: Config, task: Task, arrays: Batch | None, *, rank: int, world: int, rows: int,
                  device: Any = "cpu") -> None:  # fmt: skip
         if arrays is None:
             raise ConfigError("gradient clustering (gc.measure / gc.sample) needs an in-memory train split: "
                               "raise data.in_memory_max_mb")  # fmt: skip
-        if cfg.gc.sample and not task.per_example_losses:
-            raise ConfigError(f"gc.sample needs a loss that is a sum of per-example terms; task {task.name!r} "
-                              f"with its loss is not (use gc.measure)")  # fmt: skip
         self.cfg, self.task, self.rank, self.rows, self.device = cfg, task, rank, rows, device
         self.shard = worker_shard(arrays, rank=rank, world=world, seed=cfg.train.seed)
         self.shard_ids = torch.as_tensor(self.shard["sample_id"])
@@ -83,6 +82,10 @@ class GradientClusteringHook(Hook):
             skipped = ", ".join(f"{name} ({why})" for name, why in unsupported_layers(model)) or "none"
             sys.stdout.write(f"[raydist] gradient clustering over {len(self.gc.layers)} layers; excluded: "
                              f"{skipped}\n")  # fmt: skip
+            if g.sample and not self.task.per_example_losses:
+                sys.stdout.write("[raydist] note: gc.sample with a loss that is not a sum of per-example terms: "
+                                 "the weights scale each row's gradient contribution, a heuristic without the "
+                                 "unbiasedness guarantee\n")  # fmt: skip
 
     def forward_context(self, ctx: StepContext) -> AbstractContextManager[Any]:
         return nullcontext() if self.cfg.gc.sample else self.gc.capture()
@@ -92,8 +95,8 @@ class GradientClusteringHook(Hook):
             return
         batch = ctx.batch
         self.gc.after_backward(batch["sample_id"].cpu(), loss_scale=self.task.row_loss_scale(len(batch["sample_id"])))
-        if self.rank == 0 and self.task.per_example_losses and ctx.global_step % self.cfg.gc.log_every == 0:
-            self._measure()
+        if self.rank == 0 and ctx.global_step % self.cfg.gc.log_every == 0:
+            self._measure(ctx)
 
     def wrap_batches(self, epoch: int, batches: Iterable[Batch]) -> Iterable[Batch]:
         if not self.cfg.gc.sample:
@@ -102,10 +105,10 @@ class GradientClusteringHook(Hook):
 
     def end_of_epoch(self, ctx: StepContext, model: nn.Module, metrics: dict[str, Any]) -> None:
         every = self.cfg.gc.reassign_every
-        if every and (ctx.epoch + 1) % every == 0 and self.task.per_example_losses:
-            self._reassign()
-        if self.cfg.gc.sample and self.rank == 0 and self.task.per_example_losses:
-            self._measure()
+        if every and (ctx.epoch + 1) % every == 0:
+            self._reassign(ctx)
+        if self.cfg.gc.sample and self.rank == 0:
+            self._measure(ctx)
         metrics["gc/distortion"] = float(self.gc.total_distortion)
         if self.measurements:
             for key in self.measurements[0]:
@@ -121,27 +124,35 @@ class GradientClusteringHook(Hook):
             idx = draw.indices.numpy()
             yield {**{k: v[idx] for k, v in self.shard.items()}, "weight": draw.weights.numpy()}
 
-    def _reassign(self) -> None:
+    def _reassign(self, ctx: StepContext) -> None:
         """A full pass over the shard without a parameter update: statistics and assignments of every row
-        (every worker runs the same number of chunks, so the U-step all-reduces line up)."""
+        (every worker runs the same number of chunks, so the U-step all-reduces line up). Each chunk's loss is
+        :meth:`Task.local_loss` (the chunk as a batch of its own), backpropagated as in training."""
         model = self.model
         params = [p for p in model.parameters() if p.requires_grad]
+        scale = self.task.row_loss_scale(self.rows)
         for start in range(0, len(self.shard_ids) - self.rows + 1, self.rows):
             chunk = to_tensors({k: v[start : start + self.rows] for k, v in self.shard.items()}, self.device)
             with self.gc.capture():
-                loss = self.task.row_losses(model, chunk).sum()
+                loss = self.task.local_loss(model, chunk, ctx)
             # autograd.grad drives the backward (the layer hooks see every output gradient) without
             # accumulating into .grad, so neither the optimizer nor DDP's gradient hooks see this pass
             torch.autograd.grad(loss, params, allow_unused=True)
-            self.gc.after_backward(chunk["sample_id"].cpu())
+            self.gc.after_backward(chunk["sample_id"].cpu(), loss_scale=scale)
         if self.cfg.gc.mode == "batch":
             self.gc.update()
 
-    def _measure(self) -> None:
-        """SGD vs GC variance of this worker's mini-batch gradients (rank 0; training untouched)."""
+    def _measure(self, ctx: StepContext) -> None:
+        """SGD vs GC variance of this worker's mini-batch gradients (rank 0; training untouched); the estimates
+        are gradients of :meth:`Task.local_loss` with the sampler's row weights."""
         if not self.gc.centres:
             return
+
+        def estimate(model: nn.Module, batch: dict[str, Tensor], weights: Tensor) -> Tensor:
+            tensors = {k: v.to(self.device) for k, v in batch.items()}
+            return self.task.local_loss(model, tensors, ctx, row_weights=weights.to(self.device))
+
         self.measurements.append(measure_gradient_variance(
-            self.model, self.task.row_losses, ShardRows(self.shard), self.gc, batch_size=self.rows,
+            self.model, estimate, ShardRows(self.shard), self.gc, batch_size=self.rows,
             num_batches=self.cfg.gc.variance_batches, generator=self.meter_generator, sample_ids=self.shard_ids,
         ))  # fmt: skip

@@ -15,6 +15,18 @@ from raydist.gradclust.clustering import GradientClustering
 from raydist.gradclust.sampler import StratifiedSampler
 
 LossFn = Callable[[nn.Module, Any], Tensor]
+Estimate = Callable[[nn.Module, Any, Tensor], Tensor]
+
+
+def weighted_mean(loss_fn: LossFn) -> Estimate:
+    """The estimate of a loss that is a mean of per-example terms: ``loss_fn(model, batch)`` gives ℓ [B] and
+    the estimate is ``∇ Σ_i w_i ℓ_i / B``."""
+
+    def estimate(model: nn.Module, batch: Any, weights: Tensor) -> Tensor:
+        losses = loss_fn(model, batch)
+        return (weights.to(losses) * losses).sum() / weights.shape[0]
+
+    return estimate
 
 
 def gradient_variance(estimates: Tensor) -> tuple[float, float]:
@@ -32,19 +44,19 @@ def gradient_variance(estimates: Tensor) -> tuple[float, float]:
 
 
 def _flat_gradient(
-    model: nn.Module, loss_fn: LossFn, dataset: Sequence, indices: Tensor, weights: Tensor
+    model: nn.Module, estimate: Estimate, dataset: Sequence, indices: Tensor, weights: Tensor
 ) -> Tensor:
-    """∇ of ``Σ_i w_i ℓ_i / B`` over the trainable parameters, flattened (zeros for unused ones)."""
+    """∇ of ``estimate(model, batch, weights)`` over the trainable parameters, flattened (zeros for unused
+    ones)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    losses = loss_fn(model, default_collate([dataset[i] for i in indices.tolist()]))
-    loss = (weights.to(losses) * losses).sum() / indices.shape[0]
+    loss = estimate(model, default_collate([dataset[i] for i in indices.tolist()]), weights)
     grads = torch.autograd.grad(loss, params, allow_unused=True)
     return torch.cat([(torch.zeros_like(p) if g is None else g).flatten() for p, g in zip(params, grads)])
 
 
 def measure_gradient_variance(
     model: nn.Module,
-    loss_fn: LossFn,
+    estimate: Estimate,
     dataset: Sequence,
     clustering: GradientClustering,
     *,
@@ -56,10 +68,13 @@ def measure_gradient_variance(
 ) -> dict[str, float]:
     """SGD vs GC gradient variance from ``num_batches`` (T) extra batches of each kind.
 
-    ``loss_fn(model, batch)`` returns per-example losses ℓ [B] for a batch collated from ``dataset[i]``.
-    SGD batches: B distinct rows uniform over the dataset, estimate ``∇ mean_i ℓ_i``; GC batches:
-    :class:`StratifiedSampler` over ``clustering.assignments(sample_ids)`` (sample_ids default: row
-    numbers), estimate ``∇ Σ_i w_i ℓ_i / B``. All draws use ``generator``; the global RNG state (e.g.
+    ``estimate(model, batch, weights)`` is the scalar whose gradient is the estimate from a batch collated
+    from ``dataset[i]`` with row weights [B] (float64): :func:`weighted_mean` for per-example losses
+    (``∇ Σ_i w_i ℓ_i / B``), :meth:`raydist.tasks.Task.local_loss` with ``row_weights`` for any task loss
+    (``Σ_i w_i c_i`` over the rows' contributions; for losses that are not sums over rows the GC estimate is
+    a heuristic, not unbiased). SGD batches: B distinct rows uniform over the dataset, weights 1; GC
+    batches: :class:`StratifiedSampler` over ``clustering.assignments(sample_ids)`` (sample_ids default: row
+    numbers) with its weights. All draws use ``generator``; the global RNG state (e.g.
     dropout) is restored afterwards and parameter ``.grad`` is untouched, so training is not perturbed.
     Pass the bare module, not a DDP wrapper (the estimates are this worker's own).
     Returns gvar/{sgd,gc}_{var,nvar} (:func:`gradient_variance`) and gvar/gc_distortion (the clustering's
@@ -74,10 +89,10 @@ def measure_gradient_variance(
     with torch.random.fork_rng(devices=cuda):
         for _ in range(num_batches):
             rows = torch.randperm(len(dataset), generator=generator)[:batch_size]
-            sgd.append(_flat_gradient(model, loss_fn, dataset, rows, ones))
+            sgd.append(_flat_gradient(model, estimate, dataset, rows, ones))
         for _ in range(num_batches):
             batch = sampler.sample(generator)
-            gc.append(_flat_gradient(model, loss_fn, dataset, batch.indices, batch.weights))
+            gc.append(_flat_gradient(model, estimate, dataset, batch.indices, batch.weights))
     sgd_var, sgd_nvar = gradient_variance(torch.stack(sgd))
     gc_var, gc_nvar = gradient_variance(torch.stack(gc))
     return {

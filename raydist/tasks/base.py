@@ -70,6 +70,23 @@ class Encoded:
     ids: dict[str, Tensor]
     extras: dict[str, Tensor] = field(default_factory=dict)
 
+    def weighted(self, weights: Tensor) -> Encoded:
+        """The same outputs with row i's *gradient* scaled by ``weights[i]`` on its way back (values
+        unchanged): the parameters then receive ``Σ_i w_i c_i``, where c_i is row i's contribution (the
+        gradient that flows through its activations). Applies to the per-row tensors a loss reads: the
+        embeddings and the ``logits`` extra (a tensor or one per nested dim). Each is replaced by a new node,
+        so a path through two of them (logits computed from an embedding) is still scaled once."""
+        w = weights.reshape(-1, 1)
+
+        def scale(x: Tensor) -> Tensor:
+            return x.detach() + w.to(x) * (x - x.detach())
+
+        extras = dict(self.extras)
+        if "logits" in extras:
+            logits = extras["logits"]
+            extras["logits"] = [scale(x) for x in logits] if isinstance(logits, list) else scale(logits)
+        return Encoded({k: scale(v) for k, v in self.embeddings.items()}, self.ids, extras)
+
 
 @dataclass(frozen=True)
 class StepContext:
@@ -91,7 +108,7 @@ class Task(ABC):
     columns: ClassVar[tuple[str, ...]]  # shard columns read for training
     primary_metric: ClassVar[str]  # validation metric that picks the best checkpoint (higher is better)
     gathers: ClassVar[bool] = True  # whether the loss needs the global batch of all workers
-    per_example_losses: ClassVar[bool] = False  # the loss is a mean of per-example terms (row_losses)
+    per_example_losses: ClassVar[bool] = False  # the loss is a mean of per-example terms
 
     def __init__(self, cfg: Config, info: DataInfo) -> None:
         self.cfg, self.info = cfg, info
@@ -124,9 +141,22 @@ class Task(ABC):
     def evaluate(self, model: nn.Module, split: str, device: torch.device | str = "cpu") -> dict[str, float]:
         """Metrics of ``model`` on a split of ``info.data_dir`` (clean labels where there are any)."""
 
-    def row_losses(self, model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
-        """Per-example losses [B] whose mean is the training loss (tasks with ``per_example_losses``)."""
-        raise NotImplementedError(f"task {self.name!r} has no per-example losses")
+    def local_loss(
+        self, model: nn.Module, batch: dict[str, Tensor], ctx: StepContext, row_weights: Tensor | None = None
+    ) -> Tensor:
+        """The training loss of ``batch`` as one process holding only these rows would compute it: no
+        collective, every row a query and all rows its keys (passes outside the training step: gradient
+        clustering's reassignment and variance meter, on one worker). ``row_weights`` scale each row's
+        gradient contribution (:meth:`Encoded.weighted`); ``ctx`` gives the epoch (loss phase) and the step
+        (seeded miners)."""
+        encoded = self.encode(model, batch)
+        if row_weights is not None:
+            encoded = encoded.weighted(row_weights)
+        first = next(iter(encoded.embeddings.values()))
+        rows = torch.arange(first.shape[0], device=first.device)
+        local = {**encoded.embeddings, **encoded.ids}
+        gathered = GatheredBatch(local, dict(local), rows, rows, 0, 1)
+        return self.loss(encoded, gathered, NegativeSet(query_rows=rows.cpu(), key_rows=None), ctx, {})
 
     def row_loss_scale(self, batch_rows: int) -> float:
         """s such that the backpropagated loss is ``s · Σ_i c_i`` over this rank's row contributions c_i:

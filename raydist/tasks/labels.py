@@ -91,8 +91,6 @@ class LabelsTask(Task):
         emb, logits = model(batch["image"], probe=self.kind != "cross_entropy")
         ids = {"label": batch["label"], "sample_id": batch["sample_id"]}
         extras = {"logits": logits}
-        if "weight" in batch:
-            extras["weight"] = batch["weight"].float()
         inner = model.module if hasattr(model, "module") else model
         if self.kind == "margin":
             extras["beta"] = inner.beta.beta
@@ -136,26 +134,11 @@ class LabelsTask(Task):
         return metric + head_loss  # the head is a linear probe on detached embeddings: no encoder gradient
 
     def _head_loss(self, encoded: Encoded) -> Tensor:
-        """Cross-entropy of the head: with ``model.nesting``, the weighted sum over the MRL-E dims; with row
-        weights (gradient-clustering batches) ``Σ_i w_i ℓ_i / B``."""
+        """Cross-entropy of the head: with ``model.nesting``, the weighted sum over the MRL-E dims."""
         logits, target = encoded.extras["logits"], encoded.ids["label"]
-        if "weight" in encoded.extras:
-            return (encoded.extras["weight"] * self._row_ce(logits, target)).mean()
         if isinstance(logits, list):
             return nested_cross_entropy([lg.float() for lg in logits], target, self.cfg.loss.nesting_weights or None)
         return F.cross_entropy(logits.float(), target)
-
-    def _row_ce(self, logits: Tensor | list[Tensor], target: Tensor) -> Tensor:
-        """Per-row cross-entropy [B] (summed over the MRL-E dims with their weights when nested)."""
-        if not isinstance(logits, list):
-            return F.cross_entropy(logits.float(), target, reduction="none")
-        weights = self.cfg.loss.nesting_weights or [1.0] * len(logits)
-        return sum(c * F.cross_entropy(lg.float(), target, reduction="none") for c, lg in zip(weights, logits))
-
-    def row_losses(self, model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
-        """Per-example cross-entropy [B] (the mean is the training loss)."""
-        _, logits = model(batch["image"])
-        return self._row_ce(logits, batch["label"])
 
     def row_loss_scale(self, batch_rows: int) -> float:
         """Cross-entropy is a mean over rows: 1/B; metric losses: 1 (row contributions)."""

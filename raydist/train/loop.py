@@ -274,6 +274,8 @@ def train_step(
         encoded = task.encode(model, tensors)
     # the loss and its hinge arithmetic stay in fp32
     encoded.embeddings = {k: v.float() for k, v in encoded.embeddings.items()}
+    if "weight" in tensors:  # gradient-clustering batches: row i's contribution counts w_i times
+        encoded = encoded.weighted(tensors["weight"])
     gathered = gather_step(encoded.embeddings, encoded.ids, enabled=cfg.loss.gather and task.gathers)
     negative_set = plan.draw(ctx.rank, step_generator(cfg.train.seed, ctx.global_step))
     loss = task.loss(encoded, gathered, negative_set, ctx, stats)
