@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from raydist.gradclust.layers import Factors
+from raydist.gradclust.layers import DenseFactors, Factors
 
 
 @dataclass
@@ -57,9 +57,9 @@ def combine(terms: list[LayerTerms], centre_sq: Tensor) -> Tensor:
 def distances_from(cross: Tensor, grad_sq: Tensor, centre_sq: Tensor) -> Tensor:
     """``centre_sq_k − 2·cross_ik + grad_sq_i`` → [B, K] float64, clamped at 0 (the sums over layers of
     :func:`combine`)."""
-    # (−2·cross + ‖G‖²) + ‖C‖², each step exact as written (×−2 is exact, + commutes)
-    out = torch.add(grad_sq.double().unsqueeze(1), cross.double(), alpha=-2)
-    out += centre_sq
+    # (‖C‖² − 2·cross) + ‖G‖² in float64 (centre_sq is float64: the first sum promotes, ×−2 is exact)
+    out = torch.add(centre_sq, cross, alpha=-2)
+    out += grad_sq.unsqueeze(1)
     return out.clamp_min_(0)
 
 
@@ -90,6 +90,8 @@ def batch_terms(
     cross: Tensor | None = None
     grad_sq: Tensor | None = None
     projections = {}
+    # dense layers with one position: ‖G_i‖² = (‖a_i‖² + bias)·‖δ_i‖², stacked over layers in a few ops
+    input_norms, grad_norms, biases = [], [], []
     for name, prep in prepared.items():
         f = factors[name]
         grad_proj, input_proj = f.grad_proj_t(prep.d_t), f.input_proj_t(prep.c_t, prep.c_bias)
@@ -99,7 +101,20 @@ def batch_terms(
         else:
             term = (grad_proj * input_proj).view(f.batch_size, f.positions, -1).sum(1)
             cross = term if cross is None else cross + term
-        sq = f.sq_norms()
+        if isinstance(f, DenseFactors) and f.positions == 1:
+            input_norms.append(torch.linalg.vector_norm(f.flat_inputs, dim=1))
+            grad_norms.append(torch.linalg.vector_norm(f.flat_grads, dim=1))
+            biases.append(float(f.bias))
+        else:
+            sq = f.sq_norms()
+            grad_sq = sq if grad_sq is None else grad_sq + sq
+    if input_norms:
+        inputs_sq = torch.stack(input_norms).square_()
+        if all(biases):
+            inputs_sq += 1.0
+        elif any(biases):
+            inputs_sq += torch.tensor(biases, dtype=inputs_sq.dtype, device=inputs_sq.device).unsqueeze(1)
+        sq = inputs_sq.mul_(torch.stack(grad_norms).square_()).sum(0)
         grad_sq = sq if grad_sq is None else grad_sq + sq
     if cross is None or grad_sq is None:
         raise ValueError("batch_terms needs at least one layer")

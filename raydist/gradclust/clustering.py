@@ -94,7 +94,7 @@ class GradientClustering:
     i's contribution (tests/test_gradclust_rows.py checks both against autograd in float64). Clustering
     contributions, and stratifying batches by them, is a heuristic: a contribution changes with the rest of
     the batch, and the sampler's weights make ``Σ_i w_i ℓ_i / B`` unbiased only for a sum of per-example
-    losses (``gc.sample`` is refused for such losses; ``gc.measure`` reports the statistics).
+    losses (``gc.sample`` scales each row's contribution by its weight there: a documented heuristic).
 
     Per step the A-step costs a fixed handful of ops per layer (two skinny matrix products, ‖G_i‖², the
     masked U-step sums) plus about a dozen for the whole batch: the centre layouts, ``Σ_l ‖C_lk‖²`` and
@@ -144,7 +144,7 @@ class GradientClustering:
         self.steps = self.updates = self.reseeds = 0
         self._generator = torch.Generator().manual_seed(seed)
         self._assignments: dict[int, int] = {}
-        # per-batch (assignment [B], own distance [B, 1], sample ids or None), folded into the window's
+        # per-batch (assignment [B], distances [B, K], sample ids or None), folded into the window's
         # counts and distortion and into _assignments in one go by _fold (fewer ops per batch)
         self._pending: list[tuple[Tensor, Tensor, Tensor | None]] = []
         self._reset_window()
@@ -168,6 +168,10 @@ class GradientClustering:
 
         Returns the assignments a [B]; with ``sample_ids`` [B] they are also kept for the sampler.
         """
+        with torch.no_grad():  # the captured tensors are not detached: nothing here may record a graph
+            return self._a_step(sample_ids, loss_scale)
+
+    def _a_step(self, sample_ids: Tensor | None, loss_scale: float) -> Tensor:
         factors = self._capture.factors(loss_scale)
         if not self.centres:
             self._seed(factors)
@@ -178,7 +182,7 @@ class GradientClustering:
         assignment = torch.argmin(self._assign_weight * distances, dim=1)
         column = assignment.unsqueeze(1)
         ids = None if sample_ids is None else sample_ids.clone()  # the caller may reuse or modify these
-        self._pending.append((assignment.clone(), distances.gather(1, column), ids))
+        self._pending.append((assignment.clone(), distances, ids))
         if len(self._pending) >= PENDING_BATCHES:
             self._fold()
         # U-step sums: coeff_(ip)k = proj_(ip)k in the column k = a_i, 0 elsewhere (one mask for all layers)
@@ -240,10 +244,9 @@ class GradientClustering:
             return
         pending, self._pending = self._pending, []
         assignment = torch.cat([a for a, _, _ in pending])
+        own = torch.cat([d for _, d, _ in pending]).gather(1, assignment.unsqueeze(1)).squeeze(1)
         self._window_counts += torch.bincount(assignment, minlength=self.num_clusters)
-        self._window_distortion.index_add_(
-            0, assignment, torch.cat([own for _, own, _ in pending]).squeeze(1)
-        )
+        self._window_distortion.index_add_(0, assignment, own)
         for a, _, ids in pending:
             if ids is not None:
                 self._assignments.update(zip(ids.tolist(), a.tolist()))

@@ -35,6 +35,17 @@ def _add_cluster_sums(out: Tensor, values: Tensor, weights: Tensor, index: Tenso
     out.addmm_(coeff.view(out.shape[0], -1), values.reshape(batch * positions, width))
 
 
+_ONES: dict[tuple[int, torch.dtype, torch.device], Tensor] = {}
+
+
+def _ones(n: int, like: Tensor) -> Tensor:
+    """A cached ones vector [n] in ``like``'s dtype and device (read-only use)."""
+    key = (n, like.dtype, like.device)
+    if key not in _ONES:
+        _ONES[key] = torch.ones(n, dtype=like.dtype, device=like.device)
+    return _ONES[key]
+
+
 class Factors(ABC):
     """Per-example gradients ``G_i = Σ_p δ_ip u_ipᵀ`` of one layer, never formed; ``grads``: δ [B,P,n_out].
 
@@ -105,14 +116,38 @@ class Factors(ABC):
         """The factors of examples ``rows`` only."""
 
 
-@dataclass
 class DenseFactors(Factors):
-    """Dense inputs a [B, P, n] (Linear, unfolded Conv2d). With ``bias`` each ``u_ip = [a_ip, 1]``; the
-    ones column is implicit (n_in = n + 1), never stored."""
+    """Dense inputs a [B, P, n] (Linear, unfolded Conv2d) and δ [B, P, n_out]. With ``bias`` each
+    ``u_ip = [a_ip, 1]``; the ones column is implicit (n_in = n + 1), never stored. A Linear on [B, n] passes
+    a [B, n] and δ [B, n_out] (one position): they are kept as the flat views, and the [B, 1, n] ones are
+    made only if a reference method asks for them (the per-step path reads the flat views)."""
 
-    inputs: Tensor
-    grads: Tensor
-    bias: bool = False
+    def __init__(self, inputs: Tensor, grads: Tensor, bias: bool = False) -> None:
+        self.bias = bias
+        if inputs.dim() == 2:
+            self.__dict__.update(flat_inputs=inputs, flat_grads=grads)
+            self._shape = (inputs.shape[0], 1)
+        else:
+            self.__dict__.update(inputs=inputs, grads=grads)
+            self._shape = (inputs.shape[0], inputs.shape[1])
+
+    @property
+    def batch_size(self) -> int:
+        return self._shape[0]
+
+    @property
+    def positions(self) -> int:
+        return self._shape[1]
+
+    @cached_property
+    def inputs(self) -> Tensor:
+        """a as [B, P, n]."""
+        return self.flat_inputs.unsqueeze(1)
+
+    @cached_property
+    def grads(self) -> Tensor:  # type: ignore[override]
+        """δ as [B, P, n_out]."""
+        return self.flat_grads.unsqueeze(1)
 
     @cached_property
     def flat_inputs(self) -> Tensor:
@@ -139,9 +174,10 @@ class DenseFactors(Factors):
         return torch.addmm(c_bias, self.flat_inputs, c_t)
 
     def add_masked_input_sums(self, out: Tensor, coeff: Tensor, out_bias: Tensor | None = None) -> None:
-        out.addmm_(coeff.T, self.flat_inputs)
-        if out_bias is not None:
-            out_bias += coeff.sum(0)
+        coeff_t = coeff.T
+        out.addmm_(coeff_t, self.flat_inputs)
+        if out_bias is not None:  # Σ over the rows: a product with a ones vector (one op, not sum + add)
+            out_bias.addmv_(coeff_t, _ones(coeff.shape[0], coeff))
 
     def sq_norms(self) -> Tensor:
         """``Σ_{p,q} (u_p·u_q)(δ_p·δ_q)`` (elementwise when P = 1) or ``‖Σ_p δ_p u_pᵀ‖²``, whichever
@@ -283,9 +319,7 @@ def _factors(module: nn.Module, x: Tensor, grad: Tensor) -> Factors:
         if x.dtype != dtype:
             x = x.to(dtype)
         if x.dim() == 2:  # one position: the flat views are the captured tensors themselves
-            factors = DenseFactors(x.unsqueeze(1), grad.unsqueeze(1), bias=has_bias(module))
-            factors.flat_inputs, factors.flat_grads = x, grad
-            return factors
+            return DenseFactors(x, grad, bias=has_bias(module))
         inputs = x.reshape(batch, -1, x.shape[-1])
         grads = grad.reshape(batch, inputs.shape[1], -1)
     return DenseFactors(inputs, grads, bias=has_bias(module))
@@ -310,7 +344,8 @@ class LayerCapture:
 
     @contextmanager
     def recording(self) -> Iterator[None]:
-        """Forward hooks on every chosen layer for the duration of the ``with`` block."""
+        """Forward hooks on every chosen layer for the duration of the ``with`` block (removed after it, so
+        forwards outside a capture keep PyTorch's hook-free fast path)."""
         handles = [m.register_forward_hook(partial(self._on_forward, n)) for n, m in self.layers.items()]
         try:
             yield
@@ -321,26 +356,31 @@ class LayerCapture:
     def _on_forward(self, name: str, module: nn.Module, args: tuple, output: Tensor) -> None:
         if name in self._inputs:
             raise RuntimeError(f"layer {name!r} ran twice in one capture (shared weights are not supported)")
-        self._inputs[name] = args[0].detach()
-        if output.requires_grad:
-            output.register_hook(partial(self._on_grad, name))
+        self._inputs[name] = args[0]  # not detached (an op per layer): read under no_grad only
+        node = output.grad_fn
+        if node is not None:  # δ = the gradient arriving at the node that made the output (its only output)
+            node.register_prehook(partial(self._on_grad, name, output.output_nr))
 
-    def _on_grad(self, name: str, grad: Tensor) -> None:
+    def _on_grad(self, name: str, index: int, grads: tuple[Tensor | None, ...]) -> None:
+        grad = grads[index]
+        if grad is None:
+            return
         if name in self._grads:
             raise RuntimeError(f"a second backward reached {name!r} in one capture")
-        self._grads[name] = grad.detach()
+        self._grads[name] = grad
 
     def factors(self, grad_scale: float = 1.0) -> dict[str, Factors]:
         """Factors of the recorded batch, δ divided by ``grad_scale`` (the backpropagated scalar was
         ``grad_scale · Σ_i ℓ_i``); clears the recording."""
         inputs, grads = self._inputs, self._grads
         self._inputs, self._grads = {}, {}
+        detach = torch.is_grad_enabled()  # the tensors were kept as they came: detach unless under no_grad
         out = {}
         for name, module in self.layers.items():
             if name not in inputs:
                 raise RuntimeError(f"layer {name!r} did not run inside the capture")
             if name not in grads:
                 raise RuntimeError(f"no output gradient reached {name!r}: run backward before after_backward")
-            grad = grads[name] if grad_scale == 1.0 else grads[name] / grad_scale
-            out[name] = _factors(module, inputs[name], grad)
+            x, grad = (inputs[name].detach(), grads[name].detach()) if detach else (inputs[name], grads[name])
+            out[name] = _factors(module, x, grad if grad_scale == 1.0 else grad / grad_scale)
         return out
