@@ -86,6 +86,27 @@ def gather_step(
     local = {**embeddings, **ids}
     if not enabled:
         return GatheredBatch(local, dict(local), positions, positions, rank, world)
-    keys = {name: all_gather_with_grad(x) for name, x in embeddings.items()}
-    keys.update({name: all_gather_tensor(x) for name, x in ids.items()})
+    keys = _gather_packed(embeddings, all_gather_with_grad)
+    keys.update(_gather_packed(ids, all_gather_tensor))
     return GatheredBatch(local, keys, positions, torch.arange(world * rows, device=device), rank, world)
+
+
+def _gather_packed(tensors: Mapping[str, Tensor], gather: Callable[[Tensor], Tensor]) -> dict[str, Tensor]:
+    """``{name: gather(x)}`` with one collective per dtype: the [rows, …] tensors of a dtype are packed side
+    by side as [rows, Σ width], gathered once and cut apart again (fewer, larger messages: each collective
+    has a fixed latency). The values are those of gathering each tensor alone; so are the gradients (the
+    pack and the cut are differentiable)."""
+    groups: dict[tuple[torch.dtype, torch.device], list[str]] = {}
+    for name, x in tensors.items():
+        groups.setdefault((x.dtype, x.device), []).append(name)
+    out: dict[str, Tensor] = {}
+    for names in groups.values():
+        if len(names) == 1:
+            out[names[0]] = gather(tensors[names[0]])
+            continue
+        flat = [tensors[n].reshape(tensors[n].shape[0], -1) for n in names]
+        widths = [f.shape[1] for f in flat]
+        packed = gather(torch.cat(flat, dim=1))
+        for name, part in zip(names, packed.split(widths, dim=1)):
+            out[name] = part.reshape(packed.shape[0], *tensors[name].shape[1:])
+    return out
