@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import time
+
+STARTED = time.time()  # before the other imports: the CLI's start, for "first optimizer step after …"
+
 import argparse
 import dataclasses
 import json
@@ -61,6 +65,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(dump_yaml(cfg))
         return 0
     outcome = run_training(cfg, resume_from=args.resume, address=args.address)
+    if outcome.first_step_unix is not None:
+        print(f"[raydist] first optimizer step {outcome.first_step_unix - STARTED:.1f} s after `raydist` started "
+              "(Python's own start-up not counted)")  # fmt: skip
     print("\n== per-epoch metrics ==")
     print(format_history(outcome.history, outcome.columns))
     if outcome.test_metrics:

@@ -1,6 +1,7 @@
 """End-to-end: Ray Data shards → 2 Ray Train workers (gloo DDP) → VSE++ loss → val retrieval."""
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,10 @@ def test_tiny_two_workers_learn(ray_cluster, tiny_dataset, tmp_path):
         overrides={"data.path": str(tiny_dataset), "train.storage_path": str(tmp_path), "train.epochs": 3},
     )
     before = untrained_rsum(cfg, tiny_dataset)
+    started = time.time()
     outcome = run_training(cfg)
+    # the first optimizer step's wall-clock time (rank 0), as the CLI and `raydist bench startup` report it
+    assert started < outcome.first_step_unix < time.time()
     assert [m["epoch"] for m in outcome.history] == [1, 2, 3]
     assert json.loads((Path(outcome.run_dir) / "history.json").read_text()) == outcome.history
     after = outcome.history[-1]["val/rsum"]

@@ -151,7 +151,9 @@ def run_loop(
     hooks: Sequence[Hook] = (),
     resume_from: str | None = None,
 ) -> dict[str, Any] | None:
-    """Train on this worker; rank 0 returns ``{"history", "global_step", "resumed_at"}``."""
+    """Train on this worker; rank 0 returns ``{"history", "global_step", "resumed_at", "first_step_unix"}``
+    (the wall-clock time, ``time.time()``, when this attempt's first optimizer step finished; None without
+    steps)."""
     if plan.world != runtime.world:
         raise ValueError(f"step plan for {plan.world} workers, runtime has {runtime.world}")
     rank, device = runtime.rank, runtime.device
@@ -170,6 +172,7 @@ def run_loop(
 
     steps = runtime.steps_per_epoch()
     progress = Progress(cfg.train.epochs, steps, plan.rows_per_step)
+    first_step_unix: float | None = None
     while state.epoch < cfg.train.epochs:
         epoch = state.epoch
         model.train()
@@ -189,6 +192,8 @@ def run_loop(
                 hook.before_step(ctx)
             stats: dict[str, float] = {}
             loss = train_step(parts, task, batch, cfg, plan, ctx, device, stats, hooks)
+            if first_step_unix is None:
+                first_step_unix = time.time()
             for hook in hooks:
                 hook.after_step(ctx, loss, stats)
             state.step_in_epoch += 1
@@ -237,7 +242,8 @@ def run_loop(
             break
     if rank != 0:
         return None
-    return {"history": state.history, "global_step": state.global_step, "resumed_at": state.resumed_at}
+    return {"history": state.history, "global_step": state.global_step, "resumed_at": state.resumed_at,
+            "first_step_unix": first_step_unix}  # fmt: skip
 
 
 def _early_stop(cfg: Config, task: Task, history: list[dict[str, Any]], metrics: dict[str, Any], rank: int) -> bool:

@@ -4,6 +4,8 @@ and summarise (per-epoch table, best checkpoint by the task's validation metric,
 from __future__ import annotations
 
 import json
+import os
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +33,7 @@ class TrainOutcome:
     test_metrics: dict[str, float] | None = None
     columns: list[tuple[str, str]] | None = None  # the task's (validation metric, header) table columns
     data_dir: str | None = None  # the dataset the run trained on
+    first_step_unix: float | None = None  # time.time() when the first optimizer step finished (rank 0)
 
 
 def resolve_data_dir(cfg: Config) -> Path:
@@ -153,8 +156,14 @@ def run_training(
     if cfg.train.num_workers == 0:
         outcome = train_in_process(cfg, data_dir, resume_from=resume_from)
         return _finish(outcome, data_dir, evaluate_test)
+    joining = address or os.environ.get("RAY_ADDRESS")
+    print(f"[raydist] {'joining the Ray cluster at ' + joining if joining else 'starting a local Ray instance'} …",
+          flush=True)  # fmt: skip
+    started = time.perf_counter()
     init_ray(run_cpus(cfg), address)
     check_cluster_fits(run_cpus(cfg))
+    print(f"[raydist] Ray ready in {time.perf_counter() - started:.1f} s; starting {cfg.train.num_workers} Ray Train "
+          "workers …", flush=True)  # fmt: skip
     name = run_name(cfg)
     storage = storage_root(cfg)
     if not is_uri(storage):
@@ -177,6 +186,7 @@ def run_training(
         history=returned.get("history", []),
         resumed_at=returned.get("resumed_at", []),
         columns=task.history_columns(),
+        first_step_unix=returned.get("first_step_unix"),
     )
     return _finish(outcome, data_dir, evaluate_test)
 
@@ -236,6 +246,7 @@ def train_in_process(cfg: Config, data_dir: Path, *, resume_from: str | None = N
         history=result["history"],
         resumed_at=result["resumed_at"],
         columns=task.history_columns(),
+        first_step_unix=result["first_step_unix"],
     )
 
 
