@@ -77,7 +77,7 @@ def brute_force_mine(table: list[list[float]], labels: list[int], strategy: str,
         if strategy == "all":
             out |= {(a, p, n) for n in negs}
         elif strategy == "semihard-all":
-            out |= {(a, p, n) for n in negs if d_ap < table[a][n] <= d_ap + margin}
+            out |= {(a, p, n) for n in negs if d_ap < table[a][n] < d_ap + margin}
         elif strategy == "semihard-fixed":
             farther = [n for n in negs if table[a][n] > d_ap]
             if farther:
@@ -344,3 +344,15 @@ def test_duplicate_rows_in_float32_stay_finite(strategy: str, distance: str) -> 
     loss = triplet_loss(emb, triplets, margin=0.5, distance=distance)
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(emb.grad).all()
+
+
+def test_semihard_window_is_strict_at_the_margin_for_both_strategies() -> None:
+    """At ``d_an = d_ap + α`` the triplet hinge is 0: neither semi-hard strategy takes that negative. Points on a
+    line so the distances are exact: anchor 0 has d_ap = 0.25 and d_an = 0.75 = d_ap + 0.5 (excluded); anchor 1
+    has d_ap = 0.25 and d_an = 0.5 (inside)."""
+    emb, labels = torch.tensor([[0.0], [0.25], [0.75]], dtype=torch.float64), torch.tensor([0, 0, 1])
+    every = mine_triplets(emb, labels, strategy="semihard-all", margin=0.5, distance="euclidean")
+    assert as_list(every) == [(1, 0, 2)]
+    drawn = mine_triplets(emb, labels, strategy="semihard-random", margin=0.5, distance="euclidean",
+                          generator=torch.Generator().manual_seed(0))  # fmt: skip
+    assert as_list(drawn) == [(1, 0, 2)]

@@ -155,7 +155,8 @@ def mine_triplets(
     ``d`` is :func:`pairwise_distance` with ``distance``, α = ``margin``. Strategies:
 
     * "all": every (a, p, n).
-    * "semihard-all": every (a, p, n) with ``d_ap < d_an ≤ d_ap + α``.
+    * "semihard-all": every (a, p, n) with ``d_ap < d_an < d_ap + α`` (the hinge is active: the same
+      window as "semihard-random").
     * "semihard-fixed": per (a, p), ``n = argmin d_an`` over negatives with ``d_an > d_ap`` (the closest
       negative farther than the positive); the pair is dropped when there is none.
     * "semihard-random": per (a, p), n uniform among negatives with ``d_ap < d_an < d_ap + α``; dropped
@@ -181,7 +182,7 @@ def mine_triplets(
         keep = positive.unsqueeze(2) & negative.unsqueeze(1)
         if strategy == "semihard-all":
             d_ap, d_an = dist.unsqueeze(2), dist.unsqueeze(1)
-            keep = keep & (d_an > d_ap) & (d_an <= d_ap + margin)
+            keep = keep & (d_an > d_ap) & (d_an < d_ap + margin)
         return Triplets(*keep.nonzero(as_tuple=True))
     if strategy == "hardest":
         anchors = (positive.any(1) & negative.any(1)).nonzero(as_tuple=True)[0]
