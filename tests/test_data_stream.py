@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from raydist.data.hashing import uniform_by_id
-from raydist.data.stream import InMemoryBatches, train_subset
+from raydist.data.stream import InMemoryBatches, local_batches, read_tasks, train_subset
 
 
 def test_in_memory_batches_split_each_step_over_ranks():
@@ -56,3 +56,60 @@ def test_stream_epoch_through_ray_data_gives_each_row_once(ray_cluster):
     seen = np.concatenate([b["sample_id"] for b in batches])
     assert len(batches) == 2500 // 96 and all(len(b["sample_id"]) == 96 for b in batches)
     assert len(np.unique(seen)) == len(seen) and not np.array_equal(seen, np.sort(seen))  # shuffled, no repeats
+
+
+def _blocks(n: int, size: int) -> list[dict[str, np.ndarray]]:
+    x = np.arange(n)
+    return [
+        {"x": x[i : i + size], "pair": np.stack([x[i : i + size], -x[i : i + size]], 1)}
+        for i in range(0, n, size)
+    ]
+
+
+def test_local_batches_keep_order_without_a_generator():
+    batches = list(local_batches(iter(_blocks(1000, 77)), rows=64, shuffle_buffer=0, rng=None))
+    assert len(batches) == 1000 // 64 and all(len(b["x"]) == 64 for b in batches)
+    np.testing.assert_array_equal(np.concatenate([b["x"] for b in batches]), np.arange(1000 // 64 * 64))
+    assert all((b["pair"][:, 0] == b["x"]).all() and (b["pair"][:, 1] == -b["x"]).all() for b in batches)
+
+
+def test_local_batches_shuffle_each_row_once_and_deterministically():
+    def run(seed):
+        rng = np.random.default_rng(seed)
+        return list(local_batches(iter(_blocks(5003, 700)), rows=64, shuffle_buffer=1024, rng=rng))
+
+    batches = run(3)
+    seen = np.concatenate([b["x"] for b in batches])
+    assert len(batches) == 5003 // 64 and all(len(b["x"]) == 64 for b in batches)
+    assert len(np.unique(seen)) == len(seen)  # every row at most once
+    assert all((b["pair"][:, 0] == b["x"]).all() and (b["pair"][:, 1] == -b["x"]).all() for b in batches)
+    assert [b["x"].tolist() for b in batches] == [b["x"].tolist() for b in run(3)]
+    assert [b["x"].tolist() for b in batches] != [b["x"].tolist() for b in run(4)]
+    # a batch only holds rows that have arrived, and is drawn from at least shuffle_buffer + rows of them
+    first = batches[0]["x"]
+    assert first.max() < 1400 and len(np.unique(first // 700)) == 2  # two blocks of 700 needed for 1088 rows
+    # mixed over the whole buffer, not taken from its head
+    assert abs(np.mean([b["x"].mean() for b in batches[:3]]) - 700) < 150
+
+
+def test_local_batches_handle_empty_and_short_streams():
+    rng = np.random.default_rng(0)
+    assert list(local_batches(iter([]), rows=8, shuffle_buffer=16, rng=rng)) == []
+    assert list(local_batches(iter(_blocks(7, 7)), rows=8, shuffle_buffer=0, rng=None)) == []
+    empty = {"x": np.arange(0), "pair": np.zeros((0, 2), dtype=np.int64)}
+    batches = list(local_batches(iter([empty, *_blocks(20, 5), empty]), rows=8, shuffle_buffer=100, rng=rng))
+    assert len(batches) == 2 and len(np.unique(np.concatenate([b["x"] for b in batches]))) == 16
+
+
+def test_read_tasks_group_shards_by_feature_size(tmp_path, monkeypatch):
+    from raydist.data import make_synthetic, stream
+
+    out = make_synthetic(tmp_path / "ds", images=60, captions_per_image=5, dim=8, val_images=4, test_images=4,
+                         rows_per_shard=30)  # fmt: skip
+    size_mb = 300 * 8 * 4 / 2**20  # train rows × dim × float32
+    assert read_tasks(out, 10) == 4  # tiny features: the floor of min(files, 4)
+    assert read_tasks(out, 2) == 2  # never more tasks than shards
+    monkeypatch.setattr(stream, "READ_TASK_MB", size_mb / 6.5)
+    assert read_tasks(out, 10) == 7  # ceil(6.5)
+    monkeypatch.setattr(stream, "READ_TASK_MB", size_mb / 100)
+    assert read_tasks(out, 10) == 10

@@ -54,3 +54,74 @@ def test_dataset_vocab_comes_from_train_only(tmp_path):
     assert only_test, "tiny split sizes should leave some test-only words"
     assert set(vocab.words[4:]) == train_words
     assert all(vocab.encode(w, 3)[1] == 3 for w in only_test)  # <unk>
+
+
+TRICKY_CAPTIONS = [
+    "A Dog's  bike_2, naïve!",  # punctuation, underscore, a non-ASCII letter
+    "",  # empty
+    "   ",  # separators only
+    "__init__ snake_case CamelCase",  # underscores separate
+    "one\ttwo\nthree\x00four\x7ffive",  # control characters
+    "İstanbul ΟΔΟΣ Straße ǅemal",  # Python's full lower-casing: İ → i + U+0307, final sigma, titlecase ǅ
+    "cafe\u0301 e\u0301te\u0301",  # combining accents (not letters: they separate)
+    "日本語の テスト 한국어 עברית العربية",  # other scripts
+    "٣٤ ²³ ① Ⅻ １２３ 12ab 0x1F",  # digits and numbers of other scripts, full-width digits
+    "emoji 😀🐶 dog🐶cat 👍🏽 ok",  # emoji (symbols: separators)
+    "one " * 80,  # longer than any max_len
+    "ONE Two tHrEe zebra",  # upper case and an unknown word
+]
+
+
+def reference_batch(vocab, captions, max_len):
+    """encode_batch's contract written with the single-caption reference :meth:`Vocab.encode`."""
+    encoded = [vocab.encode(c, max_len) for c in captions]
+    lengths = np.array([len(e) for e in encoded], dtype=np.int64)
+    tokens = np.zeros((len(encoded), int(lengths.max(initial=0))), dtype=np.int64)
+    for row, ids in enumerate(encoded):
+        tokens[row, : len(ids)] = ids
+    return tokens, lengths
+
+
+def assert_same_batch(got, want):
+    assert got[0].dtype == np.int64 and got[1].dtype == np.int64
+    assert got[0].shape == want[0].shape
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("max_len", [2, 3, 5, 12, 48])
+def test_encode_batch_equals_encode_on_tricky_captions(max_len):
+    import pyarrow as pa
+
+    extra = "i stanbul οδος οδοσ straße ǆemal 日本語の ٣٤ ²³ １２３ dog cat one two"
+    vocab = Vocab.build([*TRICKY_CAPTIONS, extra])
+    want = reference_batch(vocab, TRICKY_CAPTIONS, max_len)
+    assert_same_batch(vocab.encode_batch(TRICKY_CAPTIONS, max_len), want)
+    assert_same_batch(vocab.encode_batch(np.array(TRICKY_CAPTIONS, dtype=object), max_len), want)
+    assert_same_batch(vocab.encode_batch(pa.array(TRICKY_CAPTIONS), max_len), want)
+    chunked = pa.chunked_array([TRICKY_CAPTIONS[:5], TRICKY_CAPTIONS[5:]])
+    assert_same_batch(vocab.encode_batch(chunked, max_len), want)
+    assert_same_batch(vocab.encode_batch(pa.array(TRICKY_CAPTIONS)[3:], max_len), reference_batch(
+        vocab, TRICKY_CAPTIONS[3:], max_len))  # fmt: skip
+    for caption in TRICKY_CAPTIONS:  # one caption at a time: the batch's width is its own
+        assert_same_batch(vocab.encode_batch([caption], max_len), reference_batch(vocab, [caption], max_len))
+
+
+def test_encode_batch_equals_encode_on_random_strings():
+    rng = np.random.default_rng(0)
+    alphabet = list("abzAZ0189 _-'.,!\t\n") + ["é", "İ", "Σ", "ß", "😀", "٣", "\u0301", "日", "ǅ", "²"]
+    vocab = Vocab.build(["a b z ab ba 0 1 89 a0 é ß σ ς 日 ٣ ǆ"])
+    for _ in range(200):
+        captions = ["".join(rng.choice(alphabet, rng.integers(0, 25))) for _ in range(rng.integers(1, 12))]
+        max_len = int(rng.integers(2, 9))
+        assert_same_batch(vocab.encode_batch(captions, max_len), reference_batch(vocab, captions, max_len))
+
+
+def test_encode_batch_edge_cases():
+    vocab = Vocab.build(["one two"])
+    tokens, lengths = vocab.encode_batch([], 5)
+    assert tokens.shape == (0, 0) and lengths.shape == (0,)
+    with pytest.raises(ValueError):
+        vocab.encode_batch(["one"], 1)
+    with pytest.raises(TypeError):
+        vocab.encode_batch(["one", None], 5)

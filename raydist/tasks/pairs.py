@@ -35,7 +35,7 @@ class PairsTask(Task):
     def transform(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Features as float32 [B, D]; captions as token ids padded to ``data.max_caption_len`` + lengths."""
         max_len = self.cfg.data.max_caption_len
-        tokens, lengths = self.vocab.encode_batch(list(batch["caption"]), max_len)
+        tokens, lengths = self.vocab.encode_batch(batch["caption"], max_len)  # vectorised for ASCII captions
         padded = np.zeros((len(lengths), max_len), dtype=np.int64)
         padded[:, : tokens.shape[1]] = tokens
         return {
