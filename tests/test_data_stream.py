@@ -113,3 +113,34 @@ def test_read_tasks_group_shards_by_feature_size(tmp_path, monkeypatch):
     assert read_tasks(out, 10) == 7  # ceil(6.5)
     monkeypatch.setattr(stream, "READ_TASK_MB", size_mb / 100)
     assert read_tasks(out, 10) == 10
+
+
+class _FakeShard:
+    """A shard whose passes are counted: each ``iter_batches`` call is one pass over the same blocks."""
+
+    def __init__(self, blocks: list[dict[str, np.ndarray]]) -> None:
+        self.blocks, self.opened = blocks, 0
+
+    def iter_batches(self, **kwargs):
+        self.opened += 1
+        return iter([{k: v.copy() for k, v in b.items()} for b in self.blocks])
+
+
+def test_streamed_epochs_open_the_next_pass_ahead_and_none_beyond_the_last():
+    from raydist.data.stream import StreamedEpochs, stream_epoch
+
+    blocks = [{"x": np.arange(s, s + 50)} for s in range(0, 200, 50)]
+    shard = _FakeShard(blocks)
+    epochs = StreamedEpochs(shard, rows=16, shuffle_buffer=32, seed=3, rank=1, epochs=2)
+    batches = epochs.epoch(0)
+    first = [next(batches)]
+    assert shard.opened == 1 and epochs._ahead is None
+    first += list(batches)
+    epochs._ahead[1].result()  # the next pass, opened in the background when epoch 0's last block arrived
+    assert shard.opened == 2
+    second = list(epochs.epoch(1))
+    assert shard.opened == 2 and epochs._ahead is None  # epoch 1 is the last: nothing opened beyond it
+    for got, epoch in ((first, 0), (second, 1)):  # the same batches as a pass opened on the spot
+        want = list(stream_epoch(_FakeShard(blocks), rows=16, shuffle_buffer=32, seed=3, epoch=epoch, rank=1))
+        assert [b["x"].tolist() for b in got] == [b["x"].tolist() for b in want]
+    assert [b["x"].tolist() for b in first] != [b["x"].tolist() for b in second]  # reshuffled per epoch

@@ -14,7 +14,7 @@ from torch import nn
 
 from raydist.config import Config, from_dict
 from raydist.data import load_manifest
-from raydist.data.stream import InMemoryBatches, stream_epoch, train_arrays
+from raydist.data.stream import InMemoryBatches, StreamedEpochs, train_arrays
 from raydist.distributed import StepPlan
 from raydist.tasks import DataInfo, Task, build_task
 from raydist.train.hooks import build_hooks
@@ -30,7 +30,7 @@ class RayRuntime:
         self.device = ray.train.torch.get_device()
         self.cfg, self.plan, self._data_dir = cfg, plan, task.info.data_dir
         self._memory: InMemoryBatches | None = None
-        self._shard: Any = None
+        self._stream: StreamedEpochs | None = None
         self.arrays = None  # the transformed in-memory train split (None when streaming)
         if source == "memory":
             arrays = self.arrays = train_arrays(task.info.data_dir, task.columns, task.transform,
@@ -39,7 +39,10 @@ class RayRuntime:
                 arrays, rows=plan.rows_per_worker, rank=self.rank, world=self.world, seed=cfg.train.seed
             )
         else:
-            self._shard = ray.train.get_dataset_shard("train")
+            self._stream = StreamedEpochs(
+                ray.train.get_dataset_shard("train"), rows=plan.rows_per_worker, shuffle_buffer=cfg.data.shuffle_buffer,
+                seed=cfg.train.seed, rank=self.rank, epochs=cfg.train.epochs,
+            )  # fmt: skip
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         return ray.train.torch.prepare_model(model)
@@ -53,10 +56,7 @@ class RayRuntime:
     def train_batches(self, epoch: int) -> Iterable[dict[str, np.ndarray]]:
         if self._memory is not None:
             return self._memory.epoch(epoch)
-        return stream_epoch(
-            self._shard, rows=self.plan.rows_per_worker, shuffle_buffer=self.cfg.data.shuffle_buffer,
-            seed=self.cfg.train.seed, epoch=epoch, rank=self.rank,
-        )  # fmt: skip
+        return self._stream.epoch(epoch)
 
     def checkpoint_to_restore(self) -> str | None:
         ckpt = ray.train.get_checkpoint()
