@@ -108,5 +108,7 @@ def _gather_packed(tensors: Mapping[str, Tensor], gather: Callable[[Tensor], Ten
         widths = [f.shape[1] for f in flat]
         packed = gather(torch.cat(flat, dim=1))
         for name, part in zip(names, packed.split(widths, dim=1)):
-            out[name] = part.reshape(packed.shape[0], *tensors[name].shape[1:])
+            part = part.reshape(packed.shape[0], *tensors[name].shape[1:])
+            # ids are searched and indexed (contiguous copies are cheap); embeddings stay views of the gather
+            out[name] = part if part.is_floating_point() else part.contiguous()
     return out
