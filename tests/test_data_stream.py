@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from raydist.data.hashing import uniform_by_id
-from raydist.data.stream import InMemoryBatches, local_batches, read_tasks, train_subset
+from raydist.data.stream import InMemoryBatches, local_batches, read_tasks
+from raydist.data.transforms import train_subset
 
 
 def test_in_memory_batches_split_each_step_over_ranks():
@@ -144,3 +145,27 @@ def test_streamed_epochs_open_the_next_pass_ahead_and_none_beyond_the_last():
         want = list(stream_epoch(_FakeShard(blocks), rows=16, shuffle_buffer=32, seed=3, epoch=epoch, rank=1))
         assert [b["x"].tolist() for b in got] == [b["x"].tolist() for b in want]
     assert [b["x"].tolist() for b in first] != [b["x"].tolist() for b in second]  # reshuffled per epoch
+
+
+def test_stream_transforms_unpickle_without_torch(tiny_dataset, labels_dataset):
+    """What Ray Data's tasks run (the train subset around each task's ``stream_transform``) unpickles in a fresh
+    interpreter without importing torch, and transforms a shard batch exactly as the task's own ``transform``."""
+    import pickle
+    import subprocess
+    import sys
+
+    from raydist.config import load_config
+    from raydist.data.stream import split_columns
+    from raydist.data.transforms import train_transform
+    from raydist.tasks import DataInfo, build_task
+
+    for data in (tiny_dataset, labels_dataset):
+        cfg = load_config("tiny", overrides={"data.path": str(data), "data.label_noise": 0.2})
+        task = build_task(cfg, DataInfo.from_dataset(data))
+        fn = train_transform(task.stream_transform(), 1.0, 0)
+        check = "import pickle, sys; pickle.loads(sys.stdin.buffer.read()); print('torch' in sys.modules)"
+        out = subprocess.run([sys.executable, "-c", check], input=pickle.dumps(fn), capture_output=True, check=True)
+        assert out.stdout.decode().strip() == "False", out.stderr.decode()[-500:]
+        batch = split_columns(data, "train", task.columns)
+        got, want = pickle.loads(pickle.dumps(fn))(batch), task.transform(batch)
+        assert got.keys() == want.keys() and all(np.array_equal(got[k], want[k]) for k in want)

@@ -150,7 +150,7 @@ def data_rate(*, smoke: bool, repeats: int) -> str:
         steps = SMOKE_STEPS if smoke else FULL_STEPS
 
         created = time.perf_counter()
-        transform = train_transform(task.transform, cfg.data.train_fraction, cfg.train.seed)
+        transform = train_transform(task.stream_transform(), cfg.data.train_fraction, cfg.train.seed)
         shard = train_dataset(data_dir, task.columns, transform).streaming_split(1, equal=True)[0]
         create_s = time.perf_counter() - created
         back = SMOKE_BACK_TO_BACK if smoke else FULL_BACK_TO_BACK

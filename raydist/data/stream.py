@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from functools import partial
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -15,10 +14,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from raydist.data.hashing import uniform_by_id
 from raydist.data.manifest import load_manifest
 from raydist.data.schema import IMAGE
 from raydist.data.shards import feature_matrix, read_split, split_files
+from raydist.data.transforms import train_transform
 
 Batch = dict[str, np.ndarray]
 Transform = Callable[[Batch], Batch]
@@ -36,25 +35,6 @@ def split_columns(data_dir: str | Path, split: str, columns: Sequence[str], *, v
     table = read_split(data_dir, split, verify=verify)
     return {c: feature_matrix(table.column(c)) if c == IMAGE else table.column(c).to_numpy(zero_copy_only=False)
             for c in columns}  # fmt: skip
-
-
-def train_subset(batch: Batch, fraction: float, seed: int) -> Batch:
-    """The rows of ``batch`` in a ``fraction`` of the train split: an image (all its captions) or a sample
-    is kept when :func:`uniform_by_id` of its ``image_id`` (else ``sample_id``) is below ``fraction``."""
-    if fraction >= 1.0:
-        return batch
-    ids = batch["image_id"] if "image_id" in batch else batch["sample_id"]
-    keep = uniform_by_id(np.asarray(ids), seed, 2) < fraction
-    return {k: v[keep] for k, v in batch.items()}
-
-
-def train_transform(transform: Transform, fraction: float, seed: int) -> Transform:
-    """``transform`` applied to :func:`train_subset` of each batch (a picklable callable for Ray Data)."""
-    return partial(_subset_then, transform, fraction, seed)
-
-
-def _subset_then(transform: Transform, fraction: float, seed: int, batch: Batch) -> Batch:
-    return transform(train_subset(batch, fraction, seed))
 
 
 def train_arrays(data_dir: str | Path, columns: Sequence[str], transform: Transform, *, fraction: float = 1.0,

@@ -117,6 +117,12 @@ class Task(ABC):
     def transform(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Shard columns → model-ready numpy arrays (runs in Ray Data ``map_batches``, or once in memory)."""
 
+    def stream_transform(self) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:
+        """:meth:`transform` as the picklable callable Ray Data's tasks run. The default, the bound method,
+        imports the task's module (torch included) in every data worker; tasks return an object from a
+        torch-free module (:mod:`raydist.data.transforms`) instead."""
+        return self.transform
+
     @abstractmethod
     def build_model(self) -> nn.Module:
         """A fresh model for this data."""

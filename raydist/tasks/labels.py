@@ -16,8 +16,8 @@ from torch import Tensor, nn
 
 from raydist.config import ConfigError
 from raydist.data import feature_matrix, read_split
-from raydist.data.labels_io import flip_labels
 from raydist.data.schema import CLEAN_LABEL, IMAGE, LABEL
+from raydist.data.transforms import LabelTransform
 from raydist.distributed import GatheredBatch, NegativeSet, step_generator
 from raydist.distributed.metric import rank_metric_loss
 from raydist.eval.label_metrics import label_metrics, leave_one_out_neighbours
@@ -70,13 +70,11 @@ class LabelsTask(Task):
 
     def transform(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Features as float32; train labels with ``data.label_noise`` applied (:func:`flip_labels`)."""
-        sample_ids = np.asarray(batch["sample_id"], dtype=np.int64)
-        labels = np.asarray(batch["label"], dtype=np.int64)
+        return self.stream_transform()(batch)
+
+    def stream_transform(self) -> LabelTransform:
         d = self.cfg.data
-        if d.label_noise > 0:
-            labels = flip_labels(labels, sample_ids, p=d.label_noise, num_classes=self.info.num_classes,
-                                 seed=d.noise_seed)  # fmt: skip
-        return {"image": feature_matrix(batch["image"]), "label": labels, "sample_id": sample_ids}
+        return LabelTransform(d.label_noise, self.info.num_classes or 0, d.noise_seed)
 
     def build_model(self) -> nn.Module:
         if not self.info.num_classes:

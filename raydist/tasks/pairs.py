@@ -11,7 +11,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from raydist.data import Vocab, feature_matrix, split_arrays
+from raydist.data import Vocab, split_arrays
+from raydist.data.transforms import CaptionTransform
 from raydist.distributed import GatheredBatch, NegativeSet, rank_ranking_loss
 from raydist.eval.evaluate import evaluate_arrays
 from raydist.models import build_model
@@ -34,17 +35,10 @@ class PairsTask(Task):
 
     def transform(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Features as float32 [B, D]; captions as token ids padded to ``data.max_caption_len`` + lengths."""
-        max_len = self.cfg.data.max_caption_len
-        tokens, lengths = self.vocab.encode_batch(batch["caption"], max_len)  # vectorised for ASCII captions
-        padded = np.zeros((len(lengths), max_len), dtype=np.int64)
-        padded[:, : tokens.shape[1]] = tokens
-        return {
-            "image": feature_matrix(batch["image"]),
-            "tokens": padded,
-            "lengths": lengths,
-            "image_id": np.asarray(batch["image_id"], dtype=np.int64),
-            "sample_id": np.asarray(batch["sample_id"], dtype=np.int64),
-        }
+        return self.stream_transform()(batch)
+
+    def stream_transform(self) -> CaptionTransform:
+        return CaptionTransform(self.vocab, self.cfg.data.max_caption_len)
 
     def build_model(self) -> nn.Module:
         return build_model(self.cfg, self.info.feature_dim, len(self.vocab))

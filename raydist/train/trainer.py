@@ -100,7 +100,7 @@ def build_trainer(
 
     task = build_task(cfg, DataInfo.from_dataset(data_dir))
     source = "memory" if fits_in_memory(data_dir, "train", cfg.data.in_memory_max_mb) else "stream"
-    transform = train_transform(task.transform, cfg.data.train_fraction, cfg.train.seed)
+    transform = train_transform(task.stream_transform(), cfg.data.train_fraction, cfg.train.seed)
     datasets = {"train": train_dataset(data_dir, task.columns, transform)} if source == "stream" else {}
     storage = storage_root(cfg, storage_path)
     name = run_name(cfg, run_name_override)
