@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from raydist.gradclust.layers import DenseFactors, Factors
+from raydist.gradclust.layers import Factors
 
 
 @dataclass
@@ -90,8 +90,6 @@ def batch_terms(
     cross: Tensor | None = None
     grad_sq: Tensor | None = None
     projections = {}
-    # dense layers with one position: ‖G_i‖² = (‖a_i‖² + bias)·‖δ_i‖², stacked over layers in a few ops
-    input_norms, grad_norms, biases = [], [], []
     for name, prep in prepared.items():
         f = factors[name]
         grad_proj, input_proj = f.grad_proj_t(prep.d_t), f.input_proj_t(prep.c_t, prep.c_bias)
@@ -101,20 +99,7 @@ def batch_terms(
         else:
             term = (grad_proj * input_proj).view(f.batch_size, f.positions, -1).sum(1)
             cross = term if cross is None else cross + term
-        if isinstance(f, DenseFactors) and f.positions == 1:
-            input_norms.append(torch.linalg.vector_norm(f.flat_inputs, dim=1))
-            grad_norms.append(torch.linalg.vector_norm(f.flat_grads, dim=1))
-            biases.append(float(f.bias))
-        else:
-            sq = f.sq_norms()
-            grad_sq = sq if grad_sq is None else grad_sq + sq
-    if input_norms:
-        inputs_sq = torch.stack(input_norms).square_()
-        if all(biases):
-            inputs_sq += 1.0
-        elif any(biases):
-            inputs_sq += torch.tensor(biases, dtype=inputs_sq.dtype, device=inputs_sq.device).unsqueeze(1)
-        sq = inputs_sq.mul_(torch.stack(grad_norms).square_()).sum(0)
+        sq = f.sq_norms()
         grad_sq = sq if grad_sq is None else grad_sq + sq
     if cross is None or grad_sq is None:
         raise ValueError("batch_terms needs at least one layer")

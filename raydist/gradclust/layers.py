@@ -35,17 +35,6 @@ def _add_cluster_sums(out: Tensor, values: Tensor, weights: Tensor, index: Tenso
     out.addmm_(coeff.view(out.shape[0], -1), values.reshape(batch * positions, width))
 
 
-_ONES: dict[tuple[int, torch.dtype, torch.device], Tensor] = {}
-
-
-def _ones(n: int, like: Tensor) -> Tensor:
-    """A cached ones vector [n] in ``like``'s dtype and device (read-only use)."""
-    key = (n, like.dtype, like.device)
-    if key not in _ONES:
-        _ONES[key] = torch.ones(n, dtype=like.dtype, device=like.device)
-    return _ONES[key]
-
-
 class Factors(ABC):
     """Per-example gradients ``G_i = Σ_p δ_ip u_ipᵀ`` of one layer, never formed; ``grads``: δ [B,P,n_out].
 
@@ -174,10 +163,9 @@ class DenseFactors(Factors):
         return torch.addmm(c_bias, self.flat_inputs, c_t)
 
     def add_masked_input_sums(self, out: Tensor, coeff: Tensor, out_bias: Tensor | None = None) -> None:
-        coeff_t = coeff.T
-        out.addmm_(coeff_t, self.flat_inputs)
-        if out_bias is not None:  # Σ over the rows: a product with a ones vector (one op, not sum + add)
-            out_bias.addmv_(coeff_t, _ones(coeff.shape[0], coeff))
+        out.addmm_(coeff.T, self.flat_inputs)
+        if out_bias is not None:
+            out_bias += coeff.sum(0)
 
     def sq_norms(self) -> Tensor:
         """``Σ_{p,q} (u_p·u_q)(δ_p·δ_q)`` (elementwise when P = 1) or ``‖Σ_p δ_p u_pᵀ‖²``, whichever
