@@ -22,7 +22,7 @@ from raydist.config import load_config
 from raydist.data import Vocab
 from raydist.distributed import StepPlan, gather_step, step_generator
 from raydist.gradclust import GradientClustering, LayerCapture, scan_layers, squared_distances
-from raydist.gradclust.centres import PreparedCentres, batch_terms, distances_from
+from raydist.gradclust.centres import PreparedCentres, batch_terms, distances_from, stackable
 from raydist.gradclust.layers import has_bias
 from raydist.tasks import DataInfo, Encoded, StepContext, Task, build_task
 
@@ -171,9 +171,13 @@ def test_row_contributions_sum_to_the_batch_gradient_and_are_what_gc_clusters(ca
     )
     torch.testing.assert_close(squared_distances(factors, centres), want, rtol=1e-9, atol=1e-12)
     prepared = {n: PreparedCentres.of(centres[n], gc._bias[n]) for n in layers}
-    cross, grad_sq, _ = batch_terms(factors, prepared)
     centre_sq = sum(c.sq_norms() for c in centres.values())
-    torch.testing.assert_close(distances_from(cross, grad_sq, centre_sq), want, rtol=1e-9, atol=1e-12)
+    stacked = stackable(factors, list(layers))
+    assert stacked  # the per-step path stacks this model's one-position layers; check it and the per-layer one
+    for names in ([], stacked):
+        terms = batch_terms(factors, prepared, names)
+        got = distances_from(terms.cross, terms.grad_sq, centre_sq)
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
     # the A-step (no counts yet: plain nearest centre) and the window's distortion D_k
     assert torch.equal(assignment, want.argmin(1))
     window = gc.state_dict()["window"]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from raydist.gradclust.layers import Factors
+from raydist.gradclust.layers import DenseFactors, Factors
 
 
 @dataclass
@@ -81,29 +81,107 @@ class PreparedCentres:
         )
 
 
+def stackable(factors: dict[str, Factors], names: list[str]) -> list[str]:
+    """The layers of ``names`` whose per-step terms :func:`batch_terms` computes stacked: dense layers with one
+    position (a Linear on [B, n]), all in the first such layer's dtype (else none)."""
+    flat = [n for n in names if isinstance(factors[n], DenseFactors) and factors[n].positions == 1]
+    if len({factors[n].flat_grads.dtype for n in flat}) > 1:
+        return []
+    return flat
+
+
+@dataclass
+class BatchTerms:
+    """The per-batch pieces of :func:`squared_distances`: ``cross`` = Σ_l cross_lik [B, K], ``grad_sq`` =
+    Σ_l ‖G_li‖² [B]; the projections ``δ_ip·d_k`` and ``u_ip·c_k`` of the ``stacked`` layers as [L, B, K]
+    (row l = stacked[l]) and of the other layers per layer as flat [B·P, K] (``projections``)."""
+
+    cross: Tensor
+    grad_sq: Tensor
+    stacked: list[str]
+    grad_proj: Tensor | None
+    input_proj: Tensor | None
+    projections: dict[str, tuple[Tensor, Tensor]]
+
+
+class StackedBuffers:
+    """Reused per-batch tensors of :func:`batch_terms`' stacked layers: the projections [L, B, K], the row norms
+    ‖a_i‖ and ‖δ_i‖ [L, B] and the layers' bias flags [L, 1]; reallocated when L, B, K, the dtype or the
+    device change. Their contents are valid until the next batch."""
+
+    def __init__(self) -> None:
+        self._key: tuple | None = None
+        self.tensors: tuple[Tensor, ...] = ()
+
+    def get(self, like: Tensor, layers: int, rows: int, clusters: int, bias: list[bool]) -> tuple[Tensor, ...]:
+        key = (layers, rows, clusters, like.dtype, like.device, tuple(bias))
+        if key != self._key:
+            self._key = key
+            self.tensors = (
+                like.new_empty(layers, rows, clusters),
+                like.new_empty(layers, rows, clusters),
+                like.new_empty(layers, rows),
+                like.new_empty(layers, rows),
+                like.new_tensor([float(b) for b in bias]).unsqueeze(1),
+            )
+        return self.tensors
+
+
 def batch_terms(
-    factors: dict[str, Factors], prepared: dict[str, PreparedCentres]
-) -> tuple[Tensor, Tensor, dict[str, tuple[Tensor, Tensor]]]:
-    """The per-batch pieces of :func:`squared_distances` over the layers of ``prepared``, in fewer ops than
-    :func:`layer_terms` + :func:`combine`: ``(Σ_l cross_lik`` [B, K], ``Σ_l ‖G_li‖²`` [B],
-    ``{layer: (δ_ip·d_k, u_ip·c_k)}`` flat [B·P, K]); the same sums, accumulated layer by layer."""
+    factors: dict[str, Factors],
+    prepared: dict[str, PreparedCentres],
+    stacked: list[str] | None = None,
+    buffers: StackedBuffers | None = None,
+) -> BatchTerms:
+    """:func:`squared_distances`'s data-dependent terms over the layers of ``prepared`` in few ops per batch.
+
+    The layers named in ``stacked`` (see :func:`stackable`) write their two projections into [L, B, K]
+    tensors and their row norms ‖a_i‖, ‖δ_i‖ into [L, B] ones (``buffers`` keeps them from batch to batch),
+    so the cross terms, ``‖G_i‖² = (‖a_i‖² + bias)‖δ_i‖²`` and (in the U-step) the masked coefficients cost a
+    fixed number of ops for all of them; the other layers are summed in one by one."""
+    stacked = stacked or []
     cross: Tensor | None = None
     grad_sq: Tensor | None = None
+    grad_proj = input_proj = None
+    if stacked:
+        first = factors[stacked[0]].flat_grads
+        clusters = prepared[stacked[0]].d_t.shape[1]
+        bias = [prepared[n].c_bias is not None for n in stacked]
+        grad_proj, input_proj, a_norm, g_norm, bias_col = (buffers or StackedBuffers()).get(
+            first, len(stacked), first.shape[0], clusters, bias
+        )
+        for l, name in enumerate(stacked):
+            f, prep = factors[name], prepared[name]
+            torch.mm(f.flat_grads, prep.d_t, out=grad_proj[l])
+            if prep.c_bias is None:
+                torch.mm(f.flat_inputs, prep.c_t, out=input_proj[l])
+            else:
+                torch.addmm(prep.c_bias, f.flat_inputs, prep.c_t, out=input_proj[l])
+            torch.linalg.vector_norm(f.flat_inputs, dim=1, out=a_norm[l])
+            torch.linalg.vector_norm(f.flat_grads, dim=1, out=g_norm[l])
+        grad_sq = a_norm.square_().add_(bias_col).mul_(g_norm.square_()).sum(0)
+        cross = (grad_proj * input_proj).sum(0)
     projections = {}
     for name, prep in prepared.items():
+        if name in stacked:
+            continue
         f = factors[name]
-        grad_proj, input_proj = f.grad_proj_t(prep.d_t), f.input_proj_t(prep.c_t, prep.c_bias)
-        projections[name] = (grad_proj, input_proj)
+        layer_grad_proj, layer_input_proj = f.grad_proj_t(prep.d_t), f.input_proj_t(prep.c_t, prep.c_bias)
+        projections[name] = (layer_grad_proj, layer_input_proj)
         if f.positions == 1:  # the sum over p is the single product
-            cross = grad_proj * input_proj if cross is None else torch.addcmul(cross, grad_proj, input_proj)
+            cross = (
+                layer_grad_proj * layer_input_proj
+                if cross is None
+                else torch.addcmul(cross, layer_grad_proj, layer_input_proj)
+            )
         else:
-            term = (grad_proj * input_proj).view(f.batch_size, f.positions, -1).sum(1)
+            term = (layer_grad_proj * layer_input_proj).view(f.batch_size, f.positions, -1).sum(1)
             cross = term if cross is None else cross + term
         sq = f.sq_norms()
         grad_sq = sq if grad_sq is None else grad_sq + sq
     if cross is None or grad_sq is None:
         raise ValueError("batch_terms needs at least one layer")
-    return cross, grad_sq, projections
+    return BatchTerms(cross, grad_sq, stacked, grad_proj, input_proj, projections)
 
 
 def squared_distances(factors: dict[str, Factors], centres: dict[str, RankOneCentres]) -> Tensor:
@@ -123,25 +201,34 @@ def picked(proj: Tensor, assignment: Tensor) -> Tensor:
     return proj.gather(2, index).squeeze(2)
 
 
-def _factor_step(old: Tensor, held_sq: Tensor, sums: Tensor, prior: Tensor, total: Tensor) -> Tensor:
-    """``x' = (prior·x + S / ‖y‖²) / total`` where total > 0 and ‖y‖² > 0, else x unchanged."""
-    ok = (total > 0) & (held_sq > 0)
-    safe_total = torch.where(ok, total, torch.ones_like(total)).unsqueeze(1).to(old.dtype)
-    safe_sq = torch.where(ok, held_sq, torch.ones_like(held_sq)).unsqueeze(1)
-    new = (prior.unsqueeze(1).to(old.dtype) * old + sums / safe_sq) / safe_total
-    return torch.where(ok.unsqueeze(1), new, old)
+def update_factors(
+    centres: list[RankOneCentres], sums: list[Tensor], prior: Tensor, total: Tensor, *, inputs: bool
+) -> list[Tensor]:
+    """The U-step's new input factors (``inputs``) or output factors of every layer, one held fixed:
+
+    ``c_k' = argmin_c prior_k‖d_k cᵀ − C_k‖² + Σ_{i∈k}‖d_k cᵀ − G_i‖² = (prior_k c_k + S_k/‖d_k‖²)/total_k``
+    with ``S_k = Σ_{i∈k} G_iᵀ d_k = Σ_{i∈k} Σ_p (d_k·δ_ip) u_ip``, and likewise
+    ``d_k' = (prior_k d_k + S_k/‖c_k‖²)/total_k`` with ``S_k = Σ_{i∈k} Σ_p (c_k·u_ip) δ_ip``; ``total_k =
+    prior_k + n_k``. A factor stays as it is where ``total_k = 0`` or the held factor is 0. ``sums``: each
+    layer's S [K, n]; ``prior``, ``total`` [K] float64. The coefficients of x and S are formed for all layers
+    at once (float64), so the U-step costs a few ops per layer."""
+    held = torch.stack(
+        [torch.linalg.vector_norm(c.d if inputs else c.c, dim=1, dtype=torch.float64) for c in centres]
+    ).square_()  # [L, K]
+    ok = (total > 0) & (held > 0)
+    safe_total = torch.where(total > 0, total, 1.0)
+    keep = torch.where(ok, prior / safe_total, 1.0).unsqueeze(2)  # [L, K, 1]: x' = keep·x + add·S
+    add = torch.where(ok, 1.0 / (torch.where(ok, held, 1.0) * safe_total), 0.0).unsqueeze(2)
+    out = []
+    for l, (c, s) in enumerate(zip(centres, sums)):
+        old = c.c if inputs else c.d
+        out.append(torch.addcmul(old * keep[l].to(old.dtype), s, add[l].to(old.dtype)))
+    return out
 
 
-def update_input_factor(centres: RankOneCentres, sums: Tensor, prior: Tensor, total: Tensor) -> Tensor:
-    """``c_k' = argmin_c prior_k‖d_k cᵀ − C_k‖² + Σ_{i∈k}‖d_k cᵀ − G_i‖²
-    = (prior_k c_k + S_k/‖d_k‖²)/total_k``, with ``S_k = Σ_{i∈k} G_iᵀ d_k = Σ_{i∈k} Σ_p (d_k·δ_ip) u_ip``
-    and ``total_k = prior_k + n_k``.
-    """
-    return _factor_step(centres.c, centres.d.square().sum(1), sums, prior, total)
-
-
-def update_output_factor(centres: RankOneCentres, sums: Tensor, prior: Tensor, total: Tensor) -> Tensor:
-    """``d_k' = argmin_d prior_k‖d c_kᵀ − C_k‖² + Σ_{i∈k}‖d c_kᵀ − G_i‖²
-    = (prior_k d_k + S_k/‖c_k‖²)/total_k``, with ``S_k = Σ_{i∈k} G_i c_k = Σ_{i∈k} Σ_p (c_k·u_ip) δ_ip``.
-    """
-    return _factor_step(centres.d, centres.c.square().sum(1), sums, prior, total)
+def centre_sq_norms(centres: list[RankOneCentres]) -> Tensor:
+    """``Σ_l ‖C_lk‖² = Σ_l ‖d_lk‖²‖c_lk‖²`` → [K] float64 (:meth:`RankOneCentres.sq_norms` summed, in a few ops)."""
+    norms = torch.stack(
+        [torch.linalg.vector_norm(x, dim=1, dtype=torch.float64) for c in centres for x in (c.d, c.c)]
+    ).square_()
+    return norms.view(len(centres), 2, -1).prod(1).sum(0)

@@ -18,11 +18,13 @@ from raydist.distributed.reduce import all_reduce_sum
 from raydist.gradclust.centres import (
     PreparedCentres,
     RankOneCentres,
+    StackedBuffers,
     batch_terms,
+    centre_sq_norms,
+    stackable,
     distances_from,
     picked,
-    update_input_factor,
-    update_output_factor,
+    update_factors,
 )
 from raydist.gradclust.layers import Factors, LayerCapture, factor_shape, has_bias, scan_layers
 
@@ -136,6 +138,7 @@ class GradientClustering:
         self.centres: dict[str, RankOneCentres] = {}  # change only through seeding, update, load
         self._centre_sq = torch.zeros(num_clusters, dtype=torch.float64, device=device)  # Σ_l ‖C_lk‖²
         self._prepared: dict[str, PreparedCentres] = {}  # the centres laid out for batch_terms
+        self._buffers = StackedBuffers()
         self.counts = torch.zeros(num_clusters, dtype=torch.float64, device=device)
         self._assign_weight = (self.counts + 1).unsqueeze(0)  # the A-step's (N_k + 1), [1, K]
         self.distortion = torch.zeros_like(self.counts)
@@ -143,7 +146,12 @@ class GradientClustering:
         self.total_distortion = 0.0
         self.steps = self.updates = self.reseeds = 0
         self._generator = torch.Generator().manual_seed(seed)
-        self._assignments: dict[int, int] = {}
+        # each sample id's latest cluster: the (ids, clusters) batches logged since the last _compact, then the
+        # compacted map (ids sorted and unique, their clusters), all on the CPU
+        self._assign_log: list[tuple[Tensor, Tensor]] = []
+        self._log_rows = 0
+        self._assigned_ids = torch.zeros(0, dtype=torch.long)
+        self._assigned = torch.zeros(0, dtype=torch.long)
         # per-batch (assignment [B], distances [B, K], sample ids or None), folded into the window's
         # counts and distortion and into _assignments in one go by _fold (fewer ops per batch)
         self._pending: list[tuple[Tensor, Tensor, Tensor | None]] = []
@@ -169,29 +177,51 @@ class GradientClustering:
         Returns the assignments a [B]; with ``sample_ids`` [B] they are also kept for the sampler.
         """
         with torch.no_grad():  # the captured tensors are not detached: nothing here may record a graph
-            return self._a_step(sample_ids, loss_scale)
+            factors = self._capture.factors(loss_scale)
+            if not self.centres:
+                self._seed(factors)
+            # inference mode: the per-batch ops skip autograd's bookkeeping. Everything they create is
+            # temporary or folded into state by ops outside it (state is never made here, only added to)
+            with torch.inference_mode():
+                assignment = self._a_step(factors, sample_ids)
+            if len(self._pending) >= PENDING_BATCHES:
+                self._fold()
+            self.steps += 1
+            if self.mode == "online" and self.steps % self.update_every == 0:
+                self.update()
+            return assignment
 
-    def _a_step(self, sample_ids: Tensor | None, loss_scale: float) -> Tensor:
-        factors = self._capture.factors(loss_scale)
-        if not self.centres:
-            self._seed(factors)
+    def _a_step(self, factors: dict[str, Factors], sample_ids: Tensor | None) -> Tensor:
         # the distances of centres.squared_distances and the A-step of centres.assign, with the centre
         # layouts, ‖C_k‖² and (N_k + 1) computed once per centre change (_centres_changed), not per batch
-        cross, grad_sq, projections = batch_terms(factors, self._prepared)
-        distances = distances_from(cross, grad_sq, self._centre_sq)
+        terms = batch_terms(factors, self._prepared, self._stacked(factors), self._buffers)
+        distances = distances_from(terms.cross, terms.grad_sq, self._centre_sq)
         assignment = torch.argmin(self._assign_weight * distances, dim=1)
         column = assignment.unsqueeze(1)
         ids = None if sample_ids is None else sample_ids.clone()  # the caller may reuse or modify these
         self._pending.append((assignment.clone(), distances, ids))
-        if len(self._pending) >= PENDING_BATCHES:
-            self._fold()
         # U-step sums: coeff_(ip)k = proj_(ip)k in the column k = a_i, 0 elsewhere (one mask for all layers)
-        inputs, mask = self.updating_inputs, None
-        for name, (grad_proj, input_proj) in projections.items():
+        inputs, masks = self.updating_inputs, {}
+
+        def mask_like(proj: Tensor) -> Tensor:
+            if proj.dtype not in masks:
+                masks[proj.dtype] = proj.new_zeros(assignment.shape[0], self.num_clusters).scatter_(1, column, 1.0)
+            return masks[proj.dtype]
+
+        if terms.stacked:
+            coeff = terms.grad_proj if inputs else terms.input_proj
+            coeff *= mask_like(coeff)  # [L, B, K]; the projections are not needed after this
+            for l, name in enumerate(terms.stacked):
+                f = factors[name]
+                if inputs:
+                    self._sum_parts[name][0].addmm_(coeff[l].T, f.flat_inputs)
+                else:
+                    self._sums[name].addmm_(coeff[l].T, f.flat_grads)
+            if inputs and self._stacked_bias is not None:
+                self._stacked_bias += coeff.sum(1)  # bias columns, added to the sums in _fold
+        for name, (grad_proj, input_proj) in terms.projections.items():
             f, proj = factors[name], grad_proj if inputs else input_proj
-            if mask is None or mask.dtype != proj.dtype:
-                mask = proj.new_zeros(assignment.shape[0], self.num_clusters)
-                mask.scatter_(1, column, 1.0)
+            mask = mask_like(proj)
             if f.positions == 1:
                 coeff = proj * mask
             else:
@@ -201,9 +231,6 @@ class GradientClustering:
                 f.add_masked_input_sums(main, coeff, bias)
             else:
                 f.add_masked_grad_sums(self._sums[name], coeff)
-        self.steps += 1
-        if self.mode == "online" and self.steps % self.update_every == 0:
-            self.update()
         return assignment
 
     def update(self) -> None:
@@ -217,12 +244,13 @@ class GradientClustering:
         )
         prior = self.decay * self.counts
         total = prior + counts
-        for name, s in zip(names, sums):
-            centre = self.centres[name]
-            if self.updating_inputs:
-                centre.c = update_input_factor(centre, s, prior, total)
+        centres = [self.centres[name] for name in names]
+        inputs = self.updating_inputs
+        for centre, factor in zip(centres, update_factors(centres, sums, prior, total, inputs=inputs)):
+            if inputs:
+                centre.c = factor
             else:
-                centre.d = update_output_factor(centre, s, prior, total)
+                centre.d = factor
         self.counts = total
         self.distortion = self.decay * self.distortion + distortion
         self.objective = float((self.counts * self.distortion).sum())
@@ -235,11 +263,17 @@ class GradientClustering:
     def assignments(self, sample_ids: Tensor) -> Tensor:
         """Last cluster of each sample id seen by this worker's :meth:`after_backward`; −1 if never seen."""
         self._fold()
-        return torch.tensor([self._assignments.get(i, -1) for i in sample_ids.tolist()], dtype=torch.long)
+        self._compact()
+        known, ids = self._assigned_ids, sample_ids.reshape(-1).cpu().long()
+        if not len(known):
+            return torch.full_like(ids, -1)
+        pos = torch.searchsorted(known, ids).clamp_(max=len(known) - 1)
+        return torch.where(known[pos] == ids, self._assigned[pos], -1)
 
     def _fold(self) -> None:
         """Add the pending batches to the window's counts and distortion (``n_k``, ``D_k``) and to the
         per-sample assignments, in batch order (a later batch's assignment of a sample id wins)."""
+        self._flush_bias()
         if not self._pending:
             return
         pending, self._pending = self._pending, []
@@ -249,7 +283,24 @@ class GradientClustering:
         self._window_distortion.index_add_(0, assignment, own)
         for a, _, ids in pending:
             if ids is not None:
-                self._assignments.update(zip(ids.tolist(), a.tolist()))
+                self._assign_log.append((ids, a))
+                self._log_rows += len(a)
+        if self._log_rows > max(2 * len(self._assigned_ids), 1 << 16):
+            self._compact()
+
+    def _compact(self) -> None:
+        """Merge the logged assignments into the sorted map; a later batch's cluster for an id wins (a stable
+        sort keeps each id's entries in log order)."""
+        if not self._assign_log:
+            return
+        log, self._assign_log, self._log_rows = self._assign_log, [], 0
+        ids = torch.cat([self._assigned_ids] + [i.reshape(-1).cpu().long() for i, _ in log])
+        clusters = torch.cat([self._assigned] + [a.cpu() for _, a in log])
+        ids, order = torch.sort(ids, stable=True)
+        clusters = clusters[order]
+        last = torch.ones_like(ids, dtype=torch.bool)
+        last[:-1] = ids[1:] != ids[:-1]
+        self._assigned_ids, self._assigned = ids[last], clusters[last]
 
     def _reset_window(self) -> None:
         self._window_counts = torch.zeros_like(self.counts)
@@ -264,10 +315,31 @@ class GradientClustering:
         """The window's factor sums, and for input sums of layers with a bias the views (inputs' part,
         bias column) that ``add_masked_input_sums`` adds to."""
         self._sums = sums
+        self._stacked_bias: Tensor | None = None  # bias-column sums of the stacked layers, [L, K] (see _stacked)
+        self._stacked_bias_names: list[str] = []
         self._sum_parts = {
             name: (s[:, :-1], s[:, -1]) if self._bias[name] and self.updating_inputs else (s, None)
             for name, s in sums.items()
         }
+
+    def _stacked(self, factors: dict[str, Factors]) -> list[str]:
+        """The layers whose terms are computed stacked this batch (:func:`stackable`); a window that updates
+        input factors keeps their bias-column sums in one [L, K] tensor, added to the sums by :meth:`_fold`."""
+        names = stackable(factors, self.layers)
+        if names != self._stacked_bias_names:
+            self._flush_bias()
+            self._stacked_bias_names = names
+            biased = self.updating_inputs and any(self._bias[n] for n in names)
+            self._stacked_bias = self._sums[names[0]].new_zeros(len(names), self.num_clusters) if biased else None
+        return names
+
+    def _flush_bias(self) -> None:
+        if self._stacked_bias is None:
+            return
+        for row, name in zip(self._stacked_bias, self._stacked_bias_names):
+            if self._bias[name]:
+                self._sums[name][:, -1] += row
+        self._stacked_bias = torch.zeros_like(self._stacked_bias)  # (the old one may be an inference tensor)
 
     def _seed(self, factors: dict[str, Factors]) -> None:
         batch = next(iter(factors.values())).batch_size
@@ -295,7 +367,7 @@ class GradientClustering:
 
     def _centres_changed(self) -> None:
         """Everything the per-batch A-step derives from the centres and counts (called after each change)."""
-        self._centre_sq = sum(c.sq_norms().double() for c in self.centres.values())
+        self._centre_sq = centre_sq_norms(list(self.centres.values()))
         self._prepared = {
             name: PreparedCentres.of(self.centres[name], self._bias[name]) for name in self.layers
         }
@@ -321,7 +393,7 @@ class GradientClustering:
         """Centres, counts, the open window, this worker's assignments (by sample id), generator and
         counters. Centres are identical on all workers; the assignments are this worker's own."""
         self._fold()
-        ids = list(self._assignments)
+        self._compact()
         return {
             "num_clusters": self.num_clusters,
             "mode": self.mode,
@@ -336,10 +408,7 @@ class GradientClustering:
                 "distortion": self._window_distortion.clone(),
                 "sums": {n: s.clone() for n, s in self._sums.items()},
             },
-            "assignments": {
-                "sample_ids": torch.tensor(ids, dtype=torch.long),
-                "clusters": torch.tensor([self._assignments[i] for i in ids], dtype=torch.long),
-            },
+            "assignments": {"sample_ids": self._assigned_ids.clone(), "clusters": self._assigned.clone()},
             "generator": self._generator.get_state(),
             "counters": {"steps": self.steps, "updates": self.updates, "reseeds": self.reseeds},
         }
@@ -365,8 +434,9 @@ class GradientClustering:
         self._window_counts = window["counts"].to(device, torch.float64, copy=True)
         self._window_distortion = window["distortion"].to(device, torch.float64, copy=True)
         self._set_sums({n: s.to(self._weights[n], copy=True) for n, s in window["sums"].items()})
-        ids, clusters = state["assignments"]["sample_ids"], state["assignments"]["clusters"]
-        self._assignments = dict(zip(ids.tolist(), clusters.tolist()))
+        ids, order = torch.sort(state["assignments"]["sample_ids"].cpu().long())
+        self._assign_log, self._log_rows = [], 0
+        self._assigned_ids, self._assigned = ids, state["assignments"]["clusters"].cpu().long()[order]
         self._generator.set_state(state["generator"])
         if self.centres:
             self._centres_changed()
