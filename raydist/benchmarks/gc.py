@@ -5,6 +5,7 @@ measured peak RSS of a fresh process)."""
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import resource
@@ -84,26 +85,30 @@ def train_step(
 
 def time_both(sizes: Sizes, batch: int, rank: int = 0) -> tuple[dict[str, list[float]], GradientClustering]:
     """Seconds per step, wall and this thread's CPU time, GC off and on, one plain and one GC step in turn
-    after :data:`WARMUP` of each. Under DDP (an initialised process group) the model is wrapped and GC
-    clusters the inner module's layers (its U-step all-reduces over the workers)."""
+    after :data:`WARMUP` of each. Two copies of the same model (same initial weights), one with GC attached
+    (its layers carry GC's forward hooks) and one without, each with its own optimizer. Under DDP (an
+    initialised process group) both are wrapped and GC clusters the inner module's layers (its U-step
+    all-reduces over the workers)."""
     torch.manual_seed(0)
     model = make_model(sizes)
-    stepped: nn.Module = nn.parallel.DistributedDataParallel(model) if dist.is_initialized() else model
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+    plain = copy.deepcopy(model)
     gc = GradientClustering(model, sizes.clusters, update_every=sizes.update_every)
+    wrap = nn.parallel.DistributedDataParallel if dist.is_initialized() else (lambda m: m)
+    stepped = {"off": (wrap(plain), torch.optim.SGD(plain.parameters(), lr=1e-4), None),
+               "on": (wrap(model), torch.optim.SGD(model.parameters(), lr=1e-4), gc)}  # fmt: skip
     g = torch.Generator().manual_seed(1 + rank)
     x, y = (
         torch.randn(batch, sizes.features, generator=g),
         torch.randint(0, sizes.classes, (batch,), generator=g),
     )
     for _ in range(WARMUP):
-        train_step(stepped, optimizer, x, y, None)
-        train_step(stepped, optimizer, x, y, gc)
+        for net, optimizer, clustering in stepped.values():
+            train_step(net, optimizer, x, y, clustering)
     times: dict[str, list[float]] = {"off": [], "on": [], "off_cpu": [], "on_cpu": []}
     for _ in range(sizes.steps):
-        for key, clustering in (("off", None), ("on", gc)):
+        for key, (net, optimizer, clustering) in stepped.items():
             wall, cpu = time.perf_counter(), time.thread_time()
-            train_step(stepped, optimizer, x, y, clustering)
+            train_step(net, optimizer, x, y, clustering)
             times[f"{key}_cpu"].append(time.thread_time() - cpu)
             times[key].append(time.perf_counter() - wall)
     return times, gc

@@ -184,6 +184,7 @@ class GradientClustering:
             # temporary or folded into state by ops outside it (state is never made here, only added to)
             with torch.inference_mode():
                 assignment = self._a_step(factors, sample_ids)
+            assignment = assignment.clone()  # a normal tensor for the caller (not an inference tensor)
             if len(self._pending) >= PENDING_BATCHES:
                 self._fold()
             self.steps += 1
@@ -199,7 +200,7 @@ class GradientClustering:
         assignment = torch.argmin(self._assign_weight * distances, dim=1)
         column = assignment.unsqueeze(1)
         ids = None if sample_ids is None else sample_ids.clone()  # the caller may reuse or modify these
-        self._pending.append((assignment.clone(), distances, ids))
+        self._pending.append((assignment, distances, ids))
         # U-step sums: coeff_(ip)k = proj_(ip)k in the column k = a_i, 0 elsewhere (one mask for all layers)
         inputs, masks = self.updating_inputs, {}
 
@@ -211,12 +212,13 @@ class GradientClustering:
         if terms.stacked:
             coeff = terms.grad_proj if inputs else terms.input_proj
             coeff *= mask_like(coeff)  # [L, B, K]; the projections are not needed after this
+            coeff_t = coeff.transpose(1, 2)
             for l, name in enumerate(terms.stacked):
                 f = factors[name]
                 if inputs:
-                    self._sum_parts[name][0].addmm_(coeff[l].T, f.flat_inputs)
+                    self._sum_parts[name][0].addmm_(coeff_t[l], f.flat_inputs)
                 else:
-                    self._sums[name].addmm_(coeff[l].T, f.flat_grads)
+                    self._sums[name].addmm_(coeff_t[l], f.flat_grads)
             if inputs and self._stacked_bias is not None:
                 self._stacked_bias += coeff.sum(1)  # bias columns, added to the sums in _fold
         for name, (grad_proj, input_proj) in terms.projections.items():

@@ -329,19 +329,33 @@ class LayerCapture:
         self.layers = layers
         self._inputs: dict[str, Tensor] = {}
         self._grads: dict[str, Tensor] = {}
+        self._recording = False
+        self._handles: list = []
+        # (weight dtype, bias) of the Linear layers: their [B, n] batches skip _factors' checks
+        self._linear = {n: (m.weight.dtype, has_bias(m)) for n, m in layers.items() if type(m) is nn.Linear}
 
     @contextmanager
     def recording(self) -> Iterator[None]:
-        """Forward hooks on every chosen layer for the duration of the ``with`` block (removed after it, so
-        forwards outside a capture keep PyTorch's hook-free fast path)."""
-        handles = [m.register_forward_hook(partial(self._on_forward, n)) for n, m in self.layers.items()]
+        """Record the forwards run inside the ``with`` block. The layers' forward hooks are registered on the
+        first recording and stay (a forward outside a recording pays one flag check per chosen layer);
+        :meth:`close` removes them."""
+        if not self._handles:
+            self._handles = [m.register_forward_hook(partial(self._on_forward, n)) for n, m in self.layers.items()]
+        self._recording = True
         try:
             yield
         finally:
-            for handle in handles:
-                handle.remove()
+            self._recording = False
+
+    def close(self) -> None:
+        """Remove the forward hooks (a later :meth:`recording` registers them again)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
 
     def _on_forward(self, name: str, module: nn.Module, args: tuple, output: Tensor) -> None:
+        if not self._recording:
+            return
         if name in self._inputs:
             raise RuntimeError(f"layer {name!r} ran twice in one capture (shared weights are not supported)")
         self._inputs[name] = args[0]  # not detached (an op per layer): read under no_grad only
@@ -370,5 +384,11 @@ class LayerCapture:
             if name not in grads:
                 raise RuntimeError(f"no output gradient reached {name!r}: run backward before after_backward")
             x, grad = (inputs[name].detach(), grads[name].detach()) if detach else (inputs[name], grads[name])
-            out[name] = _factors(module, x, grad if grad_scale == 1.0 else grad / grad_scale)
+            if grad_scale != 1.0:
+                grad = grad / grad_scale
+            linear = self._linear.get(name)
+            if linear is not None and x.dim() == 2 and x.dtype == grad.dtype == linear[0]:
+                out[name] = DenseFactors(x, grad, bias=linear[1])  # what _factors makes of it, checks done
+            else:
+                out[name] = _factors(module, x, grad)
         return out
