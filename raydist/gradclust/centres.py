@@ -90,41 +90,42 @@ def stackable(factors: dict[str, Factors], names: list[str]) -> list[str]:
     return flat
 
 
+class StackedBuffers:
+    """Reused per-batch tensors of :func:`batch_terms`' stacked layers: the projections ``grad_proj``,
+    ``input_proj`` [L, B, K], the row norms ‖a_i‖, ‖δ_i‖ ``a_norm``, ``g_norm`` [L, B], the layers' bias flags
+    ``bias_col`` [L, 1], and their per-layer views, made once (the ``out=`` targets, and the [K, B]
+    transposes the U-step multiplies by): a view made per batch costs an op like any other. Reallocated when
+    L, B, K, the dtype or the device change; the contents are valid until the next batch."""
+
+    def __init__(self) -> None:
+        self._key: tuple | None = None
+
+    def prepare(self, like: Tensor, layers: int, rows: int, clusters: int, bias: list[bool]) -> StackedBuffers:
+        key = (layers, rows, clusters, like.dtype, like.device, tuple(bias))
+        if key != self._key:
+            self._key = key
+            self.grad_proj = like.new_empty(layers, rows, clusters)
+            self.input_proj = like.new_empty(layers, rows, clusters)
+            self.a_norm, self.g_norm = like.new_empty(layers, rows), like.new_empty(layers, rows)
+            self.bias_col = like.new_tensor([float(b) for b in bias]).unsqueeze(1)
+            self.grad_rows, self.input_rows = self.grad_proj.unbind(0), self.input_proj.unbind(0)
+            self.a_rows, self.g_rows = self.a_norm.unbind(0), self.g_norm.unbind(0)
+            self.grad_rows_t = self.grad_proj.transpose(1, 2).unbind(0)
+            self.input_rows_t = self.input_proj.transpose(1, 2).unbind(0)
+        return self
+
+
 @dataclass
 class BatchTerms:
     """The per-batch pieces of :func:`squared_distances`: ``cross`` = Σ_l cross_lik [B, K], ``grad_sq`` =
-    Σ_l ‖G_li‖² [B]; the projections ``δ_ip·d_k`` and ``u_ip·c_k`` of the ``stacked`` layers as [L, B, K]
+    Σ_l ‖G_li‖² [B]; the projections ``δ_ip·d_k`` and ``u_ip·c_k`` of the ``stacked`` layers in ``buffers``
     (row l = stacked[l]) and of the other layers per layer as flat [B·P, K] (``projections``)."""
 
     cross: Tensor
     grad_sq: Tensor
     stacked: list[str]
-    grad_proj: Tensor | None
-    input_proj: Tensor | None
+    buffers: StackedBuffers | None
     projections: dict[str, tuple[Tensor, Tensor]]
-
-
-class StackedBuffers:
-    """Reused per-batch tensors of :func:`batch_terms`' stacked layers: the projections [L, B, K], the row norms
-    ‖a_i‖ and ‖δ_i‖ [L, B] and the layers' bias flags [L, 1]; reallocated when L, B, K, the dtype or the
-    device change. Their contents are valid until the next batch."""
-
-    def __init__(self) -> None:
-        self._key: tuple | None = None
-        self.tensors: tuple[Tensor, ...] = ()
-
-    def get(self, like: Tensor, layers: int, rows: int, clusters: int, bias: list[bool]) -> tuple[Tensor, ...]:
-        key = (layers, rows, clusters, like.dtype, like.device, tuple(bias))
-        if key != self._key:
-            self._key = key
-            self.tensors = (
-                like.new_empty(layers, rows, clusters),
-                like.new_empty(layers, rows, clusters),
-                like.new_empty(layers, rows),
-                like.new_empty(layers, rows),
-                like.new_tensor([float(b) for b in bias]).unsqueeze(1),
-            )
-        return self.tensors
 
 
 def batch_terms(
@@ -142,25 +143,22 @@ def batch_terms(
     stacked = stacked or []
     cross: Tensor | None = None
     grad_sq: Tensor | None = None
-    grad_proj = input_proj = None
     if stacked:
         first = factors[stacked[0]].flat_grads
         clusters = prepared[stacked[0]].d_t.shape[1]
         bias = [prepared[n].c_bias is not None for n in stacked]
-        grad_proj, input_proj, a_norm, g_norm, bias_col = (buffers or StackedBuffers()).get(
-            first, len(stacked), first.shape[0], clusters, bias
-        )
+        buffers = (buffers or StackedBuffers()).prepare(first, len(stacked), first.shape[0], clusters, bias)
         for l, name in enumerate(stacked):
             f, prep = factors[name], prepared[name]
-            torch.mm(f.flat_grads, prep.d_t, out=grad_proj[l])
+            torch.mm(f.flat_grads, prep.d_t, out=buffers.grad_rows[l])
             if prep.c_bias is None:
-                torch.mm(f.flat_inputs, prep.c_t, out=input_proj[l])
+                torch.mm(f.flat_inputs, prep.c_t, out=buffers.input_rows[l])
             else:
-                torch.addmm(prep.c_bias, f.flat_inputs, prep.c_t, out=input_proj[l])
-            torch.linalg.vector_norm(f.flat_inputs, dim=1, out=a_norm[l])
-            torch.linalg.vector_norm(f.flat_grads, dim=1, out=g_norm[l])
-        grad_sq = a_norm.square_().add_(bias_col).mul_(g_norm.square_()).sum(0)
-        cross = (grad_proj * input_proj).sum(0)
+                torch.addmm(prep.c_bias, f.flat_inputs, prep.c_t, out=buffers.input_rows[l])
+            torch.linalg.vector_norm(f.flat_inputs, dim=1, out=buffers.a_rows[l])
+            torch.linalg.vector_norm(f.flat_grads, dim=1, out=buffers.g_rows[l])
+        grad_sq = buffers.a_norm.square_().add_(buffers.bias_col).mul_(buffers.g_norm.square_()).sum(0)
+        cross = (buffers.grad_proj * buffers.input_proj).sum(0)
     projections = {}
     for name, prep in prepared.items():
         if name in stacked:
@@ -181,7 +179,7 @@ def batch_terms(
         grad_sq = sq if grad_sq is None else grad_sq + sq
     if cross is None or grad_sq is None:
         raise ValueError("batch_terms needs at least one layer")
-    return BatchTerms(cross, grad_sq, stacked, grad_proj, input_proj, projections)
+    return BatchTerms(cross, grad_sq, stacked, buffers if stacked else None, projections)
 
 
 def squared_distances(factors: dict[str, Factors], centres: dict[str, RankOneCentres]) -> Tensor:
@@ -215,15 +213,15 @@ def update_factors(
     held = torch.stack(
         [torch.linalg.vector_norm(c.d if inputs else c.c, dim=1, dtype=torch.float64) for c in centres]
     ).square_()  # [L, K]
-    ok = (total > 0) & (held > 0)
-    safe_total = torch.where(total > 0, total, 1.0)
-    keep = torch.where(ok, prior / safe_total, 1.0).unsqueeze(2)  # [L, K, 1]: x' = keep·x + add·S
-    add = torch.where(ok, 1.0 / (torch.where(ok, held, 1.0) * safe_total), 0.0).unsqueeze(2)
-    out = []
-    for l, (c, s) in enumerate(zip(centres, sums)):
-        old = c.c if inputs else c.d
-        out.append(torch.addcmul(old * keep[l].to(old.dtype), s, add[l].to(old.dtype)))
-    return out
+    ok = (held > 0) & (total > 0)
+    # x' = keep·x + add·S; where not ok the divisions' inf/nan are not selected
+    coeff = torch.stack([torch.where(ok, prior / total, 1.0), torch.where(ok, (held * total).reciprocal_(), 0.0)])
+    olds = [c.c if inputs else c.d for c in centres]
+    keep = [k.to(x.dtype) for k, x in zip(coeff[0].unsqueeze(2), olds)]
+    add = [a.to(x.dtype) for a, x in zip(coeff[1].unsqueeze(2), olds)]
+    out = torch._foreach_mul(olds, keep)
+    torch._foreach_addcmul_(out, sums, add)
+    return list(out)
 
 
 def centre_sq_norms(centres: list[RankOneCentres]) -> Tensor:

@@ -209,10 +209,12 @@ class GradientClustering:
                 masks[proj.dtype] = proj.new_zeros(assignment.shape[0], self.num_clusters).scatter_(1, column, 1.0)
             return masks[proj.dtype]
 
-        if terms.stacked:
-            coeff = terms.grad_proj if inputs else terms.input_proj
+        if terms.buffers is not None:
+            buffers = terms.buffers
+            coeff, coeff_t = (
+                (buffers.grad_proj, buffers.grad_rows_t) if inputs else (buffers.input_proj, buffers.input_rows_t)
+            )
             coeff *= mask_like(coeff)  # [L, B, K]; the projections are not needed after this
-            coeff_t = coeff.transpose(1, 2)
             for l, name in enumerate(terms.stacked):
                 f = factors[name]
                 if inputs:
