@@ -106,7 +106,8 @@ class StackedBuffers:
             self._key = key
             self.grad_proj = like.new_empty(layers, rows, clusters)
             self.input_proj = like.new_empty(layers, rows, clusters)
-            self.a_norm, self.g_norm = like.new_empty(layers, rows), like.new_empty(layers, rows)
+            self.norms = like.new_empty(2, layers, rows)
+            self.a_norm, self.g_norm = self.norms.unbind(0)
             self.bias_col = like.new_tensor([float(b) for b in bias]).unsqueeze(1)
             self.grad_rows, self.input_rows = self.grad_proj.unbind(0), self.input_proj.unbind(0)
             self.a_rows, self.g_rows = self.a_norm.unbind(0), self.g_norm.unbind(0)
@@ -157,7 +158,8 @@ def batch_terms(
                 torch.addmm(prep.c_bias, f.flat_inputs, prep.c_t, out=buffers.input_rows[l])
             torch.linalg.vector_norm(f.flat_inputs, dim=1, out=buffers.a_rows[l])
             torch.linalg.vector_norm(f.flat_grads, dim=1, out=buffers.g_rows[l])
-        grad_sq = buffers.a_norm.square_().add_(buffers.bias_col).mul_(buffers.g_norm.square_()).sum(0)
+        buffers.norms.square_()
+        grad_sq = buffers.a_norm.add_(buffers.bias_col).mul_(buffers.g_norm).sum(0)
         cross = (buffers.grad_proj * buffers.input_proj).sum(0)
     projections = {}
     for name, prep in prepared.items():

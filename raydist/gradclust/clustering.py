@@ -141,6 +141,7 @@ class GradientClustering:
         self._buffers = StackedBuffers()
         self.counts = torch.zeros(num_clusters, dtype=torch.float64, device=device)
         self._assign_weight = (self.counts + 1).unsqueeze(0)  # the A-step's (N_k + 1), [1, K]
+        self._cluster_ids = torch.arange(num_clusters, device=device)
         self.distortion = torch.zeros_like(self.counts)
         self.objective = 0.0
         self.total_distortion = 0.0
@@ -202,19 +203,13 @@ class GradientClustering:
         ids = None if sample_ids is None else sample_ids.clone()  # the caller may reuse or modify these
         self._pending.append((assignment, distances, ids))
         # U-step sums: coeff_(ip)k = proj_(ip)k in the column k = a_i, 0 elsewhere (one mask for all layers)
-        inputs, masks = self.updating_inputs, {}
-
-        def mask_like(proj: Tensor) -> Tensor:
-            if proj.dtype not in masks:
-                masks[proj.dtype] = proj.new_zeros(assignment.shape[0], self.num_clusters).scatter_(1, column, 1.0)
-            return masks[proj.dtype]
-
+        inputs, mask = self.updating_inputs, column == self._cluster_ids  # [B, K] bool
         if terms.buffers is not None:
             buffers = terms.buffers
             coeff, coeff_t = (
                 (buffers.grad_proj, buffers.grad_rows_t) if inputs else (buffers.input_proj, buffers.input_rows_t)
             )
-            coeff *= mask_like(coeff)  # [L, B, K]; the projections are not needed after this
+            coeff *= mask  # [L, B, K]; the projections are not needed after this
             for l, name in enumerate(terms.stacked):
                 f = factors[name]
                 if inputs:
@@ -225,7 +220,6 @@ class GradientClustering:
                 self._stacked_bias += coeff.sum(1)  # bias columns, added to the sums in _fold
         for name, (grad_proj, input_proj) in terms.projections.items():
             f, proj = factors[name], grad_proj if inputs else input_proj
-            mask = mask_like(proj)
             if f.positions == 1:
                 coeff = proj * mask
             else:
@@ -329,7 +323,7 @@ class GradientClustering:
     def _stacked(self, factors: dict[str, Factors]) -> list[str]:
         """The layers whose terms are computed stacked this batch (:func:`stackable`); a window that updates
         input factors keeps their bias-column sums in one [L, K] tensor, added to the sums by :meth:`_fold`."""
-        names = stackable(factors, self.layers)
+        names = self.layers if self._capture.all_linear else stackable(factors, self.layers)
         if names != self._stacked_bias_names:
             self._flush_bias()
             self._stacked_bias_names = names
