@@ -177,21 +177,27 @@ class GradientClustering:
 
         Returns the assignments a [B]; with ``sample_ids`` [B] they are also kept for the sampler.
         """
-        with torch.no_grad():  # the captured tensors are not detached: nothing here may record a graph
+        # The captured tensors are not detached: nothing here may record a graph. The per-batch work runs in
+        # inference mode (its ops skip autograd's bookkeeping); everything made there is temporary or added
+        # into state made outside it, by ops outside it (seeding, folding and U-steps run under no_grad).
+        with torch.inference_mode():
             factors = self._capture.factors(loss_scale)
-            if not self.centres:
+            assignment = self._a_step(factors, sample_ids) if self.centres else None
+        if assignment is None:  # the first batch seeds the centres
+            with torch.no_grad():
                 self._seed(factors)
-            # inference mode: the per-batch ops skip autograd's bookkeeping. Everything they create is
-            # temporary or folded into state by ops outside it (state is never made here, only added to)
             with torch.inference_mode():
                 assignment = self._a_step(factors, sample_ids)
-            assignment = assignment.clone()  # a normal tensor for the caller (not an inference tensor)
-            if len(self._pending) >= PENDING_BATCHES:
-                self._fold()
-            self.steps += 1
-            if self.mode == "online" and self.steps % self.update_every == 0:
+        assignment = assignment.clone()  # a normal tensor for the caller (not an inference tensor)
+        self.steps += 1
+        due = self.mode == "online" and self.steps % self.update_every == 0
+        if due:
+            with torch.no_grad():
                 self.update()
-            return assignment
+        elif len(self._pending) >= PENDING_BATCHES:
+            with torch.no_grad():
+                self._fold()
+        return assignment
 
     def _a_step(self, factors: dict[str, Factors], sample_ids: Tensor | None) -> Tensor:
         # the distances of centres.squared_distances and the A-step of centres.assign, with the centre
