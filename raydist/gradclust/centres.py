@@ -67,18 +67,24 @@ def distances_from(cross: Tensor, grad_sq: Tensor, centre_sq: Tensor) -> Tensor:
 class PreparedCentres:
     """One layer's centres laid out for the A-step of every batch, rebuilt only when the centres change:
     ``d_t = dᵀ`` [n_out, K] and ``c_t = cᵀ`` [n_in, K], contiguous; for a dense layer with a bias ``c_t``
-    holds the input rows [n_in − 1, K] and ``c_bias`` the bias row [K] (see ``Factors.input_proj_t``)."""
+    holds the input rows [n_in − 1, K] and ``c_bias`` the bias row [K] (see ``Factors.input_proj_t``).
+    The stacked path of :func:`batch_terms` multiplies from the other side, by ``d`` [K, n_out] and
+    ``c_main`` [K, n_in] (without the bias column, which is ``c_bias_col`` [K, 1]): views of the centres."""
 
     d_t: Tensor
     c_t: Tensor
     c_bias: Tensor | None = None
+    d: Tensor | None = None
+    c_main: Tensor | None = None
+    c_bias_col: Tensor | None = None
 
     @classmethod
     def of(cls, centres: RankOneCentres, bias: bool = False) -> PreparedCentres:
-        c_t = centres.c.T.contiguous()
-        return (
-            cls(centres.d.T.contiguous(), c_t[:-1], c_t[-1]) if bias else cls(centres.d.T.contiguous(), c_t)
-        )
+        c, d = centres.c, centres.d
+        c_t, d_t = c.T.contiguous(), d.T.contiguous()
+        if bias:
+            return cls(d_t, c_t[:-1], c_t[-1], d, c[:, :-1], c[:, -1:])
+        return cls(d_t, c_t, None, d, c, None)
 
 
 def stackable(factors: dict[str, Factors], names: list[str]) -> list[str]:
@@ -92,10 +98,11 @@ def stackable(factors: dict[str, Factors], names: list[str]) -> list[str]:
 
 class StackedBuffers:
     """Reused per-batch tensors of :func:`batch_terms`' stacked layers: the projections ``grad_proj``,
-    ``input_proj`` [L, B, K], the row norms ‖a_i‖, ‖δ_i‖ ``a_norm``, ``g_norm`` [L, B], the layers' bias flags
-    ``bias_col`` [L, 1], and their per-layer views, made once (the ``out=`` targets, and the [K, B]
-    transposes the U-step multiplies by): a view made per batch costs an op like any other. Reallocated when
-    L, B, K, the dtype or the device change; the contents are valid until the next batch."""
+    ``input_proj`` [L, K, B] (cluster-major: ``d_k·δ_i`` as the product [K, n]·[n, B], about a third faster than
+    [B, n]·[n, K] for small K, and the U-step's coefficients come out in the [K, B] it multiplies by), the row
+    norms ‖a_i‖, ‖δ_i‖ ``a_norm``, ``g_norm`` [L, B], the layers' bias flags ``bias_col`` [L, 1], and their
+    per-layer views, made once (a view made per batch costs an op like any other). Reallocated when L, B, K,
+    the dtype or the device change; the contents are valid until the next batch."""
 
     def __init__(self) -> None:
         self._key: tuple | None = None
@@ -104,23 +111,22 @@ class StackedBuffers:
         key = (layers, rows, clusters, like.dtype, like.device, tuple(bias))
         if key != self._key:
             self._key = key
-            self.grad_proj = like.new_empty(layers, rows, clusters)
-            self.input_proj = like.new_empty(layers, rows, clusters)
+            self.grad_proj = like.new_empty(layers, clusters, rows)
+            self.input_proj = like.new_empty(layers, clusters, rows)
             self.norms = like.new_empty(2, layers, rows)
             self.a_norm, self.g_norm = self.norms.unbind(0)
             self.bias_col = like.new_tensor([float(b) for b in bias]).unsqueeze(1)
             self.grad_rows, self.input_rows = self.grad_proj.unbind(0), self.input_proj.unbind(0)
             self.a_rows, self.g_rows = self.a_norm.unbind(0), self.g_norm.unbind(0)
-            self.grad_rows_t = self.grad_proj.transpose(1, 2).unbind(0)
-            self.input_rows_t = self.input_proj.transpose(1, 2).unbind(0)
         return self
 
 
 @dataclass
 class BatchTerms:
-    """The per-batch pieces of :func:`squared_distances`: ``cross`` = Σ_l cross_lik [B, K], ``grad_sq`` =
-    Σ_l ‖G_li‖² [B]; the projections ``δ_ip·d_k`` and ``u_ip·c_k`` of the ``stacked`` layers in ``buffers``
-    (row l = stacked[l]) and of the other layers per layer as flat [B·P, K] (``projections``)."""
+    """The per-batch pieces of :func:`squared_distances`: ``cross`` = Σ_l cross_lik [B, K] (a transposed view
+    when layers were stacked), ``grad_sq`` = Σ_l ‖G_li‖² [B]; the projections ``δ_ip·d_k`` and ``u_ip·c_k`` of
+    the ``stacked`` layers in ``buffers`` ([L, K, B], row l = stacked[l]) and of the other layers per layer as
+    flat [B·P, K] (``projections``)."""
 
     cross: Tensor
     grad_sq: Tensor
@@ -146,21 +152,21 @@ def batch_terms(
     grad_sq: Tensor | None = None
     if stacked:
         first = factors[stacked[0]].flat_grads
-        clusters = prepared[stacked[0]].d_t.shape[1]
+        clusters = prepared[stacked[0]].d.shape[0]
         bias = [prepared[n].c_bias is not None for n in stacked]
         buffers = (buffers or StackedBuffers()).prepare(first, len(stacked), first.shape[0], clusters, bias)
         for l, name in enumerate(stacked):
             f, prep = factors[name], prepared[name]
-            torch.mm(f.flat_grads, prep.d_t, out=buffers.grad_rows[l])
-            if prep.c_bias is None:
-                torch.mm(f.flat_inputs, prep.c_t, out=buffers.input_rows[l])
+            torch.mm(prep.d, f.flat_grads.T, out=buffers.grad_rows[l])
+            if prep.c_bias_col is None:
+                torch.mm(prep.c_main, f.flat_inputs.T, out=buffers.input_rows[l])
             else:
-                torch.addmm(prep.c_bias, f.flat_inputs, prep.c_t, out=buffers.input_rows[l])
+                torch.addmm(prep.c_bias_col, prep.c_main, f.flat_inputs.T, out=buffers.input_rows[l])
             torch.linalg.vector_norm(f.flat_inputs, dim=1, out=buffers.a_rows[l])
             torch.linalg.vector_norm(f.flat_grads, dim=1, out=buffers.g_rows[l])
         buffers.norms.square_()
         grad_sq = buffers.a_norm.add_(buffers.bias_col).mul_(buffers.g_norm).sum(0)
-        cross = (buffers.grad_proj * buffers.input_proj).sum(0)
+        cross = (buffers.grad_proj * buffers.input_proj).sum(0).T
     projections = {}
     for name, prep in prepared.items():
         if name in stacked:

@@ -212,18 +212,16 @@ class GradientClustering:
         inputs, mask = self.updating_inputs, column == self._cluster_ids  # [B, K] bool
         if terms.buffers is not None:
             buffers = terms.buffers
-            coeff, coeff_t = (
-                (buffers.grad_proj, buffers.grad_rows_t) if inputs else (buffers.input_proj, buffers.input_rows_t)
-            )
-            coeff *= mask  # [L, B, K]; the projections are not needed after this
+            coeff, rows = (buffers.grad_proj, buffers.grad_rows) if inputs else (buffers.input_proj, buffers.input_rows)
+            coeff *= mask.T  # [L, K, B]; the projections are not needed after this
             for l, name in enumerate(terms.stacked):
                 f = factors[name]
                 if inputs:
-                    self._sum_parts[name][0].addmm_(coeff_t[l], f.flat_inputs)
+                    self._sum_parts[name][0].addmm_(rows[l], f.flat_inputs)
                 else:
-                    self._sums[name].addmm_(coeff_t[l], f.flat_grads)
+                    self._sums[name].addmm_(rows[l], f.flat_grads)
             if inputs and self._stacked_bias is not None:
-                self._stacked_bias += coeff.sum(1)  # bias columns, added to the sums in _fold
+                self._stacked_bias += coeff.sum(2)  # bias columns, added to the sums in _fold
         for name, (grad_proj, input_proj) in terms.projections.items():
             f, proj = factors[name], grad_proj if inputs else input_proj
             if f.positions == 1:
