@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from raydist.distributed.gather import all_gather_tensor
 from raydist.distributed.metric import cross_worker_metric_loss
+from raydist.distributed.spawn import spawn
 from raydist.losses.margin import MarginBeta, margin_loss, margin_loss_parts
 from raydist.losses.triplets import (
     STRATEGIES,
@@ -183,7 +183,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
         WORLD * ROWS, FEATURES, generator=torch.Generator().manual_seed(3), dtype=torch.float64
     )
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_worker, args=(str(out / "init"), states, features, str(out)), nprocs=WORLD, join=True)
+    spawn(_worker, (str(out / "init"), states, features, str(out)), nprocs=WORLD)
     return {
         "states": states,
         "features": features,

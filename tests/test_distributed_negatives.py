@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from test_losses_ranking import brute_force_loss
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -29,6 +28,7 @@ from raydist.distributed import (
     sample_negative_set,
     step_ranking_loss,
 )
+from raydist.distributed.spawn import spawn
 from raydist.losses import l2_normalize, ranking_loss, ranking_terms
 
 WORLD = 2
@@ -176,7 +176,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     model = TinyVSE()
     bank = _bank(model)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_worker, args=(str(out / "init"), model.state_dict(), bank, str(out)), nprocs=WORLD, join=True)
+    spawn(_worker, (str(out / "init"), model.state_dict(), bank, str(out)), nprocs=WORLD)
     ranks = [torch.load(out / f"rank{r}.pt") for r in range(WORLD)]
     return {"bank": bank, "model": model, "ranks": ranks}
 

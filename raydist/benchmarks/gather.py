@@ -6,7 +6,6 @@ under DDP, the same gather and loss, backward, Adam), per global batch."""
 from __future__ import annotations
 
 import json
-import socket
 import tempfile
 import time
 from collections.abc import Callable
@@ -14,13 +13,13 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 from raydist.benchmarks.harness import held, median, omp_wait_policy, row, spread
 from raydist.benchmarks.registry import register_benchmark
 from raydist.config import load_config
 from raydist.distributed import StepPlan, gather_step, rank_ranking_loss, step_generator
+from raydist.distributed.spawn import free_port, spawn
 from raydist.models import build_model
 
 WORLD = 2
@@ -110,13 +109,9 @@ def gather_share(*, smoke: bool, repeats: int) -> str:
     """All-gather share of a step at W=2 (gloo), global batch 1024 and 8192."""
     batches = SMOKE_BATCHES if smoke else FULL_BATCHES
     dim = SMOKE_DIM if smoke else load_config("default").model.embed_dim
-    with socket.socket() as s, tempfile.TemporaryDirectory(prefix="raydist-bench-gather-") as tmp:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-        s.close()
+    with tempfile.TemporaryDirectory(prefix="raydist-bench-gather-") as tmp:
         out = Path(tmp) / "rank0.json"
-        mp.start_processes(gather_process, args=(port, batches, dim, repeats, str(out)), nprocs=WORLD, join=True,
-                           start_method="spawn")  # fmt: skip
+        spawn(gather_process, (free_port(), batches, dim, repeats, str(out)), nprocs=WORLD)
         results = json.loads(out.read_text())
     ms = [("collectives", "{:.2f}"), ("step", "{:.1f}"), ("train_step", "{:.0f}")]
     rows = [

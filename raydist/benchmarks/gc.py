@@ -9,7 +9,6 @@ import copy
 import itertools
 import json
 import resource
-import socket
 import statistics
 import subprocess
 import sys
@@ -21,12 +20,12 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
 from raydist.benchmarks.harness import held, row, spread
 from raydist.benchmarks.registry import register_benchmark
+from raydist.distributed.spawn import free_port, spawn
 from raydist.gradclust import GradientClustering
 
 TARGET = 1.2  # issue #11: a GC step at most 1.2× the plain step
@@ -175,14 +174,9 @@ def _rank_process(rank: int, port: int, sizes: Sizes, out: str) -> None:
 
 def time_two_workers(sizes: Sizes) -> dict[str, dict[str, list[float]]]:
     """:func:`time_both` at W = 2 (two spawned gloo processes, DDP); rank 0's times per batch."""
-    with socket.socket() as s, tempfile.TemporaryDirectory(prefix="raydist-bench-gc-") as tmp:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-        s.close()
+    with tempfile.TemporaryDirectory(prefix="raydist-bench-gc-") as tmp:
         out = Path(tmp) / "rank0.json"
-        mp.start_processes(
-            _rank_process, args=(port, sizes, str(out)), nprocs=2, join=True, start_method="spawn"
-        )
+        spawn(_rank_process, (free_port(), sizes, str(out)), nprocs=2)
         return json.loads(out.read_text())
 
 

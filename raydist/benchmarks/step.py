@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import tempfile
 import time
 from pathlib import Path
@@ -16,7 +15,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from raydist.benchmarks.harness import held, median, omp_wait_policy, pairs_setup, ray_instance, row, spread
 from raydist.benchmarks.registry import register_benchmark
@@ -24,6 +22,7 @@ from raydist.config import Config, from_dict
 from raydist.data import make_synthetic
 from raydist.data.stream import InMemoryBatches, train_arrays
 from raydist.distributed import StepPlan
+from raydist.distributed.spawn import free_port, spawn
 from raydist.tasks import DataInfo, StepContext, build_task
 from raydist.train.hooks import Hook
 from raydist.train.loop import Trainables, train_step
@@ -137,10 +136,8 @@ def reference_run(cfg: Config, data_dir: Path, world: int, worker: dict[str, Any
                   ) -> dict[str, Any]:  # fmt: skip
     """Run :func:`reference_process` in ``world`` fresh spawned processes with the torch threads and priority
     of the Ray Train ``worker`` (its :func:`thread_report`); rank 0's report."""
-    with socket.socket() as s, tempfile.TemporaryDirectory(prefix="raydist-bench-ref-") as tmp:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-        s.close()
+    with tempfile.TemporaryDirectory(prefix="raydist-bench-ref-") as tmp:
+        port = free_port()
         out = Path(tmp) / "rank0.json"
         args = (
             world,
@@ -152,7 +149,7 @@ def reference_run(cfg: Config, data_dir: Path, world: int, worker: dict[str, Any
             str(out),
             loop,
         )
-        mp.start_processes(reference_process, args=args, nprocs=world, join=True, start_method="spawn")
+        spawn(reference_process, args, nprocs=world)
         return json.loads(out.read_text())
 
 

@@ -21,9 +21,9 @@ from raydist.gradclust.centres import (
     StackedBuffers,
     batch_terms,
     centre_sq_norms,
-    stackable,
     distances_from,
     picked,
+    stackable,
     update_factors,
 )
 from raydist.gradclust.layers import Factors, LayerCapture, factor_shape, has_bias, scan_layers
@@ -98,10 +98,13 @@ class GradientClustering:
     the batch, and the sampler's weights make ``Σ_i w_i ℓ_i / B`` unbiased only for a sum of per-example
     losses (``gc.sample`` scales each row's contribution by its weight there: a documented heuristic).
 
-    Per step the A-step costs a fixed handful of ops per layer (two skinny matrix products, ‖G_i‖², the
-    masked U-step sums) plus about a dozen for the whole batch: the centre layouts, ``Σ_l ‖C_lk‖²`` and
-    ``N_k + 1`` are computed once per centre change, and the window's counts, distortion and per-sample
-    assignments are folded in once per U-step (or every :data:`PENDING_BATCHES` batches), not per batch.
+    Per step the A-step costs two skinny matrix products, two row norms and one U-step product per layer
+    plus about fifteen ops for the whole batch, in inference mode: Linear layers on [B, n] inputs are stacked
+    (:func:`~raydist.gradclust.centres.batch_terms`: their projections land in reused [L, K, B] tensors, so
+    the cross terms, ‖G_i‖², the mask and the bias sums are one op each for all of them); the centre
+    layouts, ``Σ_l ‖C_lk‖²`` and ``N_k + 1`` are computed once per centre change; the window's counts,
+    distortion and per-sample assignments are folded in once per U-step (or every :data:`PENDING_BATCHES`
+    batches), not per batch.
     """
 
     def __init__(
