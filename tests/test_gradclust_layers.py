@@ -257,3 +257,22 @@ def test_refusals() -> None:
         gc.update()
     with pytest.raises(ValueError, match="batch mode"):
         GradientClustering(model, 2, mode="batch", decay=0.5)
+
+
+def test_hooks_record_only_inside_a_capture_and_detach_leaves_the_model_bare() -> None:
+    model = MLP()
+    gc = GradientClustering(model, 2)
+    layers = [model.fc1, model.fc2]
+    assert all(not m._forward_hooks for m in layers)  # nothing registered before the first capture
+    x = torch.randn(4, 6, dtype=DTYPE)
+    with gc.capture():
+        model(x).sum().backward()
+    assert all(len(m._forward_hooks) == 1 for m in layers)  # registered once, kept after the capture
+    model(torch.randn(3, 6, dtype=DTYPE)).sum().backward()  # outside a capture: nothing is recorded
+    assert gc._capture._inputs["fc1"] is x  # (a second backward into a recorded layer would raise)
+    assert len(gc.after_backward()) == 4  # the captured batch only
+    gc.detach()
+    assert all(not m._forward_hooks for m in layers)
+    with gc.capture():  # attached again
+        model(x).sum().backward()
+    assert len(gc.after_backward()) == 4

@@ -5,7 +5,6 @@ measured peak RSS of a fresh process)."""
 
 from __future__ import annotations
 
-import copy
 import itertools
 import json
 import resource
@@ -84,28 +83,30 @@ def train_step(
 
 def time_both(sizes: Sizes, batch: int, rank: int = 0) -> tuple[dict[str, list[float]], GradientClustering]:
     """Seconds per step, wall and this thread's CPU time, GC off and on, one plain and one GC step in turn
-    after :data:`WARMUP` of each. Two copies of the same model (same initial weights), one with GC attached
-    (its layers carry GC's forward hooks) and one without, each with its own optimizer. Under DDP (an
-    initialised process group) both are wrapped and GC clusters the inner module's layers (its U-step
-    all-reduces over the workers)."""
+    after :data:`WARMUP` of each, on one model (its weights stay as warm in the caches as in a run). GC's
+    forward hooks are removed before each plain step and put back before each GC step, outside the timed
+    step, so the plain step runs the model as if GC were not attached. Under DDP (an initialised process
+    group) the model is wrapped and GC clusters the inner module's layers (its U-step all-reduces over the
+    workers)."""
     torch.manual_seed(0)
     model = make_model(sizes)
-    plain = copy.deepcopy(model)
     gc = GradientClustering(model, sizes.clusters, update_every=sizes.update_every)
-    wrap = nn.parallel.DistributedDataParallel if dist.is_initialized() else (lambda m: m)
-    stepped = {"off": (wrap(plain), torch.optim.SGD(plain.parameters(), lr=1e-4), None),
-               "on": (wrap(model), torch.optim.SGD(model.parameters(), lr=1e-4), gc)}  # fmt: skip
+    net = nn.parallel.DistributedDataParallel(model) if dist.is_initialized() else model
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+    arms = {"off": (gc.detach, None), "on": (gc.attach, gc)}
     g = torch.Generator().manual_seed(1 + rank)
     x, y = (
         torch.randn(batch, sizes.features, generator=g),
         torch.randint(0, sizes.classes, (batch,), generator=g),
     )
     for _ in range(WARMUP):
-        for net, optimizer, clustering in stepped.values():
+        for hooks, clustering in arms.values():
+            hooks()
             train_step(net, optimizer, x, y, clustering)
     times: dict[str, list[float]] = {"off": [], "on": [], "off_cpu": [], "on_cpu": []}
     for _ in range(sizes.steps):
-        for key, (net, optimizer, clustering) in stepped.items():
+        for key, (hooks, clustering) in arms.items():
+            hooks()
             wall, cpu = time.perf_counter(), time.thread_time()
             train_step(net, optimizer, x, y, clustering)
             times[f"{key}_cpu"].append(time.thread_time() - cpu)

@@ -175,6 +175,16 @@ class GradientClustering:
         """Context for the forward pass: records layer inputs and hooks their output gradients."""
         return self._capture.recording()
 
+    def attach(self) -> None:
+        """Register the clustered layers' forward hooks now (else the first :meth:`capture` does); they stay
+        until :meth:`detach`, and a forward outside a capture pays one flag check per layer."""
+        self._capture.attach()
+
+    def detach(self) -> None:
+        """Remove the layers' forward hooks: the model runs as if GC were not attached (the next
+        :meth:`capture` attaches them again)."""
+        self._capture.detach()
+
     def after_backward(self, sample_ids: Tensor | None = None, *, loss_scale: float = 1.0) -> Tensor:
         """A-step on the captured batch (backward of ``loss_scale · Σ_i ℓ_i`` done); U-step when due.
 

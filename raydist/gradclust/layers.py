@@ -338,18 +338,22 @@ class LayerCapture:
     @contextmanager
     def recording(self) -> Iterator[None]:
         """Record the forwards run inside the ``with`` block. The layers' forward hooks are registered on the
-        first recording and stay (a forward outside a recording pays one flag check per chosen layer);
-        :meth:`close` removes them."""
-        if not self._handles:
-            self._handles = [m.register_forward_hook(partial(self._on_forward, n)) for n, m in self.layers.items()]
+        first recording (:meth:`attach`) and stay (a forward outside a recording pays one flag check per
+        chosen layer) until :meth:`detach`."""
+        self.attach()
         self._recording = True
         try:
             yield
         finally:
             self._recording = False
 
-    def close(self) -> None:
-        """Remove the forward hooks (a later :meth:`recording` registers them again)."""
+    def attach(self) -> None:
+        """Register the layers' forward hooks (once)."""
+        if not self._handles:
+            self._handles = [m.register_forward_hook(partial(self._on_forward, n)) for n, m in self.layers.items()]
+
+    def detach(self) -> None:
+        """Remove the forward hooks (the next :meth:`recording` registers them again)."""
         for handle in self._handles:
             handle.remove()
         self._handles = []
