@@ -4,6 +4,7 @@ subsets and per-id random numbers."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from raydist.data.hashing import uniform_by_id
 from raydist.data.stream import InMemoryBatches, local_batches, read_tasks
@@ -132,7 +133,7 @@ def test_streamed_epochs_open_the_next_pass_ahead_and_none_beyond_the_last():
 
     blocks = [{"x": np.arange(s, s + 50)} for s in range(0, 200, 50)]
     shard = _FakeShard(blocks)
-    epochs = StreamedEpochs(shard, rows=16, shuffle_buffer=32, seed=3, rank=1, epochs=2)
+    epochs = StreamedEpochs([shard], rows=16, shuffle_buffer=32, seed=3, rank=1, epochs=2)
     batches = epochs.epoch(0)
     first = [next(batches)]
     assert shard.opened == 1 and epochs._ahead is None
@@ -169,3 +170,25 @@ def test_stream_transforms_unpickle_without_torch(tiny_dataset, labels_dataset):
         batch = split_columns(data, "train", task.columns)
         got, want = pickle.loads(pickle.dumps(fn))(batch), task.transform(batch)
         assert got.keys() == want.keys() and all(np.array_equal(got[k], want[k]) for k in want)
+
+
+def test_streamed_epochs_on_two_splits_alternate_and_open_the_next_pass_when_one_starts():
+    from raydist.data.stream import StreamedEpochs, stream_epoch
+
+    blocks = [{"x": np.arange(s, s + 50)} for s in range(0, 200, 50)]
+    even, odd = _FakeShard(blocks), _FakeShard(blocks)
+    epochs = StreamedEpochs([even, odd], rows=16, shuffle_buffer=32, seed=3, rank=1, epochs=3)
+    got = {0: epochs.epoch(0)}
+    epochs._ahead[1].result()  # epoch 1, opened on the other split as soon as epoch 0 started
+    assert (even.opened, odd.opened, epochs._ahead[0]) == (1, 1, 1)
+    got[0] = list(got[0])
+    got[1] = epochs.epoch(1)
+    epochs._ahead[1].result()
+    assert (even.opened, odd.opened, epochs._ahead[0]) == (2, 1, 2)
+    got[1], got[2] = list(got[1]), list(epochs.epoch(2))
+    assert (even.opened, odd.opened, epochs._ahead) == (2, 1, None)  # epoch 2 is the last: nothing beyond it
+    for epoch, batches in got.items():  # the same batches as a pass opened on the spot
+        want = list(stream_epoch(_FakeShard(blocks), rows=16, shuffle_buffer=32, seed=3, epoch=epoch, rank=1))
+        assert [b["x"].tolist() for b in batches] == [b["x"].tolist() for b in want]
+    with pytest.raises(ValueError, match="one split or two"):
+        StreamedEpochs([even, odd, even], rows=16, shuffle_buffer=32, seed=3, rank=1, epochs=3)

@@ -30,7 +30,14 @@ from raydist.config import Config, from_dict
 from raydist.data import make_synthetic
 from raydist.data.schema import IMAGE
 from raydist.data.shards import feature_matrix, split_files
-from raydist.data.stream import InMemoryBatches, StreamedEpochs, train_arrays, train_dataset, train_transform
+from raydist.data.stream import (
+    InMemoryBatches,
+    StreamedEpochs,
+    train_arrays,
+    train_dataset,
+    train_splits,
+    train_transform,
+)
 from raydist.distributed import StepPlan
 from raydist.tasks import DataInfo, StepContext, Task, build_task, to_tensors
 from raydist.train.loop import Trainables, train_step
@@ -62,12 +69,12 @@ class WorkerProbe:
     process priority): it holds its ``streaming_split`` iterator of the train stream and times, in turn,
     pyarrow reading the shards, one streamed epoch into tensors, and the training steps it would run."""
 
-    def __init__(self, cfg_dict: dict[str, Any], data_dir: str, shard: Any, steps: int, epochs: int) -> None:
+    def __init__(self, cfg_dict: dict[str, Any], data_dir: str, shards: list[Any], steps: int, epochs: int) -> None:
         self.cfg = from_dict(cfg_dict)
         self.data_dir = Path(data_dir)
         self.task = build_task(self.cfg, DataInfo.from_dataset(self.data_dir))
         self.rows = StepPlan.from_config(self.cfg).rows_per_worker
-        self.stream = StreamedEpochs(shard, rows=self.rows, shuffle_buffer=self.cfg.data.shuffle_buffer,
+        self.stream = StreamedEpochs(shards, rows=self.rows, shuffle_buffer=self.cfg.data.shuffle_buffer,
                                      seed=self.cfg.train.seed, rank=0, epochs=epochs)  # fmt: skip
         self.files = split_files(self.data_dir, "train")
         self._steps = consumption_steps(self.cfg, self.task, self.data_dir, steps)
@@ -87,8 +94,8 @@ class WorkerProbe:
 
     def back_to_back(self, first_epoch: int, count: int) -> tuple[int, float]:
         """Epochs ``first_epoch … + count`` with nothing in between, the first untimed (it was opened during
-        the previous pass's gap): (rows, seconds) of the other ``count``, each opened when the one before
-        ended (the sustained rate: every pass's start is paid)."""
+        the previous pass's gap): (rows, seconds) of the other ``count``, each opened as in training (when the
+        one before started: the sustained rate, with every pass's start in it)."""
         rows, start = 0, 0.0
         for epoch in range(first_epoch, first_epoch + count + 1):
             if epoch == first_epoch + 1:
@@ -151,11 +158,12 @@ def data_rate(*, smoke: bool, repeats: int) -> str:
 
         created = time.perf_counter()
         transform = train_transform(task.stream_transform(), cfg.data.train_fraction, cfg.train.seed)
-        shard = train_dataset(data_dir, task.columns, transform).streaming_split(1, equal=True)[0]
-        create_s = time.perf_counter() - created
         back = SMOKE_BACK_TO_BACK if smoke else FULL_BACK_TO_BACK
-        probe = ray.remote(num_cpus=1)(WorkerProbe).remote(cfg.to_dict(), str(data_dir), shard, steps,
-                                                           repeats + 2 + back)  # fmt: skip
+        epochs = repeats + 2 + back
+        shards = [train_dataset(data_dir, task.columns, transform).streaming_split(1, equal=True)[0]
+                  for _ in train_splits(epochs)]  # fmt: skip
+        create_s = time.perf_counter() - created
+        probe = ray.remote(num_cpus=1)(WorkerProbe).remote(cfg.to_dict(), str(data_dir), shards, steps, epochs)
         settings = ray.get(probe.settings.remote())
         ray_cpus = ray.cluster_resources().get("CPU", 0.0)
         pa_rate, stream_rate, step_rate, restart = [], [], [], []
@@ -235,7 +243,8 @@ def data_rate(*, smoke: bool, repeats: int) -> str:
         f"{settings['nice']}; OMP_WAIT_POLICY={omp_wait_policy()}), in a Ray instance with "
         f"{ray_cpus:g} logical CPUs. Stream = the workers' code path: `raydist.data.stream.train_dataset` (read_parquet "
         "→ columns → the pairs task's tokenising transform) → `streaming_split(1, equal=True)` handed to the actor "
-        f"→ `StreamedEpochs` (each pass opened ahead when the previous one ends, as in training; {plan.rows_per_worker} rows per batch = the default preset's rows per worker, "
+        "→ `StreamedEpochs` (two splits of the stream for alternate epochs, each pass opened in the background when "
+        f"the one before starts, as in training; {plan.rows_per_worker} rows per batch = the default preset's rows per worker, "
         f"`data.shuffle_buffer`={cfg.data.shuffle_buffer}) → `to_tensors`; {streamed_rows} rows per epoch "
         "(`drop_last`). pyarrow = `pq.read_table` of the same shards → numpy (no tokenising). Step = the default "
         f"preset's `train_step` (MH) at one worker's rows, {steps} steps per pass after a warm-up. Pass 0 is the "

@@ -86,6 +86,13 @@ def read_tasks(data_dir: str | Path, files: int) -> int:
     return max(min(files, 4), min(files, math.ceil(size_mb / READ_TASK_MB)))
 
 
+def train_splits(epochs: int) -> tuple[str, ...]:
+    """Ray Train dataset names of the streamed train split: two splits of the same stream when there is more
+    than one epoch, even epochs from the first and odd ones from the second (:class:`StreamedEpochs`), so the
+    next pass can start while one streams."""
+    return ("train", "train_next") if epochs > 1 else ("train",)
+
+
 def train_dataset(data_dir: str | Path, columns: Sequence[str], transform: Transform) -> Any:
     """The Ray Data stream of the train split: shards → selected columns → the task's transform, read and
     transformed in one Ray task per :func:`read_tasks` group of consecutive shards, one block each."""
@@ -127,36 +134,54 @@ def _open_blocks(shard: Any) -> Iterator[Batch]:
 
 
 class StreamedEpochs:
-    """This worker's streamed epochs (:func:`stream_epoch`), each opened while the previous one ends: when an
-    epoch's last block has arrived, the next epoch's pass is opened and its first block requested in a
-    background thread. Ray Data starts every pass with a new executor (about 0.35 s, then about a second of running one
-    task at a time in Ray 2.60, `raydist bench data`); opened ahead, that start overlaps with what the loop does
-    between epochs (validation, checkpoint) instead of delaying the next epoch's first step. No pass is opened
-    beyond ``epochs``."""
+    """This worker's streamed epochs (:func:`stream_epoch`), each pass opened ahead in a background thread.
 
-    def __init__(self, shard: Any, *, rows: int, shuffle_buffer: int, seed: int, rank: int, epochs: int) -> None:
-        self.shard, self.rows, self.shuffle_buffer, self.seed, self.rank = shard, rows, shuffle_buffer, seed, rank
+    Ray Data starts every pass with a new executor: about 0.3 s to the first block, then about a second of
+    running one task at a time (Ray 2.60's autoscaling coordinator, `raydist bench data`). A split dataset
+    runs one pass at a time (its coordinator ends the current pass when the next starts), so with one
+    ``shards`` entry the next pass is opened when the current one's last block has arrived, and its start
+    overlaps with what the loop does between epochs (validation, checkpoint). With two entries, two splits
+    of the same dataset, epoch e streams from ``shards[e % 2]`` and epoch e + 1 is opened on the other one as
+    soon as epoch e starts: the next pass's start overlaps with this whole epoch, whatever the loop does
+    between them. Every epoch is still one full pass, split equally over the workers, and its batches are
+    those of a pass opened on the spot. No pass is opened beyond ``epochs``."""
+
+    def __init__(self, shards: Sequence[Any], *, rows: int, shuffle_buffer: int, seed: int, rank: int,
+                 epochs: int) -> None:  # fmt: skip
+        if len(shards) not in (1, 2):
+            raise ValueError(f"StreamedEpochs takes one split or two, got {len(shards)}")
+        self.shards, self.rows, self.shuffle_buffer, self.seed, self.rank = list(shards), rows, shuffle_buffer, seed, rank
         self.epochs = epochs
         self._ahead: tuple[int, Future[Iterator[Batch]]] | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="raydist-next-epoch")
 
     def epoch(self, epoch: int) -> Iterator[Batch]:
-        """The batches of ``epoch``; once its last block has arrived, ``epoch + 1`` is opened ahead (while the
-        batches of the rows still in the shuffle buffer are handed out)."""
+        """The batches of ``epoch``; the pass of ``epoch + 1`` is opened ahead (see the class)."""
         ahead, self._ahead = self._ahead, None
-        blocks = ahead[1].result() if ahead is not None and ahead[0] == epoch else _open_blocks(self.shard)
-        return stream_epoch(self.shard, rows=self.rows, shuffle_buffer=self.shuffle_buffer, seed=self.seed,
-                            epoch=epoch, rank=self.rank, blocks=self._then_open(blocks, epoch + 1))  # fmt: skip
+        shard = self.shards[epoch % len(self.shards)]
+        blocks = ahead[1].result() if ahead is not None and ahead[0] == epoch else _open_blocks(shard)
+        if len(self.shards) == 2:
+            self._open_ahead(epoch + 1)
+        else:
+            blocks = self._then_open(blocks, epoch + 1)
+        return stream_epoch(shard, rows=self.rows, shuffle_buffer=self.shuffle_buffer, seed=self.seed, epoch=epoch,
+                            rank=self.rank, blocks=blocks)  # fmt: skip
 
     def _then_open(self, blocks: Iterator[Batch], epoch: int) -> Iterator[Batch]:
         yield from blocks
-        if epoch < self.epochs:
-            self._ahead = (epoch, self._pool.submit(self._first_block_fetched))
+        self._open_ahead(epoch)
 
-    def _first_block_fetched(self) -> Iterator[Batch]:
-        blocks = _open_blocks(self.shard)
-        first = next(blocks, None)
-        return blocks if first is None else chain([first], blocks)
+    def _open_ahead(self, epoch: int) -> None:
+        if epoch < self.epochs:
+            shard = self.shards[epoch % len(self.shards)]
+            self._ahead = (epoch, self._pool.submit(_first_block_fetched, shard))
+
+
+def _first_block_fetched(shard: Any) -> Iterator[Batch]:
+    """A new pass over ``shard`` with its first block already requested."""
+    blocks = _open_blocks(shard)
+    first = next(blocks, None)
+    return blocks if first is None else chain([first], blocks)
 
 
 def local_batches(blocks: Iterable[Batch], *, rows: int, shuffle_buffer: int,

@@ -14,7 +14,7 @@ from torch import nn
 
 from raydist.config import Config, from_dict
 from raydist.data import load_manifest
-from raydist.data.stream import InMemoryBatches, StreamedEpochs, train_arrays
+from raydist.data.stream import InMemoryBatches, StreamedEpochs, train_arrays, train_splits
 from raydist.distributed import StepPlan
 from raydist.tasks import DataInfo, Task, build_task
 from raydist.train.hooks import build_hooks
@@ -40,8 +40,8 @@ class RayRuntime:
             )
         else:
             self._stream = StreamedEpochs(
-                ray.train.get_dataset_shard("train"), rows=plan.rows_per_worker, shuffle_buffer=cfg.data.shuffle_buffer,
-                seed=cfg.train.seed, rank=self.rank, epochs=cfg.train.epochs,
+                [ray.train.get_dataset_shard(name) for name in train_splits(cfg.train.epochs)], rows=plan.rows_per_worker,
+                shuffle_buffer=cfg.data.shuffle_buffer, seed=cfg.train.seed, rank=self.rank, epochs=cfg.train.epochs,
             )  # fmt: skip
 
     def prepare_model(self, model: nn.Module) -> nn.Module:

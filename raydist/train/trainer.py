@@ -14,7 +14,7 @@ from typing import Any
 from raydist.config import Config
 from raydist.console import route_ray_output
 from raydist.data import check_split_size, ensure_default_dataset, load_manifest, validate_dataset
-from raydist.data.stream import fits_in_memory, train_dataset, train_transform
+from raydist.data.stream import fits_in_memory, train_dataset, train_splits, train_transform
 from raydist.distributed import StepPlan
 from raydist.runtime import check_cluster_fits, init_ray, is_uri, run_cpus, run_name, storage_root
 from raydist.tasks import DataInfo, build_task
@@ -101,7 +101,9 @@ def build_trainer(
     task = build_task(cfg, DataInfo.from_dataset(data_dir))
     source = "memory" if fits_in_memory(data_dir, "train", cfg.data.in_memory_max_mb) else "stream"
     transform = train_transform(task.stream_transform(), cfg.data.train_fraction, cfg.train.seed)
-    datasets = {"train": train_dataset(data_dir, task.columns, transform)} if source == "stream" else {}
+    datasets = {}
+    if source == "stream":
+        datasets = {name: train_dataset(data_dir, task.columns, transform) for name in train_splits(cfg.train.epochs)}
     storage = storage_root(cfg, storage_path)
     name = run_name(cfg, run_name_override)
     loop_config = {
@@ -131,7 +133,7 @@ def build_trainer(
             callbacks=callbacks or [],
         ),
         datasets=datasets,
-        dataset_config=DataConfig(datasets_to_split=["train"] if datasets else []),
+        dataset_config=DataConfig(datasets_to_split=list(datasets)),
     )
 
 
