@@ -143,7 +143,7 @@ def batch_terms(
 ) -> BatchTerms:
     """:func:`squared_distances`'s data-dependent terms over the layers of ``prepared`` in few ops per batch.
 
-    The layers named in ``stacked`` (see :func:`stackable`) write their two projections into [L, B, K]
+    The layers named in ``stacked`` (see :func:`stackable`) write their two projections into [L, K, B]
     tensors and their row norms ‖a_i‖, ‖δ_i‖ into [L, B] ones (``buffers`` keeps them from batch to batch),
     so the cross terms, ``‖G_i‖² = (‖a_i‖² + bias)‖δ_i‖²`` and (in the U-step) the masked coefficients cost a
     fixed number of ops for all of them; the other layers are summed in one by one."""
@@ -192,8 +192,7 @@ def batch_terms(
 
 def squared_distances(factors: dict[str, Factors], centres: dict[str, RankOneCentres]) -> Tensor:
     """``‖C_k − g_i‖²`` summed over layers → [B, K] in float64."""
-    centre_sq = sum(c.sq_norms().double() for c in centres.values())
-    return combine([layer_terms(factors[n], centres[n]) for n in centres], centre_sq)
+    return combine([layer_terms(factors[n], centres[n]) for n in centres], centre_sq_norms(list(centres.values())))
 
 
 def assign(distances: Tensor, counts: Tensor) -> Tensor:

@@ -340,7 +340,7 @@ class GradientClustering:
     def _stacked(self, factors: dict[str, Factors]) -> list[str]:
         """The layers whose terms are computed stacked this batch (:func:`stackable`); a window that updates
         input factors keeps their bias-column sums in one [L, K] tensor, added to the sums by :meth:`_fold`."""
-        names = self.layers if self._capture.all_linear else stackable(factors, self.layers)
+        names = stackable(factors, self.layers)
         if names != self._stacked_bias_names:
             self._flush_bias()
             self._stacked_bias_names = names

@@ -333,7 +333,6 @@ class LayerCapture:
         self._handles: list = []
         # (weight dtype, bias) of the Linear layers: their [B, n] batches skip _factors' checks
         self._linear = {n: (m.weight.dtype, has_bias(m)) for n, m in layers.items() if type(m) is nn.Linear}
-        self.all_linear = False  # whether the last factors() were all Linear on [B, n], in one dtype
 
     @contextmanager
     def recording(self) -> Iterator[None]:
@@ -383,7 +382,6 @@ class LayerCapture:
         self._inputs, self._grads = {}, {}
         detach = torch.is_grad_enabled()  # the tensors were kept as they came: detach unless under no_grad
         out = {}
-        flat = len({dtype for dtype, _ in self._linear.values()}) == 1 and len(self._linear) == len(self.layers)
         for name, module in self.layers.items():
             if name not in inputs:
                 raise RuntimeError(f"layer {name!r} did not run inside the capture")
@@ -397,6 +395,4 @@ class LayerCapture:
                 out[name] = DenseFactors(x, grad, bias=linear[1])  # what _factors makes of it, checks done
             else:
                 out[name] = _factors(module, x, grad)
-                flat = False
-        self.all_linear = flat
         return out
