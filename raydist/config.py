@@ -99,6 +99,7 @@ class TrainSection(_Section):
     num_workers: int = Field(2, ge=0)  # Ray Train workers; 0 = in-process local mode
     use_gpu: bool = False
     amp: Literal["none", "bf16", "fp16"] = "none"  # mixed precision for the encoders (loss stays fp32)
+    tune_malloc: bool = True  # glibc: keep freed memory for the next step instead of faulting it back in
     cpus_per_worker: float = Field(0.5, gt=0)  # logical CPUs per worker; leave some for Ray Data
     checkpoint_every: int = Field(0, ge=0)  # also checkpoint every N steps (0 = per epoch only)
     max_failures: int = Field(0, ge=0)  # Ray Train FailureConfig(max_failures)

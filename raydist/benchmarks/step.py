@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import tempfile
 import time
 from pathlib import Path
@@ -26,10 +27,12 @@ from raydist.distributed.spawn import free_port, spawn
 from raydist.tasks import DataInfo, StepContext, build_task
 from raydist.train.hooks import Hook
 from raydist.train.loop import Trainables, train_step
+from raydist.train.malloc import tune_malloc
 
-# (train images, captions per image, feature dim): 1400 × 5 = 7000 rows = 54 steps of the default global
-# batch 128 in one epoch; the smoke run: 8 steps of 16 rows
-FULL_DATA, SMOKE_DATA = (1400, 5, 128), (26, 5, 16)
+# (train images, captions per image, feature dim): 5600 × 5 = 28000 rows = 218 steps of the default global
+# batch 128 in one epoch (about 9 s of steps: on a shared 2-core box a 2 s window, 54 steps, swung ±10 % from
+# run to run); the smoke run: 8 steps of 16 rows
+FULL_DATA, SMOKE_DATA = (5600, 5, 128), (26, 5, 16)
 FULL_BATCH, SMOKE_BATCH = 128, 16
 WARM_STEPS = 3  # steps left out of every rate (thread pools, first TensorBoard write, allocator)
 CPUS_PER_WORKER = 1.0  # 2 workers × 1 logical CPU on a 2-core box
@@ -37,19 +40,34 @@ TARGET = 0.95
 
 
 class StepClock(Hook):
-    """Records ``time.perf_counter()`` after every optimizer step (appended after the run's other hooks)."""
+    """Records ``time.perf_counter()`` and the process's minor page faults so far after every optimizer step
+    (appended after the run's other hooks)."""
 
     def __init__(self) -> None:
         self.times: list[float] = []
+        self.faults: list[int] = []
 
     def after_step(self, ctx: StepContext, loss: float, stats: dict[str, float]) -> None:
+        self.tick()
+
+    def tick(self) -> None:
         self.times.append(time.perf_counter())
+        self.faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
+
+    def report(self) -> dict[str, Any]:
+        return {"times": self.times, "faults": self.faults}
 
 
 def steps_per_s(times: list[float]) -> float:
     """Rate over the steps after :data:`WARM_STEPS` (from the end of the last warm step to the last step)."""
     times = times[WARM_STEPS - 1 :]
     return (len(times) - 1) / (times[-1] - times[0])
+
+
+def faults_per_step(faults: list[int]) -> float:
+    """Minor page faults of the process per step, over the same steps as :func:`steps_per_s`."""
+    faults = faults[WARM_STEPS - 1 :]
+    return (faults[-1] - faults[0]) / (len(faults) - 1)
 
 
 def thread_report() -> dict[str, Any]:
@@ -70,7 +88,7 @@ def timed_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any] | None:
         result = ray_worker.train_loop_per_worker(loop_config)
     finally:
         ray_worker.build_hooks = build_hooks
-    return None if result is None else {"times": clock.times, **thread_report()}
+    return None if result is None else {**clock.report(), **thread_report()}
 
 
 def ray_run(cfg: Config, data_dir: Path, storage: Path) -> dict[str, Any]:
@@ -94,10 +112,13 @@ def reference_process(rank: int, world: int, cfg_dict: dict[str, Any], data_dir:
     """One process of the no-Ray reference: rank ``rank`` of ``world`` (gloo + DDP when world > 1) runs the
     same ``train_step`` on the same in-memory batches as a Ray Train worker; ``loop``: the whole
     ``run_loop`` with a :class:`raydist.train.local.LocalRuntime` instead (world 1). Rank 0 writes its step
-    times to ``out``. Torch threads and process priority (``nice``) are set to a Ray Train worker's."""
+    times and page faults to ``out``. Torch threads, process priority (``nice``) and malloc thresholds
+    (``train.tune_malloc``) are set as in a Ray Train worker."""
     torch.set_num_threads(threads)
     os.nice(max(nice - os.nice(0), 0))
     cfg, cpu = from_dict(cfg_dict), torch.device("cpu")
+    if cfg.train.tune_malloc and not loop:  # run_loop sets them itself
+        tune_malloc()
     task = build_task(cfg, DataInfo.from_dataset(data_dir))
     plan = StepPlan(cfg.train.batch_size, cfg.loss.negative_set_size, world)
     clock = StepClock()
@@ -125,11 +146,11 @@ def reference_process(rank: int, world: int, cfg_dict: dict[str, Any], data_dir:
         )
         for step, batch in enumerate(batches.epoch(0)):
             train_step(parts, task, batch, cfg, plan, StepContext(0, step, rank, world), cpu, {})
-            clock.times.append(time.perf_counter())
+            clock.tick()
         if world > 1:
             dist.destroy_process_group()
     if rank == 0:
-        Path(out).write_text(json.dumps({"times": clock.times, **thread_report()}))
+        Path(out).write_text(json.dumps({**clock.report(), **thread_report()}))
 
 
 def reference_run(cfg: Config, data_dir: Path, world: int, worker: dict[str, Any], *, loop: bool = False
@@ -161,11 +182,16 @@ def step_rate(*, smoke: bool, repeats: int) -> str:
     with tempfile.TemporaryDirectory(prefix="raydist-bench-step-") as tmp, ray_instance():
         data_dir = make_synthetic(Path(tmp) / "data", images=images, captions_per_image=captions, dim=dim, seed=0,
                                   val_images=8, test_images=8)  # fmt: skip
-        configs = {w: pairs_setup(data_dir, {
-            "train.num_workers": w, "train.cpus_per_worker": CPUS_PER_WORKER, "train.epochs": 1,
-            "train.batch_size": SMOKE_BATCH if smoke else FULL_BATCH, "train.storage_path": str(Path(tmp) / "runs"),
-        })[0] for w in worlds}  # fmt: skip
+        base = {
+            "train.cpus_per_worker": CPUS_PER_WORKER,
+            "train.epochs": 1,
+            "train.batch_size": SMOKE_BATCH if smoke else FULL_BATCH,
+            "train.storage_path": str(Path(tmp) / "runs"),
+        }
+        configs = {w: pairs_setup(data_dir, {**base, "train.num_workers": w})[0] for w in worlds}
+        untuned = pairs_setup(data_dir, {**base, "train.num_workers": 1, "train.tune_malloc": False})[0]
         rates: dict[str, list[float]] = {}
+        faults: dict[str, list[float]] = {}
         seen: dict[str, dict[str, Any]] = {}
         fit_s: dict[int, list[float]] = {w: [] for w in worlds}
         for _ in range(repeats):  # interleaved: a load change hits Ray and its reference alike
@@ -175,40 +201,43 @@ def step_rate(*, smoke: bool, repeats: int) -> str:
                 runs = {f"ray{w}": ray_out, f"ref{w}": ref_out}
                 if w == 1 and not smoke:
                     runs["loop1"] = reference_run(configs[w], data_dir, 1, ray_out, loop=True)
+                    runs["untuned1"] = ray_run(untuned, data_dir, Path(tmp) / "runs")
                 for key, out in runs.items():
                     rates.setdefault(key, []).append(steps_per_s(out["times"]))
+                    faults.setdefault(key, []).append(faults_per_step(out["faults"]))
                     seen[key] = out
                 fit_s[w].append(ray_out["fit_s"])
         steps = len(seen[f"ray{worlds[0]}"]["times"])
 
+    def run_row(label: str, key: str, ratio: str = "", target: str = "", ok: str = "") -> str:
+        return row(label, spread(rates[key], "{:.2f}"), spread(faults[key], "{:.0f}"), ratio, target, ok)
+
+    def ratio_to(key: str, ref: str) -> tuple[float, str]:
+        ratio = median(rates[key]) / median(rates[ref])
+        paired = [a / b for a, b in zip(rates[key], rates[ref], strict=True)]
+        return ratio, f"{ratio:.3f}× (per repeat {spread(paired, '{:.2f}')})"
+
     rows = [
-        row("run", "steps/s, median (min–max)", "ratio to reference", "target", "held"),
-        "|---|---:|---:|---:|---|",
-    ]
+        row("run", "steps/s, median (min–max)", "page faults / step (rank 0)", "ratio to reference", "target",
+            "held"),
+        "|---|---:|---:|---:|---:|---|",
+    ]  # fmt: skip
     for w in worlds:
-        ratio = median(rates[f"ray{w}"]) / median(rates[f"ref{w}"])
         reference = "plain single-process loop" if w == 1 else "2 processes, torch.distributed gloo + DDP"
-        rows.append(row(f"{reference} (reference, W={w})", spread(rates[f"ref{w}"], "{:.2f}"), "", "", ""))
-        rows.append(
-            row(
-                f"Ray Train, {w} worker{'s' if w > 1 else ''} × {CPUS_PER_WORKER:g} CPU",
-                spread(rates[f"ray{w}"], "{:.2f}"),
-                f"{ratio:.3f}×",
-                f"≥ {TARGET}×",
-                held(ratio >= TARGET),
-            )
-        )
+        rows.append(run_row(f"{reference} (reference, W={w})", f"ref{w}"))
+        ratio, text = ratio_to(f"ray{w}", f"ref{w}")
+        label = f"Ray Train, {w} worker{'s' if w > 1 else ''} × {CPUS_PER_WORKER:g} CPU"
+        rows.append(run_row(label, f"ray{w}", text, f"≥ {TARGET}×", held(ratio >= TARGET)))
         if w == 1 and "loop1" in rates:
-            loop_ratio = median(rates["loop1"]) / median(rates["ref1"])
             rows.append(
-                row(
+                run_row(
                     "`run_loop` + hooks, 1 process, no Ray (diagnostic)",
-                    spread(rates["loop1"], "{:.2f}"),
-                    f"{loop_ratio:.3f}×",
-                    "",
-                    "",
+                    "loop1",
+                    ratio_to("loop1", "ref1")[1],
                 )
             )
+            rows.append(run_row("Ray Train, 1 worker, `train.tune_malloc=false` (diagnostic)", "untuned1",
+                                ratio_to("untuned1", "ref1")[1]))  # fmt: skip
     threads = "; ".join(f"{k}: torch {v['torch_threads']} (interop {v['interop_threads']}), OMP_NUM_THREADS="
                         f"{v['OMP_NUM_THREADS']}, nice {v['nice']}" for k, v in seen.items())  # fmt: skip
     fits = ", ".join(f"W={w}: {spread(fit_s[w])} s" for w in worlds)
@@ -217,10 +246,11 @@ def step_rate(*, smoke: bool, repeats: int) -> str:
         f"{configs[worlds[0]].train.batch_size}, synthetic data {images}×{captions} rows of {dim}-d in memory, one "
         f"epoch of {steps} steps (SH); rate over steps {WARM_STEPS + 1}…{steps} from the step times rank 0 "
         "records after each optimizer step (Ray: a hook after the run's own hooks; reference: after "
-        "`train_step`). Ray Train: `build_trainer` (workers × "
-        f"{CPUS_PER_WORKER:g} logical CPU, private instance with 4) with `train_loop_per_worker`, fresh run each "
-        "repeat; reference: the same `train_step`, model, seed and `InMemoryBatches` in fresh spawned processes "
-        "without Ray, torch threads and process priority (nice) set to what the Ray worker reported. "
+        "`train_step`), and the minor page faults of rank 0's process over the same steps. Ray Train: "
+        f"`build_trainer` (workers × {CPUS_PER_WORKER:g} logical CPU, private instance with 4) with "
+        "`train_loop_per_worker`, fresh run each repeat; reference: the same `train_step`, model, seed and "
+        "`InMemoryBatches` in fresh spawned processes without Ray, torch threads, process priority (nice) and "
+        "malloc thresholds (`train.tune_malloc`) set as in the Ray worker. "
         f"{repeats} interleaved repeats. Threads seen: {threads}; OMP_WAIT_POLICY={omp_wait_policy()} in the "
         f"driver. Wall time of a whole Ray fit (worker start, data read, validation, checkpoint): {fits}.\n\n"
         + "\n".join(rows)

@@ -33,6 +33,7 @@ from raydist.distributed import StepPlan, gather_step, step_generator
 from raydist.distributed.reduce import all_reduce_sum
 from raydist.tasks import DataInfo, StepContext, Task, to_tensors
 from raydist.train.hooks import Hook
+from raydist.train.malloc import tune_malloc
 
 
 class Runtime(Protocol):
@@ -157,6 +158,8 @@ def run_loop(
     if plan.world != runtime.world:
         raise ValueError(f"step plan for {plan.world} workers, runtime has {runtime.world}")
     rank, device = runtime.rank, runtime.device
+    if cfg.train.tune_malloc:
+        tune_malloc()
     torch.manual_seed(cfg.train.seed)
     parts = Trainables.build(cfg, task.build_model(), device)
     registry = StateRegistry()
