@@ -5,12 +5,15 @@ glibc's defaults much of that memory goes back to the kernel between steps (a he
 thread arena's 64 MiB heap unmapped once empty, chunks above the dynamic mmap threshold), and every step
 faults it back in page by page. A Ray Train worker runs the loop in a thread of its own, whose arena is not
 the main one, and it paid 2–3× the page faults of the same loop in a plain process (thousands of 4 KiB
-faults per step of the default preset; bench/RESULTS.md, "Page faults in the training step").
+faults per step of the default preset; ``raydist bench step`` prints them).
 
 :func:`tune_malloc` fixes the two thresholds instead: memory freed at the top of a heap is kept up to
 :data:`TRIM_BYTES`, and only blocks of :data:`MMAP_BYTES` (glibc's own ceiling for the dynamic threshold) or
 more are mmapped on their own. Freed memory is then reused by the next step. The cost is memory kept by the
-process instead of returned: at most :data:`TRIM_BYTES` per arena. Off glibc (macOS, musl) it does nothing.
+process instead of returned: at most :data:`TRIM_BYTES` per arena. A thread arena's heaps are still capped at
+64 MiB and unmapped when empty, so :func:`worker_env` also gives Ray Train's worker processes one arena
+(``MALLOC_ARENA_MAX=1``, in their runtime environment: it must be set when a process starts): the loop's
+thread then allocates from the main heap, as a plain process does. Off glibc (macOS, musl) both do nothing.
 """
 
 from __future__ import annotations
@@ -35,6 +38,12 @@ def _glibc() -> ctypes.CDLL | None:
         return libc
     except (OSError, AttributeError):
         return None
+
+
+def worker_env(enabled: bool = True) -> dict[str, str]:
+    """Environment variables for Ray Train's worker processes (``RunConfig.worker_runtime_env``; they reach
+    workers on a cluster too): one malloc arena per process; empty when not ``enabled`` or off glibc."""
+    return {"MALLOC_ARENA_MAX": "1"} if enabled and _glibc() is not None else {}
 
 
 def tune_malloc(trim_bytes: int = TRIM_BYTES, mmap_bytes: int = MMAP_BYTES) -> bool:

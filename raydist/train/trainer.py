@@ -18,6 +18,7 @@ from raydist.data.stream import fits_in_memory, train_dataset, train_splits, tra
 from raydist.distributed import StepPlan
 from raydist.runtime import check_cluster_fits, init_ray, is_uri, run_cpus, run_name, storage_root
 from raydist.tasks import DataInfo, build_task
+from raydist.train.malloc import worker_env
 
 
 @dataclass
@@ -131,6 +132,7 @@ def build_trainer(
                 checkpoint_score_order="max",
             ),
             callbacks=callbacks or [],
+            worker_runtime_env={"env_vars": worker_env(cfg.train.tune_malloc)},
         ),
         datasets=datasets,
         dataset_config=DataConfig(datasets_to_split=list(datasets)),
