@@ -41,6 +41,7 @@ from raydist.data.stream import (
 from raydist.distributed import StepPlan
 from raydist.tasks import DataInfo, StepContext, Task, build_task, to_tensors
 from raydist.train.loop import Trainables, train_step
+from raydist.train.malloc import tune_malloc, worker_env
 
 # (images, captions per image, feature dim, rows per shard): 100,000 train rows of 256-d features + captions
 FULL_DATA, SMOKE_DATA = (5000, 20, 256, 4100), (40, 5, 16, 200)
@@ -66,11 +67,13 @@ def pyarrow_read(files: list[str], columns: tuple[str, ...]) -> int:
 
 class WorkerProbe:
     """Stands where a Ray Train worker stands (a Ray actor with 1 logical CPU, so Ray's thread count and
-    process priority): it holds its ``streaming_split`` iterator of the train stream and times, in turn,
+    process priority, and the worker's malloc settings): it holds its ``streaming_split`` iterator of the train stream and times, in turn,
     pyarrow reading the shards, one streamed epoch into tensors, and the training steps it would run."""
 
     def __init__(self, cfg_dict: dict[str, Any], data_dir: str, shards: list[Any], steps: int, epochs: int) -> None:
         self.cfg = from_dict(cfg_dict)
+        if self.cfg.train.tune_malloc:  # as run_loop does
+            tune_malloc()
         self.data_dir = Path(data_dir)
         self.task = build_task(self.cfg, DataInfo.from_dataset(self.data_dir))
         self.rows = StepPlan.from_config(self.cfg).rows_per_worker
@@ -163,7 +166,10 @@ def data_rate(*, smoke: bool, repeats: int) -> str:
         shards = [train_dataset(data_dir, task.columns, transform).streaming_split(1, equal=True)[0]
                   for _ in train_splits(epochs)]  # fmt: skip
         create_s = time.perf_counter() - created
-        probe = ray.remote(num_cpus=1)(WorkerProbe).remote(cfg.to_dict(), str(data_dir), shards, steps, epochs)
+        env = {"env_vars": worker_env(cfg.train.tune_malloc)}  # as build_trainer gives its workers
+        probe = ray.remote(num_cpus=1)(WorkerProbe).options(runtime_env=env).remote(
+            cfg.to_dict(), str(data_dir), shards, steps, epochs
+        )
         settings = ray.get(probe.settings.remote())
         ray_cpus = ray.cluster_resources().get("CPU", 0.0)
         pa_rate, stream_rate, step_rate, restart = [], [], [], []

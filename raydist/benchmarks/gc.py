@@ -26,6 +26,7 @@ from raydist.benchmarks.harness import held, row, spread
 from raydist.benchmarks.registry import register_benchmark
 from raydist.distributed.spawn import free_port, spawn
 from raydist.gradclust import GradientClustering
+from raydist.train.malloc import tune_malloc
 
 TARGET = 1.2  # issue #11: a GC step at most 1.2× the plain step
 WARMUP = 5
@@ -143,6 +144,7 @@ def peak_rss_child() -> None:
     sizes = Sizes(**{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(sys.argv[1]).items()})
     batch, on = int(sys.argv[2]), sys.argv[3] == "on"
     torch.set_num_threads(1)
+    tune_malloc()
     torch.manual_seed(0)
     model = make_model(sizes)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
@@ -164,6 +166,7 @@ def peak_rss(sizes: Sizes, batch: int, on: bool) -> int:
 def _rank_process(rank: int, port: int, sizes: Sizes, out: str) -> None:
     """Rank ``rank`` of 2 (gloo, one torch thread): :func:`time_both` per batch; rank 0 writes the times."""
     torch.set_num_threads(1)
+    tune_malloc()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         results = {str(batch): time_both(sizes, batch, rank)[0] for batch in sizes.batches}
@@ -198,6 +201,7 @@ def gc_cost(*, smoke: bool, repeats: int) -> str:
     sizes = Sizes.for_mode(smoke, repeats)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    tune_malloc()  # as in a training process (train.tune_malloc; the benchmark's process keeps it)
     try:
         single = {batch: time_both(sizes, batch) for batch in sizes.batches}
     finally:
@@ -221,7 +225,8 @@ def gc_cost(*, smoke: bool, repeats: int) -> str:
     d = sizes.dims
     return (
         f"MLP {d[0]}→{d[1]}→{d[2]}→{d[3]} float32, SGD on the summed cross-entropy, K = {sizes.clusters} clusters, "
-        f"online U-step every {sizes.update_every} steps; one torch thread per worker; W = 2: two spawned gloo "
+        f"online U-step every {sizes.update_every} steps; one torch thread and malloc thresholds as in a "
+        "training process (`train.tune_malloc`) per worker; W = 2: two spawned gloo "
         "processes on localhost, DDP, the batch per worker as at W = 1, rank 0's times. "
         f"{sizes.steps} plain and {sizes.steps} GC steps alternating on one model after {WARMUP} warm-up steps of "
         "each, GC's forward hooks removed before each plain step and put back before each GC step (outside the "
