@@ -12,7 +12,8 @@ import sys
 import pytest
 
 from raydist.config import load_config
-from raydist.train.malloc import _glibc, worker_env
+from raydist.train import malloc
+from raydist.train.malloc import on_glibc, tune_malloc, worker_env
 
 # In a fresh process, optionally tuned: a non-main thread (as a Ray Train worker's loop) allocates BLOCKS × 8 MiB,
 # writes every page and frees them, 12 times; prints the minor page faults of each round.
@@ -51,7 +52,10 @@ def fault_rounds(mode: str, blocks: int = 5, env: dict[str, str] | None = None) 
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.skipif(_glibc() is None, reason="mallopt thresholds are glibc's")
+GLIBC_ONLY = "tune_malloc changes glibc's malloc; on other C libraries it does nothing (tested below)"
+
+
+@pytest.mark.skipif(not on_glibc(), reason=GLIBC_ONLY)
 def test_tuned_thread_reuses_freed_memory_instead_of_faulting_it_back() -> None:
     default, tuned = fault_rounds("default"), fault_rounds("tuned")
     # glibc's defaults: the freed 40 MiB leave the thread's heap every round and come back page by page
@@ -61,7 +65,7 @@ def test_tuned_thread_reuses_freed_memory_instead_of_faulting_it_back() -> None:
     assert max(tuned[1:]) < 0.01 * PAGES_PER_ROUND
 
 
-@pytest.mark.skipif(_glibc() is None, reason="malloc arenas are glibc's")
+@pytest.mark.skipif(not on_glibc(), reason=GLIBC_ONLY)
 def test_one_arena_keeps_a_rounds_memory_beyond_a_thread_heap() -> None:
     # 10 × 8 MiB do not fit one 64 MiB thread heap: the thread arena maps a second heap every round and
     # unmaps it once empty, thresholds or not; with one arena (worker_env) the thread uses the main heap
@@ -86,4 +90,11 @@ def test_ray_train_workers_get_the_arena_env_only_when_tuned(tmp_path) -> None:
     for on in (True, False):
         cfg = load_config("tiny", overrides={"data.path": str(data), "train.tune_malloc": on})
         env = build_trainer(cfg, data, storage_path=str(tmp_path / "runs")).run_config.worker_runtime_env["env_vars"]
-        assert ("MALLOC_ARENA_MAX" in env) == (on and _glibc() is not None)
+        assert ("MALLOC_ARENA_MAX" in env) == (on and on_glibc())
+
+
+def test_off_glibc_both_settings_do_nothing(monkeypatch) -> None:
+    monkeypatch.setattr(malloc.sys, "platform", "darwin")
+    assert not on_glibc()
+    assert tune_malloc() is False
+    assert worker_env() == {}

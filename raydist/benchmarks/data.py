@@ -67,8 +67,9 @@ def pyarrow_read(files: list[str], columns: tuple[str, ...]) -> int:
 
 class WorkerProbe:
     """Stands where a Ray Train worker stands (a Ray actor with 1 logical CPU, so Ray's thread count and
-    process priority, and the worker's malloc settings): it holds its ``streaming_split`` iterator of the train stream and times, in turn,
-    pyarrow reading the shards, one streamed epoch into tensors, and the training steps it would run."""
+    process priority, and the worker's malloc settings): it holds its ``streaming_split`` iterators of the
+    train stream and times, in turn, pyarrow reading the shards, one streamed epoch into tensors, and the
+    training steps it would run."""
 
     def __init__(self, cfg_dict: dict[str, Any], data_dir: str, shards: list[Any], steps: int, epochs: int) -> None:
         self.cfg = from_dict(cfg_dict)

@@ -58,16 +58,15 @@ class StepClock(Hook):
         return {"times": self.times, "faults": self.faults}
 
 
+def per_step(totals: list[float]) -> float:
+    """Mean increase per step of a running total recorded after each step (a clock, a fault count), over the
+    steps after :data:`WARM_STEPS` (from the end of the last warm step to the last step)."""
+    totals = totals[WARM_STEPS - 1 :]
+    return (totals[-1] - totals[0]) / (len(totals) - 1)
+
+
 def steps_per_s(times: list[float]) -> float:
-    """Rate over the steps after :data:`WARM_STEPS` (from the end of the last warm step to the last step)."""
-    times = times[WARM_STEPS - 1 :]
-    return (len(times) - 1) / (times[-1] - times[0])
-
-
-def faults_per_step(faults: list[int]) -> float:
-    """Minor page faults of the process per step, over the same steps as :func:`steps_per_s`."""
-    faults = faults[WARM_STEPS - 1 :]
-    return (faults[-1] - faults[0]) / (len(faults) - 1)
+    return 1.0 / per_step(times)
 
 
 def thread_report() -> dict[str, Any]:
@@ -204,7 +203,7 @@ def step_rate(*, smoke: bool, repeats: int) -> str:
                     runs["untuned1"] = ray_run(untuned, data_dir, Path(tmp) / "runs")
                 for key, out in runs.items():
                     rates.setdefault(key, []).append(steps_per_s(out["times"]))
-                    faults.setdefault(key, []).append(faults_per_step(out["faults"]))
+                    faults.setdefault(key, []).append(per_step(out["faults"]))
                     seen[key] = out
                 fit_s[w].append(ray_out["fit_s"])
         steps = len(seen[f"ray{worlds[0]}"]["times"])

@@ -40,10 +40,15 @@ def _glibc() -> ctypes.CDLL | None:
         return None
 
 
+def on_glibc() -> bool:
+    """Whether this process runs on glibc (where both settings apply)."""
+    return _glibc() is not None
+
+
 def worker_env(enabled: bool = True) -> dict[str, str]:
     """Environment variables for Ray Train's worker processes (``RunConfig.worker_runtime_env``; they reach
     workers on a cluster too): one malloc arena per process; empty when not ``enabled`` or off glibc."""
-    return {"MALLOC_ARENA_MAX": "1"} if enabled and _glibc() is not None else {}
+    return {"MALLOC_ARENA_MAX": "1"} if enabled and on_glibc() else {}
 
 
 def tune_malloc(trim_bytes: int = TRIM_BYTES, mmap_bytes: int = MMAP_BYTES) -> bool:
