@@ -62,6 +62,13 @@ def emit(lines: list[str]) -> None:
         out.flush()
 
 
+def say(*parts: Any) -> None:
+    """Print a progress line once. (Train V2 patches ``print`` in workers to also copy each line to its
+    logger, which prints every line twice on the driver; writing to the stream does not.) In-process, a
+    terminal shows progress lines as a bar redrawn in place (:func:`emit`)."""
+    emit([" ".join(str(p) for p in parts)])
+
+
 def is_verbose() -> bool:
     """Whether ``-v`` was given."""
     return _state["verbose"]

@@ -12,9 +12,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-HISTORY_FILE = "history.json"
-STEPS_FILE = "steps.jsonl"  # per-step lines written by raydist.train.tracking.TrackingHook
-PLOTS_DIR = "plots"
+from raydist.runfiles import HISTORY_FILE, PLOTS_DIR, STEPS_FILE, SWEEP_FILE
+
 NEGATIVE_STATS = ("neg/hardest_sim", "neg/remote_hardest_frac")
 SWITCH_LABEL = "SH → MH"
 Series = tuple[list[float], list[float]]
@@ -205,7 +204,6 @@ def _sweep_mode(experiment_dir: Path) -> str:
     import yaml
 
     from raydist.tune.space import parse_space
-    from raydist.tune.sweep import SWEEP_FILE
 
     path = experiment_dir / SWEEP_FILE
     if not path.is_file():

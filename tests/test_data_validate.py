@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shutil
 
 import numpy as np
 import pyarrow as pa
@@ -91,7 +92,7 @@ def test_missing_manifest(tmp_path):
 
 @pytest.mark.parametrize("key, value, message", [
     ("format_version", 2, "field 'format_version': unknown version 2"),
-    ("task", "triplets", "field 'task': unknown task 'triplets'"),
+    ("task", "Not A Task", "field 'task': expected a task name"),
     ("feature_dim", "4", "field 'feature_dim': expected an integer, got '4'"),
 ])
 def test_manifest_bad_field(ds, key, value, message):
@@ -101,6 +102,26 @@ def test_manifest_bad_field(ds, key, value, message):
     _expect(ds, "manifest.json", None, re.escape(message), split=None)
     with pytest.raises(RaydistDataError, match=re.escape(message)):
         read_split(ds, "train")
+
+
+def test_unknown_task_is_refused_above_the_data_layer(labels_dataset, tmp_path):
+    """The data layer checks a task name's form only; which names exist is the tasks layer's to say: the
+    CLI's and the trainer's validation pass the registered names, and building the task refuses it too."""
+    from raydist.config import Config
+    from raydist.tasks import DataInfo, build_task, task_names
+
+    ds = tmp_path / "ds"
+    shutil.copytree(labels_dataset, ds)
+    raw = _manifest(ds)
+    raw["task"] = "triplets"  # a labelled-layout dataset of a task no one registered
+    _save_manifest(ds, raw)
+    assert validate_dataset(ds).ok
+    report = validate_dataset(ds, tasks=task_names())
+    assert [str(p) for p in report.problems] == [
+        f"manifest.json: field 'task': unknown task 'triplets'; expected one of {task_names()}"]
+    assert {"labels", "pairs"} <= set(task_names())
+    with pytest.raises(RaydistDataError, match=re.escape("manifest.json: field 'task': unknown task 'triplets'")):
+        build_task(Config(), DataInfo.from_dataset(ds))
 
 
 def test_manifest_bad_json(ds):

@@ -11,9 +11,9 @@ from raydist.config import load_config
 from raydist.distributed import StepPlan
 from raydist.gradclust.hook import GradientClusteringHook
 from raydist.tasks import DataInfo, build_task
-from raydist.train.hooks import build_hooks
 from raydist.train.local import LocalRuntime
 from raydist.train.loop import run_loop
+from raydist.train.wiring import build_hooks
 
 
 def _run(data, run_dir, resume_from=None, **overrides):

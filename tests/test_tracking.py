@@ -15,10 +15,10 @@ import pytest
 from raydist.config import ConfigError, load_config
 from raydist.distributed import StepPlan
 from raydist.tasks import DataInfo, StepContext, build_task
-from raydist.train.hooks import build_hooks
 from raydist.train.local import LocalRuntime
 from raydist.train.loop import run_loop
 from raydist.train.tracking import TrackingHook
+from raydist.train.wiring import build_hooks
 
 
 def _config(data_dir, **overrides):

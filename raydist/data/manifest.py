@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any
@@ -12,8 +13,9 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, Field, Strict, TypeAdapter, ValidationError
 
 from raydist.config import describe_errors
-from raydist.data.schema import FEATURE_TYPES, FORMAT_VERSION, MANIFEST_NAME, SPLITS, TASKS, RaydistDataError
+from raydist.data.schema import FEATURE_TYPES, FORMAT_VERSION, MANIFEST_NAME, SPLITS, RaydistDataError
 
+_TASK_NAME = re.compile(r"[a-z][a-z0-9_-]*")
 _Count = Annotated[int, Strict(), Field(ge=0)]
 _Positive = Annotated[int, Strict(), Field(ge=1)]
 
@@ -24,12 +26,11 @@ def _inside_dataset(file: str) -> str:
     return file
 
 
-def _known_task(task: str) -> str:
-    if task not in TASKS:  # a task registered by a user module (raydist.tasks.register_task)
-        from raydist.tasks.base import task_names
-
-        if task not in task_names():
-            raise ValueError(f"unknown task {task!r}; expected one of {task_names()}")
+def _task_name(task: str) -> str:
+    """A task name's form (the data layer knows no task: which names are registered is checked above it, by
+    :func:`raydist.tasks.build_task` and ``validate_dataset(tasks=...)``)."""
+    if not _TASK_NAME.fullmatch(task):
+        raise ValueError(f"expected a task name (lower-case letters, digits, '-' or '_'), got {task!r}")
     return task
 
 
@@ -74,7 +75,7 @@ class Manifest:
     ``source`` is free-form provenance (generator arguments, converter inputs ...).
     """
 
-    task: Annotated[str, AfterValidator(_known_task)]
+    task: Annotated[str, AfterValidator(_task_name)]
     feature_dim: _Positive
     splits: Annotated[dict[str, SplitInfo], AfterValidator(_every_split)]
     feature_dtype: Annotated[str, AfterValidator(_feature_type)] = "float32"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 FORMAT_VERSION = 1
-TASKS = ("pairs", "labels")
+TASKS = ("pairs", "labels")  # the shipped tasks; any other registered task uses the labelled layout
 SPLITS = ("train", "val", "test")
 MANIFEST_NAME = "manifest.json"
 VOCAB_NAME = "vocab.json"

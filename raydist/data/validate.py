@@ -7,7 +7,7 @@ Row numbers are 0-based positions within the named Parquet file.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -304,9 +304,12 @@ class ValidationReport:
                                    + "\n  ".join(str(p) for p in self.problems))
 
 
-def validate_dataset(path: str | Path, *, min_rows: Mapping[str, int] | None = None) -> ValidationReport:
+def validate_dataset(
+    path: str | Path, *, min_rows: Mapping[str, int] | None = None, tasks: Collection[str] | None = None
+) -> ValidationReport:
     """Check a dataset folder completely (manifest, vocab, every shard's bytes, schema and values,
-    cross-shard and cross-split ids); ``min_rows`` maps split → minimum rows required."""
+    cross-shard and cross-split ids); ``min_rows`` maps split → minimum rows required; ``tasks``, when given,
+    the task names the manifest may name (the registered tasks: the data layer knows none itself)."""
     path = Path(path)
     report = ValidationReport(str(path))
     try:
@@ -316,6 +319,10 @@ def validate_dataset(path: str | Path, *, min_rows: Mapping[str, int] | None = N
         report.problems.append(Problem(MANIFEST_NAME, None, message))
         return report
     report.task, report.num_classes = manifest.task, manifest.num_classes
+    if tasks is not None and manifest.task not in tasks:
+        report.problems.append(Problem(MANIFEST_NAME, None, f"field 'task': unknown task {manifest.task!r}; "
+                                       f"expected one of {sorted(tasks)}"))
+        return report
     report.feature_dim, report.feature_dtype = manifest.feature_dim, manifest.feature_dtype
     if manifest.vocab is not None:
         try:

@@ -6,14 +6,11 @@ from raydist.tasks.base import (
     Encoded,
     StepContext,
     Task,
-    build_task,
-    get_task,
-    register_task,
-    task_names,
     to_tensors,
 )
 from raydist.tasks.labels import LabelsTask
 from raydist.tasks.pairs import PairsTask
+from raydist.tasks.registry import build_task, get_task, register_task, task_names
 
 __all__ = [
     "DataInfo",

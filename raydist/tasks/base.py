@@ -1,5 +1,5 @@
 """The task interface: what is specific to one kind of data (columns, batch → tensors, model, loss,
-evaluator, checkpoint extras), and the registry that finds a task by the manifest's ``task`` name."""
+evaluator, checkpoint extras); the registry that finds a task by name is :mod:`raydist.tasks.registry`."""
 
 from __future__ import annotations
 
@@ -102,7 +102,8 @@ class StepContext:
 
 class Task(ABC):
     """One kind of data. Subclasses set the class attributes and implement the abstract methods, then
-    register with :func:`register_task`; the loop, trainer and evaluator never look inside."""
+    are listed in :mod:`raydist.tasks.registry` (or registered with its ``register_task``); the loop, trainer
+    and evaluator never look inside."""
 
     name: ClassVar[str]
     columns: ClassVar[tuple[str, ...]]  # shard columns read for training
@@ -198,41 +199,11 @@ class Task(ABC):
         return [(self.primary_metric, self.primary_metric)]
 
 
-_TASKS: dict[str, type[Task]] = {}
-
-
 def smallest_prefix(cfg: Config) -> int | None:
     """The smallest ``model.nesting`` dim when it is below the embedding size (its metrics are reported
     as ``min_dim_<metric>`` next to the full-dim ones, so a sweep can score on both); else None."""
     dims = [d for d in cfg.model.nesting if d < cfg.model.embed_dim]
     return min(dims) if dims else None
-
-
-def register_task(cls: type[Task]) -> type[Task]:
-    """Class decorator: make ``cls`` the task of datasets whose manifest says ``task: cls.name``."""
-    if cls.name in _TASKS and _TASKS[cls.name] is not cls:
-        raise ValueError(f"task {cls.name!r} is already registered by {_TASKS[cls.name].__module__}")
-    _TASKS[cls.name] = cls
-    return cls
-
-
-def task_names() -> list[str]:
-    """Registered task names (the shipped ones are registered when raydist.tasks is imported)."""
-    import raydist.tasks  # noqa: F401  (registers pairs and labels)
-
-    return sorted(_TASKS)
-
-
-def get_task(name: str) -> type[Task]:
-    """The task class registered as ``name``."""
-    if name not in task_names():
-        raise ValueError(f"unknown task {name!r}; registered tasks: {', '.join(task_names())}")
-    return _TASKS[name]
-
-
-def build_task(cfg: Config, info: DataInfo) -> Task:
-    """The task that ``info.task`` names, for this config and data."""
-    return get_task(info.task)(cfg, info)
 
 
 def nested_sum(

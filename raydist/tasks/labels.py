@@ -32,7 +32,8 @@ from raydist.losses.triplets import (
 )
 from raydist.models.matryoshka import nested_cross_entropy
 from raydist.models.mlp import LabelsModel
-from raydist.tasks.base import Encoded, StepContext, Task, nested_sum, register_task, smallest_prefix
+from raydist.models.wrapped import unwrap_model
+from raydist.tasks.base import Encoded, StepContext, Task, nested_sum, smallest_prefix
 
 
 def mining_stats(emb: Tensor, labels: Tensor, triplets: Any, *, strategy: str, margin: float,
@@ -43,13 +44,13 @@ def mining_stats(emb: Tensor, labels: Tensor, triplets: Any, *, strategy: str, m
     ``noise/triplets``, the triplets mined for this rank's anchors."""
     if triplets.anchors.numel() == 0:
         return {"noise/triplets": 0.0}
-    probs = negative_probabilities(emb, labels, *triplets, strategy=strategy, margin=margin, distance=distance)
+    probs = negative_probabilities(emb, labels, *triplets, strategy=strategy, margin=margin, distance=distance,
+                                   normalize=False)  # fmt: skip
     candidates = (labels.unsqueeze(0) != labels[triplets.anchors].unsqueeze(1)).sum(1)
     return {"noise/eta_neg": sampler_skew(probs.cpu(), candidates.cpu()),
             "noise/triplets": float(triplets.anchors.numel())}  # fmt: skip
 
 
-@register_task
 class LabelsTask(Task):
     """One row per sample with ``label`` in [0, K); cross-entropy over the local rows needs no gather."""
 
@@ -89,9 +90,8 @@ class LabelsTask(Task):
         emb, logits = model(batch["image"], probe=self.kind != "cross_entropy")
         ids = {"label": batch["label"], "sample_id": batch["sample_id"]}
         extras = {"logits": logits}
-        inner = model.module if hasattr(model, "module") else model
         if self.kind == "margin":
-            extras["beta"] = inner.beta.beta
+            extras["beta"] = unwrap_model(model).beta.beta
         return Encoded({"emb": emb}, ids, extras)
 
     def loss(
@@ -107,7 +107,8 @@ class LabelsTask(Task):
         if self.kind == "cross_entropy":
             return head_loss
         lo = self.cfg.loss
-        miner = partial(mine_triplets, strategy=lo.miner, margin=lo.margin, distance=lo.distance)
+        # the rows are unit already (the model's output, or a re-normalised prefix): mined as they are
+        miner = partial(mine_triplets, strategy=lo.miner, margin=lo.margin, distance=lo.distance, normalize=False)
         generator = step_generator(self.cfg.train.seed, ctx.global_step, 1) if lo.miner in RANDOM_STRATEGIES else None
         if self.kind == "triplet":
             def parts(emb: Tensor, labels: Tensor, triplets: Any) -> Any:

@@ -16,10 +16,9 @@ from raydist.data.transforms import CaptionTransform
 from raydist.distributed import GatheredBatch, NegativeSet, rank_ranking_loss
 from raydist.eval.evaluate import evaluate_arrays
 from raydist.models import build_model
-from raydist.tasks.base import Encoded, StepContext, Task, nested_sum, register_task, smallest_prefix
+from raydist.tasks.base import Encoded, StepContext, Task, nested_sum, smallest_prefix
 
 
-@register_task
 class PairsTask(Task):
     """Image–caption pairs: one row per caption, captions of an image share its ``image_id``."""
 

@@ -4,7 +4,6 @@ checkpoints (``setup``), act before a step, after backward (gradient statistics)
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
@@ -13,7 +12,7 @@ import numpy as np
 from torch import nn
 
 from raydist.checkpoint import StateRegistry
-from raydist.config import Config
+from raydist.models import unwrap_model
 from raydist.tasks import StepContext, Task
 
 
@@ -54,25 +53,4 @@ class ValidationHook(Hook):
     def end_of_epoch(self, ctx: StepContext, model: nn.Module, metrics: dict[str, Any]) -> None:
         if ctx.rank != 0:
             return
-        inner = model.module if hasattr(model, "module") else model
-        metrics.update({f"val/{k}": v for k, v in self.task.evaluate(inner, "val", self.device).items()})
-
-
-def build_hooks(cfg: Config, task: Task, runtime: Any, run_dir: str | None) -> list[Hook]:
-    """The hooks of a run: gradient clustering (``gc.measure`` / ``gc.sample``), validation, fault injection
-    when ``debug.fail_at_step`` asks for it, and tracking last (it logs the metrics the others add).
-    ``runtime``: the loop's runtime (device, rank, world, in-memory ``arrays`` or None, ``plan``);
-    ``run_dir``: the local run folder, None on remote storage."""
-    from raydist.train.faults import FailAtStep
-    from raydist.train.tracking import TrackingHook
-
-    hooks: list[Hook] = [ValidationHook(task, runtime.device)]
-    if cfg.gc.measure or cfg.gc.sample:
-        from raydist.gradclust.hook import GradientClusteringHook
-
-        hooks.insert(0, GradientClusteringHook(cfg, task, runtime.arrays, rank=runtime.rank, world=runtime.world,
-                                               rows=runtime.plan.rows_per_worker, device=runtime.device))  # fmt: skip
-    if cfg.debug.fail_at_step >= 0:
-        marker = run_dir or tempfile.gettempdir()
-        hooks.insert(0, FailAtStep(cfg.debug.fail_at_step, cfg.debug.fail_rank, marker))
-    return [*hooks, TrackingHook(cfg, run_dir)]
+        metrics.update({f"val/{k}": v for k, v in self.task.evaluate(unwrap_model(model), "val", self.device).items()})

@@ -29,8 +29,10 @@ from raydist.checkpoint import (
     set_rng_state,
 )
 from raydist.config import Config, ConfigError
+from raydist.console import say
 from raydist.distributed import StepPlan, gather_step, step_generator
 from raydist.distributed.reduce import all_reduce_sum
+from raydist.models import unwrap_model
 from raydist.tasks import DataInfo, StepContext, Task, to_tensors
 from raydist.train.hooks import Hook
 from raydist.train.malloc import tune_malloc
@@ -70,15 +72,6 @@ class LoopState:
     resumed_at: list[int] = field(default_factory=list)  # global step of every restore
 
 
-def say(*parts: Any) -> None:
-    """Print a progress line once. (Train V2 patches ``print`` in workers to also copy each line to its
-    logger, which prints every line twice on the driver; writing to the stream does not.) In-process, a
-    terminal shows progress lines as a bar redrawn in place (:func:`raydist.console.emit`)."""
-    from raydist.console import emit
-
-    emit([" ".join(str(p) for p in parts)])
-
-
 def autocast(amp: str, device: torch.device) -> torch.autocast:
     """Autocast context for ``train.amp`` ("none" disables it)."""
     dtype = torch.float16 if amp == "fp16" else torch.bfloat16
@@ -114,10 +107,6 @@ class Progress:
                 f"samples/s {rate * self.rows:.0f} ETA {eta_text}")  # fmt: skip
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
-    return model.module if hasattr(model, "module") else model
-
-
 @dataclass
 class Trainables:
     """What a step updates: model, optimizer, LR schedule and loss scaler (all registered as state)."""
@@ -138,7 +127,7 @@ class Trainables:
         return cls(model, optimizer, scheduler, scaler)
 
     def register(self, registry: StateRegistry) -> None:
-        registry.register("model", _unwrap(self.model))
+        registry.register("model", unwrap_model(self.model))
         for name in ("optimizer", "scheduler", "scaler"):
             registry.register(name, getattr(self, name))
 

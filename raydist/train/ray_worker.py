@@ -17,8 +17,8 @@ from raydist.data import load_manifest
 from raydist.data.stream import InMemoryBatches, StreamedEpochs, train_arrays, train_splits
 from raydist.distributed import StepPlan
 from raydist.tasks import DataInfo, Task, build_task
-from raydist.train.hooks import build_hooks
 from raydist.train.loop import run_loop
+from raydist.train.wiring import build_hooks
 
 
 class RayRuntime:

@@ -17,10 +17,10 @@ from typing import Any
 from torch import nn
 
 from raydist.config import Config, ConfigError
-from raydist.plots import STEPS_FILE
+from raydist.console import say
+from raydist.runfiles import STEPS_FILE
 from raydist.tasks import StepContext
 from raydist.train.hooks import Hook
-from raydist.train.loop import say
 
 AXES = ("epoch", "step")  # metrics entries that are the x axis, not scalars to log
 MLFLOW_BATCH = 100  # MLflow accepts at most 100 params per log_batch call

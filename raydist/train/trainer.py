@@ -16,8 +16,9 @@ from raydist.console import route_ray_output
 from raydist.data import check_split_size, ensure_default_dataset, load_manifest, validate_dataset
 from raydist.data.stream import fits_in_memory, train_dataset, train_splits, train_transform
 from raydist.distributed import StepPlan
+from raydist.runfiles import HISTORY_FILE, LOG_FILE
 from raydist.runtime import check_cluster_fits, init_ray, is_uri, run_cpus, run_name, storage_root
-from raydist.tasks import DataInfo, build_task
+from raydist.tasks import DataInfo, build_task, task_names
 from raydist.train.malloc import worker_env
 
 
@@ -48,7 +49,7 @@ def checked_data_dir(cfg: Config, configs: Iterable[Config] = ()) -> Path:
     """The dataset folder, fully validated, with a train split big enough for one step of ``cfg`` and of
     every config in ``configs`` (e.g. all trials of a sweep)."""
     data_dir = resolve_data_dir(cfg)
-    validate_dataset(data_dir).raise_if_problems()
+    validate_dataset(data_dir, tasks=task_names()).raise_if_problems()
     check_split_size(data_dir, "train", max(StepPlan.from_config(c).rows_per_step for c in (cfg, *configs)))
     return data_dir
 
@@ -171,7 +172,7 @@ def run_training(
     name = run_name(cfg)
     storage = storage_root(cfg)
     if not is_uri(storage):
-        route_ray_output(Path(storage) / name / "raydist.log")
+        route_ray_output(Path(storage) / name / LOG_FILE)
     trainer = build_trainer(cfg, data_dir, resume_from=resume_from, run_name_override=name)
     try:
         result = trainer.fit()
@@ -227,9 +228,9 @@ def train_in_process(cfg: Config, data_dir: Path, *, resume_from: str | None = N
     run folder ``storage/run_name`` holds its checkpoints, and a run restarted under its name resumes."""
     import torch
 
-    from raydist.train.hooks import build_hooks
     from raydist.train.local import LocalRuntime
     from raydist.train.loop import run_loop
+    from raydist.train.wiring import build_hooks
 
     task = build_task(cfg, DataInfo.from_dataset(data_dir))
     plan = StepPlan(cfg.train.batch_size, cfg.loss.negative_set_size, 1)
@@ -264,7 +265,7 @@ def _finish(outcome: TrainOutcome, data_dir: Path, evaluate_test: bool) -> Train
     if evaluate_test and outcome.best_checkpoint and "test" in load_manifest(data_dir).splits:
         outcome.test_metrics = evaluate_checkpoint(outcome.best_checkpoint, data_dir, "test")
     if not is_uri(outcome.run_dir):  # per-epoch metrics next to the checkpoints
-        Path(outcome.run_dir, "history.json").write_text(json.dumps(outcome.history, indent=1))
+        Path(outcome.run_dir, HISTORY_FILE).write_text(json.dumps(outcome.history, indent=1))
         plot_run(outcome.run_dir)
     return outcome
 

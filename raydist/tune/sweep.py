@@ -15,12 +15,11 @@ import yaml
 
 from raydist.config import Config, ConfigError, dump_yaml, from_dict
 from raydist.console import route_ray_output
+from raydist.runfiles import BEST_CONFIG_FILE, LOG_FILE, SWEEP_FILE
 from raydist.runtime import DATA_CPUS, init_ray, run_cpus
 from raydist.train.trainer import build_trainer, checked_data_dir, resolve_schedule
 from raydist.tune.space import SweepSpace, parse_space, trial_config, trial_configs
 
-SWEEP_FILE = "raydist_sweep.yaml"  # space + base config + data folder: what `--resume` needs
-BEST_CONFIG_FILE = "best_config.yaml"
 TRAIN_RUN_NAME = "train"  # each trial's Train run: <experiment>/<trial folder>/train
 
 
@@ -274,7 +273,7 @@ def _start_ray(space: SweepSpace, cfg: Config, address: str | None, experiment_p
     init_ray(sweep_cpus(space, cfg), address)
     check_sweep_fits(space, cfg)
     if "://" not in experiment_path:
-        route_ray_output(Path(experiment_path) / "raydist.log")
+        route_ray_output(Path(experiment_path) / LOG_FILE)
 
 
 def _trainable(space: SweepSpace, cfg: Config, data_dir: Path, experiment_path: str) -> Any:

@@ -1,0 +1,29 @@
+"""Which hooks a run gets, from its config: the one place that wires the hooks (above every hook module, so
+the hooks never import it)."""
+
+from __future__ import annotations
+
+import tempfile
+from typing import Any
+
+from raydist.config import Config
+from raydist.gradclust.hook import GradientClusteringHook
+from raydist.tasks import Task
+from raydist.train.faults import FailAtStep
+from raydist.train.hooks import Hook, ValidationHook
+from raydist.train.tracking import TrackingHook
+
+
+def build_hooks(cfg: Config, task: Task, runtime: Any, run_dir: str | None) -> list[Hook]:
+    """The hooks of a run: gradient clustering (``gc.measure`` / ``gc.sample``), validation, fault injection
+    when ``debug.fail_at_step`` asks for it, and tracking last (it logs the metrics the others add).
+    ``runtime``: the loop's runtime (device, rank, world, in-memory ``arrays`` or None, ``plan``);
+    ``run_dir``: the local run folder, None on remote storage."""
+    hooks: list[Hook] = [ValidationHook(task, runtime.device)]
+    if cfg.gc.measure or cfg.gc.sample:
+        hooks.insert(0, GradientClusteringHook(cfg, task, runtime.arrays, rank=runtime.rank, world=runtime.world,
+                                               rows=runtime.plan.rows_per_worker, device=runtime.device))  # fmt: skip
+    if cfg.debug.fail_at_step >= 0:
+        marker = run_dir or tempfile.gettempdir()
+        hooks.insert(0, FailAtStep(cfg.debug.fail_at_step, cfg.debug.fail_rank, marker))
+    return [*hooks, TrackingHook(cfg, run_dir)]
