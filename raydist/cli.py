@@ -138,11 +138,11 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from raydist.benchmarks import append_results, run_benchmarks
+    from raydist.benchmarks import append_results, recorded_command, run_benchmarks
 
     table = run_benchmarks(args.names or None, smoke=args.smoke, repeats=args.repeats)
     if args.record:
-        append_results(args.record, "raydist bench " + " ".join(sys.argv[2:]), table)
+        append_results(args.record, recorded_command(["raydist", "bench", *sys.argv[2:]]), table)
         print(f"appended to {args.record}")
     return 0
 
@@ -357,7 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_plot)
 
     p = sub.add_parser("bench", help="run benchmarks side by side with their references (table + ratios)")
-    p.add_argument("names", nargs="*", help="benchmarks to run (default: all registered)")
+    p.add_argument("names", nargs="*", help="benchmarks to run: loss, loss-memory, data, step, gather, gc, startup, "
+                   "retrieval, real-cross-view (default: all)")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, one repetition (what the tests run)")
     p.add_argument("--repeats", type=int, default=5, help="repetitions per measurement (median and spread)")
     p.add_argument("--record", help="append the table with command, machine and versions to this file")
@@ -367,7 +368,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", help="negatives, mh-vs-sh, gather, label-noise, matryoshka or gc-variance")
     p.add_argument("--quick", action="store_true", help="tiny preset, one seed, 1-2 epochs (a smoke run)")
     p.add_argument("--seeds", help="comma-separated seeds (default: the experiment's)")
-    p.add_argument("--data", help="dataset folder (default: the experiment's own data)")
+    p.add_argument("--data", help="dataset folder, or a named dataset: synthetic-pairs, digit-halves (pairs); "
+                   "synthetic, digits, duplicated, no-duplicates (labels) (default: the experiment's own data)")
     p.add_argument("--preset", help="base preset of every trial (default: the experiment's)")
     p.add_argument("--out", help="folder for the table, figures and records")
     p.add_argument("--storage", help="experiment folders' parent: ./runs, or s3:// gs:// NFS on clusters")

@@ -1,4 +1,4 @@
-"""raydist.benchmarks: every registered benchmark runs in smoke mode (no timing asserted), the registry,
+"""raydist.benchmarks: every benchmark of the catalog runs in smoke mode (no timing asserted), the catalog,
 the results file, and the dense reference formulation of the loss benchmark."""
 
 from __future__ import annotations
@@ -8,22 +8,25 @@ import platform
 import pytest
 import torch
 
-from raydist.benchmarks import (
-    append_results,
-    register_benchmark,
-    registered_benchmarks,
-    registry,
-    run_benchmarks,
-)
+from raydist.benchmarks import BENCHMARKS, Benchmark, append_results, recorded_command, run_benchmarks
 from raydist.benchmarks.harness import RAY_BENCHMARKS
 from raydist.benchmarks.loss import dense_max_of_hinges
 from raydist.losses import l2_normalize, ranking_loss
 
+NAMES = ["loss", "loss-memory", "data", "step", "gather", "gc", "startup", "retrieval", "real-cross-view"]
+NEEDS_SKLEARN = {"real-cross-view"}  # the experiments extra
 
-@pytest.mark.parametrize("name", list(registered_benchmarks()))
+
+# slow: the benchmarks that run on Ray (data, step) or spawn two gloo processes (gather, gc), even in smoke mode
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=pytest.mark.slow) if n in {"data", "step", "gather", "gc"} else n for n in NAMES],
+)
 def test_benchmark_runs_in_smoke_mode(
     name: str, capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest
 ) -> None:
+    if name in NEEDS_SKLEARN:
+        pytest.importorskip("sklearn")
     if name in RAY_BENCHMARKS:  # the session's Ray instance (conftest), not a private one per benchmark
         request.getfixturevalue("ray_cluster")
     table = run_benchmarks([name], smoke=True, repeats=3)
@@ -32,33 +35,48 @@ def test_benchmark_runs_in_smoke_mode(
     assert table.strip() in capsys.readouterr().out
 
 
-def test_registry_takes_one_decorated_function(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(registry, "BENCHMARKS", dict(registry.BENCHMARKS))
+def test_the_catalog_names_every_benchmark_once_with_its_docstring() -> None:
+    assert list(BENCHMARKS) == NAMES
+    for name, benchmark in BENCHMARKS.items():
+        assert benchmark.name == name and benchmark.summary == benchmark.run.__doc__.strip().splitlines()[0]
+
+
+def test_run_benchmarks_runs_a_catalog_entry(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
 
-    @register_benchmark("toy")
     def toy(*, smoke: bool, repeats: int) -> str:
-        """A toy benchmark."""
+        """A toy benchmark.
+
+        More text."""
         calls.append((smoke, repeats))
         return "| a |\n|---|\n| 1 |"
 
-    assert "toy" in registered_benchmarks() and registered_benchmarks()["toy"].summary == "A toy benchmark."
-    assert "### toy (4 repeats): A toy benchmark." in run_benchmarks(["toy"], smoke=False, repeats=4)
+    monkeypatch.setitem(BENCHMARKS, "toy", Benchmark("toy", toy))
+    assert "### toy (4 repeats): A toy benchmark.\n" in run_benchmarks(["toy"], smoke=False, repeats=4)
     run_benchmarks(["toy"], smoke=True, repeats=4)
     assert calls == [(False, 4), (True, 1)]
-    with pytest.raises(ValueError, match="already registered"):
-        register_benchmark("toy")(toy)
     with pytest.raises(ValueError, match="unknown benchmark"):
         run_benchmarks(["no-such-benchmark"], smoke=True, repeats=1)
+    with pytest.raises(ValueError, match="repeats=0"):
+        run_benchmarks(["toy"], smoke=False, repeats=0)
+
+
+def test_recorded_command_names_the_thread_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    assert recorded_command(["raydist", "bench", "loss", "--record", "a b.md"]) == (
+        "OMP_WAIT_POLICY=PASSIVE raydist bench loss --record 'a b.md'"
+    )
 
 
 def test_append_results_keeps_the_file_and_records_the_run(tmp_path) -> None:
     results = tmp_path / "RESULTS.md"
     results.write_text("# Benchmark results\n\n## Earlier section\n")
-    append_results(results, "python bench/bench_loss.py --repeats 2", "| x |\n|---|\n| 1 |")
+    append_results(results, "raydist bench loss --repeats 2", "| x |\n|---|\n| 1 |")
     text = results.read_text()
     assert text.startswith("# Benchmark results\n\n## Earlier section\n\n## Benchmark suite")
-    assert "    python bench/bench_loss.py --repeats 2" in text
+    assert "    raydist bench loss --repeats 2" in text
     for version in (f"torch {torch.__version__}", "ray ", f"python {platform.python_version()}", "cores"):
         assert version in text
     assert text.endswith("| x |\n|---|\n| 1 |\n")

@@ -1,7 +1,9 @@
 """Experiments (raydist/experiments/): every sweep of every experiment resolves against the config and fits
-the CPU budget (no Ray); equal optimizer steps in ``negatives``; the digits refusal without scikit-learn;
-seed statistics; and each experiment end to end in quick mode on the session's 4-CPU Ray."""
+the CPU budget (no Ray); equal optimizer steps in ``negatives``; the named datasets and the digits refusal
+without scikit-learn; seed statistics; imports in raydist.experiments and raydist.benchmarks point one way;
+and each experiment end to end in quick mode on the session's 4-CPU Ray."""
 
+import ast
 import importlib.util
 import json
 import math
@@ -15,13 +17,15 @@ from raydist.experiments.datasets import experiment_dataset
 from raydist.experiments.mh_vs_sh import collapse_value, stalled_epochs
 from raydist.experiments.negatives import steps_per_epoch
 from raydist.experiments.records import TrialRecord
-from raydist.experiments.registry import Setup
 from raydist.experiments.runner import space_path, sweep_space
+from raydist.experiments.spec import Setup
 from raydist.experiments.tables import clearly_above, spread
 from raydist.tune.space import load_space, resolve_base_config
 from raydist.tune.sweep import sweep_cpus
 
 NAMES = ["gather", "gc-variance", "label-noise", "matryoshka", "mh-vs-sh", "negatives"]
+PACKAGES = ("raydist.experiments", "raydist.benchmarks")
+ROOT = Path(__file__).resolve().parents[1]
 TEST_CPUS = 4  # the session's Ray (tests/conftest.py); a local `raydist` Ray has max(cpu_count, 4)
 
 
@@ -119,6 +123,53 @@ def test_gc_variance_defaults_to_duplicated_data_and_judges_the_half_of_the_clai
     assert verdict[(dup.name, 0.2)].endswith(": held.") and verdict[(dup.name, 0.49)].endswith("did not hold.")
     assert verdict[(plain.name, 0.49)].endswith(": held.") and verdict[(plain.name, 0.2)].endswith("did not hold.")
     assert "GC/SGD 0.42 ± 0.02" in verdict[(dup.name, 0.2)]
+
+
+def test_a_name_that_is_neither_a_folder_nor_a_named_dataset_lists_the_named_ones(tmp_path):
+    with pytest.raises(ConfigError, match=r"--data nope: neither a dataset folder .*\n  synthetic-pairs \(pairs\): "):
+        experiment_dataset("pairs", "nope", tmp_path, quick=True)
+    with pytest.raises(ConfigError, match=r"a 'labels' dataset; this experiment needs a 'pairs' one \(named: "
+                                          r"synthetic-pairs, digit-halves, or a folder\)"):  # fmt: skip
+        experiment_dataset("pairs", "synthetic", tmp_path, quick=True)
+
+
+def _imports(module: str, path: Path) -> set[str]:
+    """Modules of :data:`PACKAGES` that ``module`` imports anywhere in its file (inside functions too); ``from
+    P import x`` imports the package P (and P.x when that is a module)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            base = node.module if node.level == 0 else ".".join(module.split(".")[: -node.level] + [node.module])
+            names = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+        found |= {n for n in names if n.startswith(PACKAGES) and n != module}
+    return found
+
+
+def test_imports_in_the_experiments_and_benchmarks_packages_point_one_way():
+    """No import cycle among the modules of raydist.experiments and raydist.benchmarks (``__init__`` included)."""
+    graph = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package.replace(".", "/")).glob("*.py")):
+            module = package if path.stem == "__init__" else f"{package}.{path.stem}"
+            graph[module] = _imports(module, path)
+    graph = {m: {n for n in deps if n in graph} for m, deps in graph.items()}
+    state: dict[str, str] = {}
+
+    def visit(module: str, trail: list[str]) -> None:
+        state[module] = "open"
+        for dep in sorted(graph[module]):
+            assert state.get(dep) != "open", "import cycle: " + " → ".join([*trail, module, dep])
+            if dep not in state:
+                visit(dep, [*trail, module])
+        state[module] = "done"
+
+    for module in graph:
+        if module not in state:
+            visit(module, [])
+    assert "raydist.experiments.catalog" in graph["raydist.experiments"]  # the package sits above its catalog
 
 
 def test_seed_statistics():

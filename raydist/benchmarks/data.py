@@ -25,7 +25,6 @@ from raydist.benchmarks.harness import (
     seconds,
     spread,
 )
-from raydist.benchmarks.registry import register_benchmark
 from raydist.config import Config, from_dict
 from raydist.data import make_synthetic
 from raydist.data.schema import IMAGE
@@ -145,7 +144,6 @@ def consumption_steps(cfg: Config, task: Task, data_dir: Path, steps: int) -> Ca
     return run
 
 
-@register_benchmark("data")
 def data_rate(*, smoke: bool, repeats: int) -> str:
     """Rows/s the streamed train split delivers as torch batches into one worker vs pyarrow and the step."""
     import ray

@@ -23,7 +23,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from raydist.benchmarks.harness import held, row, spread
-from raydist.benchmarks.registry import register_benchmark
 from raydist.distributed.spawn import free_port, spawn
 from raydist.gradclust import GradientClustering
 from raydist.train.malloc import tune_malloc
@@ -195,7 +194,6 @@ def _row(batch: int, world: int, times: dict[str, list[float]], memory: list[str
                held(wall <= TARGET), *memory)  # fmt: skip
 
 
-@register_benchmark("gc")
 def gc_cost(*, smoke: bool, repeats: int) -> str:
     """Step time with gradient clustering statistics on vs off (W=1 and W=2), and the memory GC adds."""
     sizes = Sizes.for_mode(smoke, repeats)

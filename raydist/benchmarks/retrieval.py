@@ -53,7 +53,6 @@ import numpy as np
 import torch
 
 from raydist.benchmarks.harness import ms_spread, seconds
-from raydist.benchmarks.registry import register_benchmark
 from raydist.eval.adaptive import mflops_per_query
 from raydist.eval.faiss_index import build_index, unit_rows
 from raydist.eval.retrieve import Cascade, cascade_mflops, default_funnel
@@ -327,7 +326,6 @@ def format_rows(rows: list[dict]) -> tuple[str, str]:
     return "\n".join(lines), verdict
 
 
-@register_benchmark("retrieval")
 def retrieval(*, smoke: bool, repeats: int) -> str:
     """Trained nested model, N×D database: flat D vs adaptive, funnel, HNSW and prefix-IVF (time, recall)."""
     sizes = SMOKE if smoke else FULL

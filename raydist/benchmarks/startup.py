@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 from raydist.benchmarks.harness import RAY_ENV, row, spread
-from raydist.benchmarks.registry import register_benchmark
 from raydist.config import load_config
 from raydist.data import make_synthetic
 from raydist.train.trainer import resolve_data_dir
@@ -55,7 +54,6 @@ def import_seconds(env: dict[str, str]) -> float:
     return time.time() - launched
 
 
-@register_benchmark("startup")
 def startup(*, smoke: bool, repeats: int) -> str:
     """Seconds from launching `raydist train` to its first optimizer step, train split in memory vs streamed."""
     env = _env()

@@ -18,7 +18,6 @@ import torch
 import torch.distributed as dist
 
 from raydist.benchmarks.harness import held, median, omp_wait_policy, pairs_setup, ray_instance, row, spread
-from raydist.benchmarks.registry import register_benchmark
 from raydist.config import Config, from_dict
 from raydist.data import make_synthetic
 from raydist.data.stream import InMemoryBatches, train_arrays
@@ -122,9 +121,9 @@ def reference_process(rank: int, world: int, cfg_dict: dict[str, Any], data_dir:
     plan = StepPlan(cfg.train.batch_size, cfg.loss.negative_set_size, world)
     clock = StepClock()
     if loop:
-        from raydist.train.hooks import build_hooks
         from raydist.train.local import LocalRuntime
         from raydist.train.loop import run_loop
+        from raydist.train.wiring import build_hooks
 
         with tempfile.TemporaryDirectory(prefix="raydist-bench-loop-") as run_dir:
             runtime = LocalRuntime(cfg, task, plan, run_dir)
@@ -173,7 +172,6 @@ def reference_run(cfg: Config, data_dir: Path, world: int, worker: dict[str, Any
         return json.loads(out.read_text())
 
 
-@register_benchmark("step")
 def step_rate(*, smoke: bool, repeats: int) -> str:
     """Steps/s of a Ray Train run (1 and 2 workers) vs the same steps without Ray."""
     images, captions, dim = SMOKE_DATA if smoke else FULL_DATA

@@ -3,15 +3,16 @@ experiment is one or more space files in ``tune_spaces/`` plus a summary (markdo
 whether the claim held); :func:`run_experiment` runs one by name and :func:`summarise_saved` re-renders a
 finished one.
 
-Registered here (one module each): ``negatives``, ``mh-vs-sh``, ``gather``, ``label-noise``,
-``matryoshka``, ``gc-variance``. To add one: write
+Shipped (one module each, listed in :mod:`raydist.experiments.catalog`): ``negatives``, ``mh-vs-sh``,
+``gather``, ``label-noise``, ``matryoshka``, ``gc-variance``. To add one: write
 ``raydist/experiments/<name>.py`` with a space file, ``sweeps(setup)``, ``summarise(records, out, setup)``
-and ``register_experiment(Experiment(...))``, and import it below.
+and ``EXPERIMENT = Experiment(...)``, and add it to the catalog. Modules of this package import each other
+by their full module names, never through this package.
 """
 
-from raydist.experiments import gather, gc_variance, label_noise, matryoshka, mh_vs_sh, negatives  # noqa: F401  (register)
-from raydist.experiments.registry import Experiment, Setup, Summary, Sweep, experiment_names, get_experiment
+from raydist.experiments.catalog import experiment_names, get_experiment
 from raydist.experiments.runner import run_experiment, summarise_saved
+from raydist.experiments.spec import Experiment, Setup, Summary, Sweep
 
 __all__ = [
     "Experiment",

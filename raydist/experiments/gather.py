@@ -10,7 +10,7 @@ from pathlib import Path
 
 from raydist.experiments.figures import finish, panels, save, spread_line
 from raydist.experiments.records import TrialRecord
-from raydist.experiments.registry import Experiment, Setup, Summary, Sweep, register_experiment
+from raydist.experiments.spec import Experiment, Setup, Summary, Sweep
 from raydist.experiments.tables import clearly_above, group_by, markdown_table, spread
 
 WORKERS = (1, 2, 4)
@@ -85,7 +85,7 @@ def _verdict(groups: dict[tuple, list[TrialRecord]]) -> list[str]:
     return lines
 
 
-register_experiment(Experiment(
+EXPERIMENT = Experiment(
     name="gather",
     claim="cross-worker negatives matter more as the number of workers grows",
     reference="raydist loss.gather (README 'Cross-worker negatives'); cf. open_clip's gather_features",
@@ -94,4 +94,4 @@ register_experiment(Experiment(
     sweeps=sweeps,
     summarise=summarise,
     quick={"train.epochs": 1, "train.batch_size": 64},
-))  # fmt: skip
+)  # fmt: skip

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from raydist.experiments.figures import finish, panels, save, spread_line
 from raydist.experiments.records import TrialRecord
-from raydist.experiments.registry import Experiment, Setup, Summary, Sweep, register_experiment
+from raydist.experiments.spec import Experiment, Setup, Summary, Sweep
 from raydist.experiments.tables import Spread, clearly_above, markdown_table, spread
 
 SGD, GC = "gvar/sgd_nvar", "gvar/gc_nvar"
@@ -151,7 +151,7 @@ def _verdict(done: list[TrialRecord], copies: int | None) -> list[str]:
     return lines
 
 
-register_experiment(Experiment(
+EXPERIMENT = Experiment(
     name="gc-variance",
     claim="with duplicated examples, gradient clustering's stratified estimator has a far lower normalized "
           "variance than SGD's; without duplicates the two are about equal",
@@ -163,4 +163,4 @@ register_experiment(Experiment(
     summarise=summarise,
     quick={"train.epochs": 2},
     data="duplicated",
-))  # fmt: skip
+)  # fmt: skip

@@ -12,7 +12,7 @@ from typing import Any
 
 from raydist.experiments.figures import finish, panels, save, spread_line
 from raydist.experiments.records import TrialRecord
-from raydist.experiments.registry import Experiment, Setup, Summary, Sweep, register_experiment
+from raydist.experiments.spec import Experiment, Setup, Summary, Sweep
 from raydist.experiments.tables import clearly_above, group_by, markdown_table, spread
 
 NESTING = "model.nesting"
@@ -96,7 +96,7 @@ def _verdict(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-register_experiment(Experiment(
+EXPERIMENT = Experiment(
     name="matryoshka",
     claim="a nested model beats first-m, SVD and random projections of a plain model at every low dim",
     reference="Kusupati et al., Matryoshka Representation Learning (NeurIPS 2022), Fig. 2-3; raydist.eval.retrieve",
@@ -105,4 +105,4 @@ register_experiment(Experiment(
     sweeps=sweeps,
     summarise=summarise,
     quick={"train.epochs": 1},
-))  # fmt: skip
+)  # fmt: skip

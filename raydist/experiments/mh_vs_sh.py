@@ -10,7 +10,7 @@ from pathlib import Path
 
 from raydist.experiments.figures import finish, panels, save, spread_line
 from raydist.experiments.records import TrialRecord
-from raydist.experiments.registry import Experiment, Setup, Summary, Sweep, register_experiment
+from raydist.experiments.spec import Experiment, Setup, Summary, Sweep
 from raydist.experiments.tables import clearly_above, group_by, markdown_table, spread
 
 FRACTION = "data.train_fraction"
@@ -132,7 +132,7 @@ def _verdict(groups: dict[tuple, list[TrialRecord]]) -> list[str]:
     return lines
 
 
-register_experiment(Experiment(
+EXPERIMENT = Experiment(
     name="mh-vs-sh",
     claim="MH beats SH once warmed up, by more with more data",
     reference="Faghri et al., VSE++ (BMVC 2018), Sec. 4.1 and Table 1; loss.hardest, loss.warmup_sh_epochs",
@@ -141,4 +141,4 @@ register_experiment(Experiment(
     sweeps=sweeps,
     summarise=summarise,
     quick={"train.epochs": 2, "train.lr_decay_epoch": 100},
-))  # fmt: skip
+)  # fmt: skip

@@ -13,7 +13,7 @@ from pathlib import Path
 from raydist.distributed import StepPlan
 from raydist.experiments.figures import finish, panels, save, spread_line
 from raydist.experiments.records import TrialRecord
-from raydist.experiments.registry import Experiment, Setup, Summary, Sweep, register_experiment
+from raydist.experiments.spec import Experiment, Setup, Summary, Sweep
 from raydist.experiments.tables import Spread, clearly_above, group_by, markdown_table, spread
 
 SIZES = (2, 8, 32, 128, 512, 2048)
@@ -131,7 +131,7 @@ def _optimum(test: dict[int, Spread]) -> list[str]:
     ]
 
 
-register_experiment(Experiment(
+EXPERIMENT = Experiment(
     name="negatives",
     claim="MH's negative-set size has an interior optimum",
     reference="Faghri, VSE++ thesis (2018), Fig. 3.6; raydist.distributed.negatives",
@@ -140,4 +140,4 @@ register_experiment(Experiment(
     sweeps=sweeps,
     summarise=summarise,
     quick={"train.epochs": 2, "loss.warmup_sh_epochs": 1, "train.batch_size": 64},
-))  # fmt: skip
+)  # fmt: skip

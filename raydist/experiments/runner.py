@@ -14,6 +14,7 @@ import yaml
 import raydist
 from raydist.config import Config, ConfigError, from_dict, load_config
 from raydist.data import load_manifest
+from raydist.experiments.catalog import get_experiment
 from raydist.experiments.datasets import experiment_dataset
 from raydist.experiments.records import (
     TRIALS_FILE,
@@ -24,7 +25,7 @@ from raydist.experiments.records import (
     read_history,
     save_records,
 )
-from raydist.experiments.registry import Experiment, Setup, Summary, Sweep, get_experiment
+from raydist.experiments.spec import Experiment, Setup, Summary, Sweep
 from raydist.tune.space import SweepSpace, load_space, parse_space, resolve_base_config, trial_config
 
 SPACES_DIR = Path(raydist.__file__).resolve().parents[1] / "tune_spaces"
@@ -69,8 +70,8 @@ def run_experiment(
     """Run experiment ``name`` and summarise it into ``out_dir`` (default ``./runs/experiments/<name>-<time>``).
 
     ``quick``: the tiny preset, one seed, 1–2 epochs, a tiny dataset generated into ``out_dir`` (a smoke
-    test). ``seeds`` replaces the experiment's seeds; ``data`` a dataset folder (labels experiments also
-    take ``"synthetic"`` or ``"digits"``); ``preset`` the base preset; ``overrides`` dotted config keys
+    test). ``seeds`` replaces the experiment's seeds; ``data`` a dataset folder or a named dataset of
+    the experiment's task (:data:`raydist.experiments.datasets.DATA_SOURCES`); ``preset`` the base preset; ``overrides`` dotted config keys
     for every trial (e.g. ``train.use_gpu=true``); ``storage`` where the Tune experiment folders go
     (default ``<out_dir>/runs``; ``s3://`` … on clusters); ``address`` a Ray cluster to join. Every sweep is
     checked before the first trial starts. Returns the paths and rows (see :func:`write_summary`)."""

@@ -1,5 +1,6 @@
-"""The registry of named experiments: an experiment is one or more Tune sweeps (space files in
-``tune_spaces/``) plus a summary that turns the finished trials into a table and figures. Ray-free."""
+"""What an experiment is: one or more Tune sweeps (space files in ``tune_spaces/``) plus a summary that turns
+the finished trials into a table and figures (:class:`Experiment`, :class:`Setup`, :class:`Sweep`,
+:class:`Summary`). Ray-free; the shipped experiments are listed in :mod:`raydist.experiments.catalog`."""
 
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ class Experiment:
     ``sweeps`` lists the Tune sweeps of a run; ``summarise(records, out_dir, setup)`` writes the figures into
     ``out_dir`` and returns a :class:`Summary`. ``seeds`` are the normal mode's seeds (quick mode runs the
     first); ``preset`` is the base preset; ``quick`` the overrides of quick mode (epochs, sizes); ``data`` the
-    named dataset used when the run gives no ``--data`` (:data:`raydist.experiments.datasets.LABEL_SOURCES`;
+    named dataset used when the run gives no ``--data`` (:data:`raydist.experiments.datasets.DATA_SOURCES`;
     None: the task's default).
     """
 
@@ -72,27 +73,3 @@ class Experiment:
     quick: Mapping[str, Any] = field(default_factory=dict)
     data: str | None = None
 
-
-_EXPERIMENTS: dict[str, Experiment] = {}
-
-
-def register_experiment(experiment: Experiment) -> Experiment:
-    """Make ``experiment`` runnable by name (``run_experiment(experiment.name)``)."""
-    if experiment.name in _EXPERIMENTS:
-        raise ValueError(f"experiment {experiment.name!r} is already registered")
-    _EXPERIMENTS[experiment.name] = experiment
-    return experiment
-
-
-def experiment_names() -> list[str]:
-    """Registered experiments (the shipped ones register when raydist.experiments is imported)."""
-    import raydist.experiments  # noqa: F401  (registers the shipped experiments)
-
-    return sorted(_EXPERIMENTS)
-
-
-def get_experiment(name: str) -> Experiment:
-    """The experiment registered as ``name``."""
-    if name not in experiment_names():
-        raise ValueError(f"unknown experiment {name!r}; registered: {', '.join(experiment_names())}")
-    return _EXPERIMENTS[name]
