@@ -1,4 +1,17 @@
-"""One Ray local cluster per test session, environment set before Ray is imported."""
+"""One Ray local cluster per test session, environment set before Ray is imported, and honest `slow` markers.
+
+`slow` marks every test that pays seconds of multi-process start-up: it starts Ray or uses the session's
+Ray (`ray_cluster`: Ray Train fits with workers, Tune sweeps, Ray Data pipelines executed in Ray tasks),
+runs a `raydist train` subprocess that starts Ray, starts a `ray start` cluster and submits jobs (those are
+also marked `cluster`), or spawns a gloo process group of more than one process. `pytest -m "not slow"`
+runs the rest: in-process code, including `train.num_workers=0` runs and single `python -c` subprocesses.
+
+Enforced here, before fixtures are set up: a test without `slow` that requests `ray_cluster` (directly or
+through another fixture) fails with a message saying to mark it, and so does a `cluster` test without `slow`.
+While an unmarked test and its fixtures run, `ray.init` and torch's `start_processes` (behind
+`torch.multiprocessing.spawn` and raydist's `spawn`) fail the test the same way, and `ray.is_initialized()`
+answers False, so an unmarked test cannot use a Ray instance that an earlier test started. Subprocesses
+are not watched: a test that runs one which starts Ray must be marked by hand."""
 
 import os
 
@@ -10,7 +23,74 @@ os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "60")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pytest
+
+pytest_plugins = ("pytester",)  # tests/test_markers.py runs this conftest on small tests
+
+RAY_FIXTURES = frozenset({"ray_cluster"})  # fixtures that start (or hand out) the session's Ray
+
+
+def _mark_it(item: pytest.Item, why: str) -> str:
+    return (f"{item.nodeid} {why}, so it must be marked slow (`@pytest.mark.slow`) for `pytest -m \"not slow\"` "
+            "to leave it out (tests/conftest.py)")  # fmt: skip
+
+
+def _refuse(item: pytest.Item, what: str):
+    def refused(*args, **kwargs):
+        pytest.fail(_mark_it(item, f"calls {what}"), pytrace=False)
+
+    return refused
+
+
+@contextmanager
+def _no_multiprocess_start(item: pytest.Item) -> Iterator[None]:
+    """While an unmarked test (or its fixtures) runs: starting Ray or spawning processes fails the test."""
+    import ray
+    import ray._private.worker
+    import torch.multiprocessing
+
+    # the module torch.multiprocessing.spawn, whose name the function torch.multiprocessing.spawn shadows
+    spawn_module = sys.modules["torch.multiprocessing.spawn"]
+    patches = [
+        (ray, "init", _refuse(item, "ray.init (starts Ray)")),
+        (ray._private.worker, "init", _refuse(item, "ray.init (starts Ray)")),
+        (ray, "is_initialized", lambda: False),
+        (torch.multiprocessing, "start_processes", _refuse(item, "torch.multiprocessing.start_processes")),
+        (spawn_module, "start_processes", _refuse(item, "torch.multiprocessing.spawn")),
+    ]
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
+    for owner, name, value in patches:
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for owner, name, value in saved:
+            setattr(owner, name, value)
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)  # innermost: the other plugins' setup has run
+def pytest_runtest_setup(item: pytest.Item):
+    if item.get_closest_marker("slow") is not None:
+        return (yield)
+    if item.get_closest_marker("cluster") is not None:
+        pytest.fail(_mark_it(item, "is marked cluster (a `ray start` cluster)"), pytrace=False)
+    ray_fixtures = sorted(RAY_FIXTURES.intersection(getattr(item, "fixturenames", ())))
+    if ray_fixtures:
+        pytest.fail(_mark_it(item, f"uses the session's Ray ({', '.join(ray_fixtures)})"), pytrace=False)
+    with _no_multiprocess_start(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_runtest_call(item: pytest.Item):
+    if item.get_closest_marker("slow") is not None:
+        return (yield)
+    with _no_multiprocess_start(item):
+        return (yield)
 
 
 @pytest.fixture(scope="session")

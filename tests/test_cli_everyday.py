@@ -61,6 +61,7 @@ def test_in_process_run_resume_and_eval(tiny_dataset, tmp_path, capsys):
     assert "feature_dim: checkpoint=32 data=16" in err
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_failed_run_is_one_error_line_and_exit_1(ray_cluster, tiny_dataset, tmp_path, capsys):
     code = main(["train", "--preset", "tiny", "--data", str(tiny_dataset), "--storage", str(tmp_path),

@@ -48,6 +48,7 @@ def test_uniform_by_id_is_uniform_and_a_function_of_id_and_seed():
     assert abs(np.corrcoef(uniform_by_id(ids, 3, 0), uniform_by_id(ids, 3, 1))[0, 1]) < 0.01
 
 
+@pytest.mark.slow
 def test_stream_epoch_through_ray_data_gives_each_row_once(ray_cluster):
     import ray.data
 

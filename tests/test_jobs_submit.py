@@ -23,7 +23,7 @@ import yaml
 
 from raydist.config import load_config
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]  # a cluster test is slow too (tests/conftest.py enforces it)
 
 REPO = Path(__file__).resolve().parents[1]
 RAY = str(Path(sys.executable).parent / "ray")

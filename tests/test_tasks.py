@@ -78,6 +78,7 @@ def separable_labels(tmp_path_factory):
     return data
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_labels_task_trains_end_to_end_with_two_workers(ray_cluster, separable_labels, tmp_path, capsys):
     data = separable_labels
@@ -91,6 +92,7 @@ def test_labels_task_trains_end_to_end_with_two_workers(ray_cluster, separable_l
     assert "top-1" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_triplet_loss_under_label_noise_trains_end_to_end_with_two_workers(ray_cluster, separable_labels, tmp_path):
     """Triplet loss, random semi-hard mining over the batch gathered from 2 workers, 20 % of the train labels

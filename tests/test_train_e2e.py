@@ -21,6 +21,7 @@ def untrained_rsum(cfg, data_dir) -> float:
     return evaluate_arrays(model, vocab, split_arrays(data_dir, "val"), max_len=cfg.data.max_caption_len)["rsum"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_tiny_two_workers_learn(ray_cluster, tiny_dataset, tmp_path):
     cfg = load_config(
@@ -44,6 +45,7 @@ def test_tiny_two_workers_learn(ray_cluster, tiny_dataset, tmp_path):
     assert outcome.test_metrics["rsum"] > before + 60
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_streamed_train_split_through_ray_data_learns(ray_cluster, tiny_dataset, tmp_path):
     """data.in_memory_max_mb=0 forces the Ray Data path (read_parquet → map_batches → streaming_split):

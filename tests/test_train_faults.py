@@ -1,5 +1,6 @@
 """Faults: a worker that dies mid-epoch, exact resume, resume by path and by run name."""
 
+import json
 import os
 import signal
 import threading
@@ -28,6 +29,7 @@ def steps_per_epoch(outcome) -> int:
     return outcome.history[0]["step"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_injected_fault_restarts_from_checkpoint_and_matches_uninterrupted(ray_cluster, tiny_dataset, tmp_path):
     common = {"train.num_workers": 1, "train.checkpoint_every": 4, "train.seed": 11}
@@ -47,19 +49,33 @@ def test_injected_fault_restarts_from_checkpoint_and_matches_uninterrupted(ray_c
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6, msg=k)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_worker_killed_from_outside_run_completes(ray_cluster, tiny_dataset, tmp_path):
     from ray.util.state import list_actors
 
     cfg = tiny(tiny_dataset, tmp_path, **{"train.checkpoint_every": 3, "train.max_failures": 2, "train.epochs": 3})
     killed: list[int] = []
+    waited: list[str] = []
     gcs = ray_cluster.get_runtime_context().gcs_address
 
+    def registered_checkpoint() -> Path | None:
+        """The checkpoint Ray Train's controller has registered: the latest one named in its checkpoint manager
+        snapshot (written once the checkpoint folder is persisted), with our state.pt in it."""
+        for snapshot in Path(tmp_path).glob("*/checkpoint_manager_snapshot.json"):
+            try:
+                latest = json.loads(snapshot.read_text()).get("latest_checkpoint_result")
+            except (OSError, ValueError):  # being written: look again
+                continue
+            if latest and (snapshot.parent / latest["checkpoint_dir_name"] / "state.pt").is_file():
+                return snapshot.parent / latest["checkpoint_dir_name"]
+        return None
+
     def killer():
-        deadline = time.time() + 120
-        while time.time() < deadline and not killed:
-            if list(Path(tmp_path).glob("*/checkpoint_*/state.pt")):
-                time.sleep(2.0)  # let the controller register the checkpoint
+        timeout = 120
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if registered_checkpoint() is not None:
                 for actor in list_actors(
                     address=gcs, filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")]
                 ):
@@ -68,18 +84,23 @@ def test_worker_killed_from_outside_run_completes(ray_cluster, tiny_dataset, tmp
                         killed.append(actor.pid)
                         return
             time.sleep(0.2)
+        waited.append(
+            f"no checkpoint registered in {tmp_path}/*/checkpoint_manager_snapshot.json "
+            f"(with its checkpoint's state.pt) and no live RayTrainWorker to kill within {timeout} s"
+        )
 
     thread = threading.Thread(target=killer, daemon=True)
     thread.start()
     outcome = run_training(cfg, evaluate_test=False)
     thread.join(1)
-    assert killed, "no worker was killed"
+    assert killed, waited[0] if waited else "no worker was killed before the run ended"
     assert len(outcome.resumed_at) >= 1 and outcome.resumed_at[0] > 0
     assert [m["epoch"] for m in outcome.history] == [1, 2, 3]
     assert outcome.history[-1]["step"] == 3 * outcome.history[0]["step"]  # no step lost or repeated
     assert outcome.best_metrics is not None and outcome.best_metrics["val/rsum"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_resume_by_path_and_by_run_name(ray_cluster, tiny_dataset, tmp_path):
     first = run_training(tiny(tiny_dataset, tmp_path, **{"train.epochs": 1, "train.run_name": "same"}),

@@ -71,6 +71,7 @@ def test_trials_schedule_by_steps_like_train(tiny_dataset):
     assert _scheduler(space, cfg, Path(tiny_dataset))._max_t == expected[64]
 
 
+@pytest.mark.slow
 def test_a_sweep_that_cannot_fit_is_refused(ray_cluster):
     space = parse_space(
         {
@@ -133,6 +134,7 @@ def failing_sweep(ray_cluster, tiny_dataset, tmp_path_factory):
     return cfg, run_sweep(space, cfg, storage_path=str(tmp_path_factory.mktemp("tune")))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_failed_trial_is_reported_and_the_sweep_goes_on(failing_sweep, capsys):
     cfg, outcome = failing_sweep
@@ -157,6 +159,7 @@ def test_failed_trial_is_reported_and_the_sweep_goes_on(failing_sweep, capsys):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_resume_reruns_the_errored_trial(failing_sweep):
     _, first = failing_sweep
