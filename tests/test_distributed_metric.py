@@ -229,6 +229,7 @@ def _relative_gap(got: dict, want: dict) -> float:
     return num / sum(float(want[n].norm() ** 2) for n in want) ** 0.5
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_ddp_gradients_match_single_process(runs: dict) -> None:
     """Every case: both ranks hold the single-process gradients (model and β) to 1e-9, and the mean over
@@ -253,6 +254,7 @@ def test_ddp_gradients_match_single_process(runs: dict) -> None:
             assert want["margin_beta.beta"].abs().max() > 0, name
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_broken_variants_fail_the_comparison(runs: dict) -> None:
     """Without the ×W, or with a gather that drops the other ranks' gradients, the comparison fails; so does a

@@ -264,6 +264,7 @@ def _relative_gap(got: dict, want: dict) -> float:
 CORRECT = [n for n in CASES if n != "nograd"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", CORRECT)
 def test_ddp_gradients_match_single_process(runs: dict, name: str) -> None:
@@ -276,6 +277,7 @@ def test_ddp_gradients_match_single_process(runs: dict, name: str) -> None:
     assert sum(r["loss"] for r in ranks) / WORLD == pytest.approx(loss.item(), rel=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_forgetting_the_gather_fails_the_comparison(runs: dict) -> None:
     model, bank = runs["model"], runs["bank"]
@@ -285,6 +287,7 @@ def test_forgetting_the_gather_fails_the_comparison(runs: dict) -> None:
     assert _relative_gap(runs["ranks"][0]["local"]["grads"], global_dup) > 1e-3
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_the_comparisons_see_masks_and_subsets(runs: dict) -> None:
     """References with the cross-worker duplicate unmasked, or another key subset, give other gradients."""
@@ -300,6 +303,7 @@ def test_the_comparisons_see_masks_and_subsets(runs: dict) -> None:
     assert _subset_draws(CASES["larger"])[1] is None
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_stats(runs: dict) -> None:
     model, bank = runs["model"], runs["bank"]
