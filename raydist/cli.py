@@ -85,8 +85,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from raydist.eval.evaluate import evaluate_checkpoint
     from raydist.eval.metrics import format_metrics
+    from raydist.inference import evaluate_checkpoint
 
     metrics = evaluate_checkpoint(args.checkpoint, args.data, args.split, folds=args.folds)
     print(f"{args.split} split, checkpoint {args.checkpoint}" + (f", {args.folds} folds" if args.folds else ""))
@@ -105,18 +105,6 @@ def _dims(text: str | None) -> list[int] | None:
         return [int(d) for d in text.split(",")]
     except ValueError as e:
         raise ValueError(f"--dims: expected comma-separated integers, got {text!r}") from e
-
-
-def _retrieval_inputs(args: argparse.Namespace) -> tuple[Path, list[int] | None]:
-    """The dataset (given or recorded in the checkpoint) and the dims (given, else the trained nesting)."""
-    from raydist.checkpoint import load_checkpoint, recorded_dataset
-
-    data = recorded_dataset(args.checkpoint, args.data)
-    dims = _dims(args.dims)
-    if dims is None:
-        cfg = load_checkpoint(args.checkpoint)[1]
-        dims = sorted({*cfg.model.nesting, cfg.model.embed_dim}) if cfg.model.nesting else None
-    return data, dims
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -161,27 +149,24 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 
 
 def cmd_index(args: argparse.Namespace) -> int:
-    from raydist.eval.retrieve import build_indexes, default_dims, load_embeddings
+    from raydist.inference import write_checkpoint_indexes
 
-    data, dims = _retrieval_inputs(args)
-    rset = load_embeddings(args.checkpoint, data, args.split)
-    dims = dims or default_dims(rset.dim)
-    build_indexes(rset, dims, args.kind, args.out, hnsw_m=args.hnsw_m)
+    rset, dims = write_checkpoint_indexes(args.checkpoint, args.out, args.data, split=args.split,
+                                          dims=_dims(args.dims), kind=args.kind, hnsw_m=args.hnsw_m)  # fmt: skip
     print(f"wrote {args.kind} indexes at dims {dims} of {rset.database.shape[0]} vectors to {args.out}")
     return 0
 
 
 def cmd_retrieve(args: argparse.Namespace) -> int:
-    from raydist.eval.retrieve import retrieval_report
+    from raydist.inference import checkpoint_retrieval_report
 
-    data, dims = _retrieval_inputs(args)
     funnel = None
     if args.funnel:
         stages, _, sizes = args.funnel.partition(":")
         funnel = (_dims(stages), _dims(sizes))
-    report = retrieval_report(args.checkpoint, data, split=args.split, dims=dims, kind=args.kind,
-                              baseline_checkpoint=args.baseline, out_dir=args.out, shortlist=args.shortlist,
-                              funnel=funnel, k=args.k)  # fmt: skip
+    report = checkpoint_retrieval_report(args.checkpoint, args.data, split=args.split, dims=_dims(args.dims),
+                                         kind=args.kind, baseline_checkpoint=args.baseline, out_dir=args.out,
+                                         shortlist=args.shortlist, funnel=funnel, k=args.k)  # fmt: skip
     print(report["table"])
     for path in report["files"]:
         print(f"wrote {Path(args.out) / path}")

@@ -15,7 +15,6 @@ import pytest
 from raydist.config import load_config
 from raydist.distributed import StepPlan
 from raydist.eval.adaptive import funnel_retrieval, mflops_per_query
-from raydist.eval.evaluate import evaluate_checkpoint
 from raydist.eval.faiss_index import build_index
 from raydist.eval.metrics import retrieval_metrics
 from raydist.eval.retrieve import (
@@ -30,11 +29,10 @@ from raydist.eval.retrieve import (
     evaluate_dims,
     format_table,
     interpolated_dims,
-    load_embeddings,
     load_indexes,
-    retrieval_report,
     search_ids,
 )
+from raydist.inference import checkpoint_retrieval_report, evaluate_checkpoint, load_trained
 from raydist.tasks import DataInfo, build_task
 from raydist.train.local import LocalRuntime
 from raydist.train.loop import run_loop
@@ -76,12 +74,12 @@ def labels_ckpt(labels_dataset, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def pairs_set(pairs_ckpt, tiny_dataset):
-    return load_embeddings(pairs_ckpt, tiny_dataset, "test")
+    return load_trained(pairs_ckpt, tiny_dataset).embed("test")
 
 
 @pytest.fixture(scope="module")
 def labels_set(labels_ckpt, labels_dataset):
-    return load_embeddings(labels_ckpt, labels_dataset, "test")
+    return load_trained(labels_ckpt, labels_dataset).embed("test")
 
 
 def _unit(x: np.ndarray, m: int) -> np.ndarray:
@@ -190,7 +188,7 @@ def test_indexes_written_to_disk_load_back_identical(labels_set, tmp_path, kind)
 
 
 def test_report_writes_table_and_figures(pairs_ckpt, labels_ckpt, tiny_dataset, labels_dataset, tmp_path):
-    out = retrieval_report(
+    out = checkpoint_retrieval_report(
         pairs_ckpt, tiny_dataset, baseline_checkpoint=pairs_ckpt, out_dir=tmp_path / "pairs"
     )
     assert out["dims"] == [8, 16, 32, 64]
@@ -207,7 +205,7 @@ def test_report_writes_table_and_figures(pairs_ckpt, labels_ckpt, tiny_dataset, 
     assert json.loads(Path(out["files"]["retrieval.json"]).read_text()) == rows
     for name in ("metric_vs_dim.png", "metric_vs_mflops.png"):
         assert Path(out["files"][name]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    labels = retrieval_report(
+    labels = checkpoint_retrieval_report(
         labels_ckpt,
         labels_dataset,
         dims=[16, 64],

@@ -1,12 +1,22 @@
 """Checkpoint files: atomic writes, newest-complete lookup, clear errors for half-written folders."""
 
+import os
 import time
 
 import pytest
 import torch
 
-from raydist.checkpoint import STATE_FILE, find_checkpoint, load_checkpoint, save_checkpoint
+from raydist.checkpoint import (
+    STATE_FILE,
+    find_checkpoint,
+    load_checkpoint,
+    newest_checkpoint,
+    save_checkpoint,
+)
 from raydist.config import load_config
+from raydist.distributed import StepPlan
+from raydist.tasks import DataInfo, build_task
+from raydist.train.local import LocalRuntime
 
 
 class Explodes:
@@ -49,3 +59,24 @@ def test_truncated_state_file_is_a_clear_error(tmp_path, vocab_file):
     (folder / STATE_FILE).write_bytes(data[: len(data) // 2])
     with pytest.raises(ValueError, match=r"state.pt: unreadable checkpoint state"):
         load_checkpoint(folder)
+
+
+@pytest.mark.parametrize("names", [
+    ["checkpoint_00000009", "checkpoint_00000010", "checkpoint_00000120"],  # LocalRuntime: the global step
+    ["checkpoint_2026-11-30_09-59-59.999999", "checkpoint_2026-11-30_10-00-00.000001",
+     "checkpoint_2026-12-01_08-00-00.500000"],  # Ray Train: the time of the report
+])  # fmt: skip
+def test_newest_is_the_last_name_whatever_the_mtimes(tmp_path, vocab_file, labels_dataset, names):
+    """Folders written in name order but touched in reverse (a copy or a sync resets mtimes): the newest is
+    the last name, for find_checkpoint and for LocalRuntime's restart alike; a half-written folder is skipped."""
+    cfg = load_config("tiny", overrides={"data.path": str(labels_dataset)})
+    run = tmp_path / "run"
+    for age, name in enumerate(names):
+        folder = save_checkpoint(run / name, {"w": torch.ones(1)}, cfg, files={"vocab.json": vocab_file})
+        os.utime(folder, (1e9 - age * 1e3, 1e9 - age * 1e3))  # the last written is the oldest by mtime
+    (run / "checkpoint_99999999").mkdir()  # sorts last, but has no state.pt
+    assert newest_checkpoint(run) == run / names[-1] and find_checkpoint(run) == run / names[-1]
+    task = build_task(cfg, DataInfo.from_dataset(labels_dataset))
+    runtime = LocalRuntime(cfg, task, StepPlan.from_config(cfg), run)
+    assert runtime.checkpoint_to_restore() == str(run / names[-1])
+    assert newest_checkpoint(tmp_path / "empty") is None

@@ -11,24 +11,22 @@ import json
 import os
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import yaml
+from torch import nn
 
 from raydist.config import Config, ConfigError, apply_overrides, from_dict, validate
 
 STATE_FILE = "state.pt"
 CONFIG_FILE = "config.yaml"
 TASK_FILE = "task.json"
-
-# Config keys that change the shape of the saved model or the meaning of its vocabulary: a checkpoint
-# whose values differ cannot be loaded into the current run.
-ARCHITECTURE_KEYS = (
-    "model.embed_dim", "model.word_dim", "model.num_layers", "model.no_imgnorm", "model.mlp_hidden",
-)  # fmt: skip
+CHECKPOINT_GLOB = "checkpoint_*"
+SHOWN_PARAMETERS = 3  # differing parameters a refusal names
 
 
 def _atomic_write_bytes(path: Path, write: Any) -> None:
@@ -80,31 +78,43 @@ def save_checkpoint(
     return folder
 
 
+def newest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint folder (one with ``state.pt``) in a run folder, None when there is none.
+
+    Newest is the last by name, never by mtime (a copy or a sync changes mtimes): Ray Train names its folders
+    ``checkpoint_<YYYY-mm-dd_HH-MM-SS.ffffff>`` (the time of the report) and :class:`raydist.train.local.
+    LocalRuntime` names them ``checkpoint_<global step, 8 digits>``; both sort by name in the order written."""
+    found = sorted(p for p in Path(run_dir).glob(CHECKPOINT_GLOB) if (p / STATE_FILE).is_file())
+    return found[-1] if found else None
+
+
 def find_checkpoint(path: str | Path) -> Path:
-    """Resolve a checkpoint folder, or the newest ``checkpoint_*`` folder inside a run folder."""
+    """Resolve a checkpoint folder, or a run folder's :func:`newest_checkpoint`."""
     path = Path(path).expanduser().resolve()
     if (path / STATE_FILE).is_file():
         return path
-    candidates = sorted(
-        (p for p in path.glob("checkpoint_*") if (p / STATE_FILE).is_file()),
-        key=lambda p: p.stat().st_mtime,
-    )
     if not path.exists():
         raise FileNotFoundError(f"checkpoint path {path} does not exist")
-    if not candidates:
+    newest = newest_checkpoint(path)
+    if newest is None:
         raise FileNotFoundError(
             f"{path} is neither a checkpoint folder (no {STATE_FILE}) nor a run folder with checkpoints"
         )
-    return candidates[-1]
+    return newest
+
+
+def read_config(folder: Path) -> Config:
+    """``config.yaml`` of a checkpoint folder."""
+    try:
+        return from_dict(yaml.safe_load((folder / CONFIG_FILE).read_text()))
+    except (OSError, yaml.YAMLError, ConfigError) as e:
+        raise ValueError(f"{folder / CONFIG_FILE}: unreadable checkpoint config: {e}") from e
 
 
 def load_checkpoint(path: str | Path) -> tuple[dict[str, Any], Config, Path]:
     """Load ``(state, config, folder)`` from a checkpoint or run folder."""
     folder = find_checkpoint(path)
-    try:
-        cfg = from_dict(yaml.safe_load((folder / CONFIG_FILE).read_text()))
-    except (OSError, yaml.YAMLError, ConfigError) as e:
-        raise ValueError(f"{folder / CONFIG_FILE}: unreadable checkpoint config: {e}") from e
+    cfg = read_config(folder)
     try:
         state = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=False)
     except Exception as e:  # torch raises several types for truncated/corrupt files
@@ -112,12 +122,57 @@ def load_checkpoint(path: str | Path) -> tuple[dict[str, Any], Config, Path]:
     return state, cfg, folder
 
 
-def check_compatible(saved: Config, current: Config, *, saved_from: str) -> None:
-    """Refuse to resume when architecture keys differ; list every differing key."""
-    a, b = saved.flat(), current.flat()
-    diff = [f"{k}: checkpoint={a[k]!r} run={b[k]!r}" for k in ARCHITECTURE_KEYS if a[k] != b[k]]
-    if diff:
-        raise ConfigError(f"checkpoint {saved_from} is incompatible with this config:\n  " + "\n  ".join(diff))
+def config_changes(saved: Config, current: Config) -> dict[str, tuple[Any, Any]]:
+    """``{dotted key: (saved value, current value)}`` for every key whose value differs."""
+    before, after = saved.flat(), current.flat()
+    return {k: (before.get(k), after[k]) for k in after if before.get(k) != after[k]}
+
+
+def state_differences(saved: dict[str, torch.Tensor], built: dict[str, torch.Tensor]) -> list[str]:
+    """One line per tensor whose name or shape differs between a saved state dict and a built model's,
+    in the saved order (names only the built model has come last): ``name: checkpoint=[…] run=[…]``."""
+    def shape(state: dict[str, torch.Tensor], name: str) -> str:
+        return str(list(state[name].shape)) if name in state else "missing"
+
+    names = [*saved, *(n for n in built if n not in saved)]
+    return [f"{n}: checkpoint={shape(saved, n)} run={shape(built, n)}" for n in names
+            if n not in saved or n not in built or saved[n].shape != built[n].shape]  # fmt: skip
+
+
+def model_on_meta(build: Callable[[Config], nn.Module], cfg: Config) -> dict[str, torch.Tensor]:
+    """The state dict (names and shapes, no storage) of the model ``build(cfg)`` makes on the meta device."""
+    with torch.device("meta"):
+        return build(cfg).state_dict()
+
+
+def check_model_fits(
+    saved_model: dict[str, torch.Tensor], saved_cfg: Config, cfg: Config, build: Callable[[Config], nn.Module],
+    *, saved_from: str,
+) -> None:  # fmt: skip
+    """Refuse a config whose model (``build(cfg)``, on the meta device) does not have the saved model's
+    tensor names and shapes. The ConfigError names the config keys to blame, each a key whose change alone
+    (applied to ``saved_cfg``) already breaks the fit, or every differing key when no single one does,
+    and the first differing tensors."""
+    problems = state_differences(saved_model, model_on_meta(build, cfg))
+    if not problems:
+        return
+    changes = config_changes(saved_cfg, cfg)
+
+    def breaks_alone(key: str) -> bool:
+        try:
+            alone = apply_overrides(saved_cfg, {key: changes[key][1]})
+            validate(alone)
+            return bool(state_differences(saved_model, model_on_meta(build, alone)))
+        except ConfigError:
+            return True
+
+    blamed = [k for k in changes if breaks_alone(k)] or list(changes)
+    lines = [f"{k}: checkpoint={changes[k][0]!r} run={changes[k][1]!r}" for k in blamed]
+    more = len(problems) - SHOWN_PARAMETERS
+    lines += problems[:SHOWN_PARAMETERS] + ([f"... and {more} more tensors"] if more > 0 else [])
+    head = (f"cannot change {', '.join(blamed)} when resuming from {saved_from}: the model this config builds"
+            if blamed else f"checkpoint {saved_from}: the model its own config builds")  # fmt: skip
+    raise ConfigError(head + " does not fit the saved one\n  " + "\n  ".join(lines))
 
 
 def load_task_info(folder: str | Path) -> dict[str, Any]:
@@ -132,19 +187,13 @@ def load_task_info(folder: str | Path) -> dict[str, Any]:
 
 
 def resumed_config(checkpoint: str | Path, overrides: dict[str, Any]) -> tuple[Config, list[str]]:
-    """The config a resumed run uses: the checkpoint's own, with ``overrides`` applied; overrides of keys
-    that shape the saved model (:data:`ARCHITECTURE_KEYS`) are refused. Returns the config and one
-    ``key: old -> new`` line per changed key."""
-    _, saved, folder = load_checkpoint(checkpoint)
-    fixed = sorted(set(overrides) & set(ARCHITECTURE_KEYS))
-    if fixed:
-        raise ConfigError(
-            f"cannot change {', '.join(fixed)} when resuming from {folder}: they shape the saved model"
-        )
+    """The config a resumed run uses: the checkpoint's own, with ``overrides`` applied. Returns the config
+    and one ``key: old -> new`` line per changed key. Whether the saved model still fits is checked from the
+    state itself before training starts (:func:`raydist.inference.resume_checkpoint`)."""
+    saved = read_config(find_checkpoint(checkpoint))
     cfg = apply_overrides(saved, overrides)
     validate(cfg)
-    before, after = saved.flat(), cfg.flat()
-    return cfg, [f"{k}: {before[k]!r} -> {after[k]!r}" for k in after if before[k] != after[k]]
+    return cfg, [f"{k}: {old!r} -> {new!r}" for k, (old, new) in config_changes(saved, cfg).items()]
 
 
 def recorded_dataset(checkpoint: str | Path, data_dir: str | Path | None = None) -> Path:

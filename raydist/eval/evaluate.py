@@ -1,9 +1,9 @@
-"""Embed an image–caption split with a VSE model and compute retrieval metrics; evaluate checkpoints."""
+"""Embed an image–caption split with a VSE model and compute its retrieval metrics, on arrays: no task, no
+checkpoint (loading a checkpoint for evaluation is :mod:`raydist.inference`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -11,6 +11,7 @@ from torch import nn
 
 from raydist.data import Vocab
 from raydist.eval.metrics import retrieval_metrics
+from raydist.losses.similarity import l2_normalize
 
 
 @dataclass
@@ -71,8 +72,6 @@ def evaluate_arrays(
     """Retrieval metrics of ``model`` on ``(image_ids, sample_ids, features, captions)`` arrays. With
     ``prefix_dim`` m, also ``min_dim_<key>`` for R@1 and rsum of the re-normalised first m dims (one
     embedding pass serves both)."""
-    from raydist.losses.similarity import l2_normalize
-
     image_ids, _, features, captions = arrays
     emb = embed_split(
         model, vocab, features, captions, image_ids, max_len=max_len, batch_size=batch_size, device=device
@@ -84,28 +83,3 @@ def evaluate_arrays(
         metrics.update({f"min_dim_{k}": low[k] for k in ("i2t_r1", "t2i_r1", "rsum")})
     return metrics
 
-
-def evaluate_checkpoint(
-    checkpoint: str | Path, data_dir: str | Path | None = None, split: str = "test", *, folds: int | None = None
-) -> dict[str, float]:
-    """Load a checkpoint (or the newest one in a run folder) and evaluate it on ``split`` of ``data_dir``
-    (default: the dataset the checkpoint was trained on) with its task's evaluator (``folds`` overrides
-    ``eval.folds`` of the pairs task). Task, feature dim, classes and vocabulary are checked against the
-    data first; a mismatch is a ConfigError naming both sides."""
-    from raydist.checkpoint import load_checkpoint, load_task_info, recorded_dataset
-    from raydist.config import ConfigError
-    from raydist.tasks import DataInfo, build_task
-
-    state, cfg, folder = load_checkpoint(checkpoint)
-    info = load_task_info(folder)
-    data_dir = recorded_dataset(folder, data_dir)
-    if folds is not None:
-        cfg.eval.folds = folds
-    saved = DataInfo.from_checkpoint(folder, info, data_dir)
-    problems = saved.mismatch(DataInfo.from_dataset(data_dir))
-    if problems:
-        raise ConfigError(f"checkpoint {folder} does not fit dataset {data_dir}:\n  " + "\n  ".join(problems))
-    task = build_task(cfg, saved)
-    model = task.build_model()
-    model.load_state_dict(state["model"])
-    return task.evaluate(model, split)

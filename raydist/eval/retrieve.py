@@ -1,6 +1,7 @@
-"""Retrieval with the nested (Matryoshka) embeddings of a trained checkpoint
-(docs/algorithms.md#adaptive-and-funnel-retrieval): embed a split, index re-normalised prefixes, and score
-single-shot, adaptive, funnel and baseline retrieval per dim.
+"""Retrieval with the nested (Matryoshka) embeddings of a trained model
+(docs/algorithms.md#adaptive-and-funnel-retrieval): index the re-normalised prefixes of an embedded split
+(a :class:`RetrievalSet`, made by a task's ``embed``), and score single-shot, adaptive, funnel and baseline
+retrieval per dim.
 
 The ``evaluate_*`` functions return flat rows (method, dims, metrics, MFLOPs/query, ms/query) that
 :mod:`raydist.eval.retrieval_plots` renders; faiss and matplotlib are imported lazily.
@@ -42,14 +43,16 @@ class RetrievalSet:
     """One retrieval direction: ``queries`` search ``database``; database row j is relevant to query q iff
     ``database_keys[j] == query_keys[q]``.
 
-    ``pairs``: database = images (one row each, first-appearance order), queries = captions, keys = image row
-    (t2i, the VSE++ protocol); :meth:`directions` adds i2t (the roles swapped). ``labels``: database = queries
-    = all rows, keys = clean labels, ``exclude_self`` (query q is database row q and never retrieves itself).
+    A ``two_way`` set (``pairs``: database = images, one row each in first-appearance order, queries =
+    captions, keys = image row; t2i) is scored both ways (:meth:`directions` adds i2t, the roles swapped) by
+    Recall@K, the VSE++ protocol. A one-way set (``labels``: database = queries = all rows, keys = clean
+    labels, ``exclude_self``: query q is database row q and never retrieves itself) is scored by the label
+    metrics: 1-NN, P@k, mAP@k.
     Embeddings are the model outputs (float32); every prefix is re-normalised where it is used, and since
     ``normalize(normalize(z)[:m]) = normalize(z[:m])`` a prefix of a unit output is the nested embedding.
     """
 
-    task: str
+    task: str  # the task's name (recorded in reports and index metadata)
     direction: str  # "t2i" / "i2t" (pairs) or "knn" (labels)
     database: np.ndarray  # [N, D]
     queries: np.ndarray  # [Q, D]
@@ -58,6 +61,7 @@ class RetrievalSet:
     database_ids: np.ndarray  # [N] dataset ids (image_id / sample_id)
     query_ids: np.ndarray  # [Q] dataset ids (sample_id)
     exclude_self: bool = False
+    two_way: bool = False  # scored in both directions by Recall@K; else one way by label metrics
     source: str = ""  # the checkpoint folder
     split: str = ""
 
@@ -67,12 +71,12 @@ class RetrievalSet:
 
     @property
     def prefix(self) -> str:
-        """Prefix of this direction's metric and cost keys: ``"t2i_"`` / ``"i2t_"`` for pairs, else none."""
-        return f"{self.direction}_" if self.task == "pairs" else ""
+        """Prefix of this direction's metric and cost keys: ``"t2i_"`` / ``"i2t_"`` when two-way, else none."""
+        return f"{self.direction}_" if self.two_way else ""
 
     def directions(self) -> list[RetrievalSet]:
-        """The directions every metric is computed on: pairs ``[self, self with the roles swapped]``."""
-        if self.task != "pairs":
+        """The directions every metric is computed on: two-way ``[self, self with the roles swapped]``."""
+        if not self.two_way:
             return [self]
         swapped = "i2t" if self.direction == "t2i" else "t2i"
         return [self, replace(self, direction=swapped, database=self.queries, queries=self.database,
@@ -97,35 +101,6 @@ class Cascade:
             )
         if any(a < b for a, b in itertools.pairwise(self.shortlists)):
             raise ValueError(f"shortlists={self.shortlists}: expected non-increasing sizes")
-
-
-def load_embeddings(checkpoint: str | Path, data_dir: str | Path, split: str = "test") -> RetrievalSet:
-    """Embed ``split`` of ``data_dir`` with a checkpoint (or a run folder's newest) and its task's model."""
-    from raydist.checkpoint import load_checkpoint, load_task_info
-    from raydist.data import split_arrays
-    from raydist.data.stream import split_columns
-    from raydist.eval.evaluate import embed_split, image_rows
-    from raydist.tasks import DataInfo, build_task
-
-    state, cfg, folder = load_checkpoint(checkpoint)
-    task = build_task(cfg, DataInfo.from_checkpoint(folder, load_task_info(folder), data_dir))
-    model = task.build_model()
-    model.load_state_dict(state["model"])
-    where = {"source": str(folder), "split": split}
-    if task.name == "pairs":
-        image_ids, sample_ids, features, captions = split_arrays(data_dir, split, verify=False)
-        emb = embed_split(model, task.vocab, features, captions, image_ids,
-                          max_len=cfg.data.max_caption_len, batch_size=cfg.eval.batch_size)  # fmt: skip
-        first, _ = image_rows(image_ids)
-        return RetrievalSet("pairs", "t2i", emb.images.numpy(), emb.captions.numpy(), np.arange(len(first)),
-                            emb.cap_to_img, image_ids[first], sample_ids, **where)  # fmt: skip
-    if task.name == "labels":
-        emb, _, labels = task.embed_split(model, split)
-        ids = split_columns(data_dir, split, ["sample_id"])["sample_id"]
-        return RetrievalSet(
-            "labels", "knn", emb.numpy(), emb.numpy(), labels, labels, ids, ids, exclude_self=True, **where
-        )
-    raise ValueError(f"task {task.name!r}: retrieval supports the tasks 'pairs' and 'labels'")
 
 
 def check_dims(dims: Sequence[int], full: int) -> list[int]:
@@ -247,12 +222,12 @@ def cascade_mflops(num_database: int, cascade: Cascade) -> float:
 
 
 def retrieval_scores(rset: RetrievalSet, ids: np.ndarray, k: int = 10) -> dict[str, float]:
-    """Metrics (%) of retrieved rows ``ids`` [Q, ≥k]. Pairs: ``{prefix}r{K}`` for K in 1, 5, 10 (a query
+    """Metrics (%) of retrieved rows ``ids`` [Q, ≥k]. Two-way: ``{prefix}r{K}`` for K in 1, 5, 10 (a query
     counts when a relevant row is among its first K: the best caption of an image for i2t, the VSE++
-    protocol); labels: ``nn1`` (1-NN label accuracy), ``p{k}``, ``map{k}``
+    protocol); one-way: ``nn1`` (1-NN label accuracy), ``p{k}``, ``map{k}``
     (:mod:`raydist.eval.label_metrics`)."""
     retrieved = rset.database_keys[ids]
-    if rset.task == "pairs":
+    if rset.two_way:
         if ids.shape[1] < max(PAIRS_RECALLS):
             raise ValueError(
                 f"R@{max(PAIRS_RECALLS)} needs {max(PAIRS_RECALLS)} retrieved rows, got {ids.shape[1]}"
@@ -394,18 +369,18 @@ def evaluate_baselines(
 
 
 def retrieval_report(
-    checkpoint: str | Path, data_dir: str | Path, *, split: str = "test", dims: Sequence[int] | None = None,
-    kind: str = "flat", baseline_checkpoint: str | Path | None = None, out_dir: str | Path | None = None,
-    shortlist: int = 200, funnel: tuple[Sequence[int], Sequence[int]] | None = None, k: int = 10,
-    repeats: int = 1, **index_options: Any,
+    rset: RetrievalSet, *, dims: Sequence[int] | None = None, kind: str = "flat",
+    baseline: RetrievalSet | None = None, out_dir: str | Path | None = None, shortlist: int = 200,
+    funnel: tuple[Sequence[int], Sequence[int]] | None = None, k: int = 10, repeats: int = 1,
+    **index_options: Any,
 ) -> dict[str, Any]:  # fmt: skip
-    """Everything above for one checkpoint: single-shot rows at ``dims`` (default :func:`default_dims`) and
-    their interpolated dims, adaptive ``(D_s, D)`` for every D_s < D, one funnel (``(dims, shortlists)``,
-    default :func:`default_funnel`), and with ``baseline_checkpoint`` (a non-nested model of the same task)
-    the first-m / SVD / JL baselines. With ``out_dir``: ``retrieval.txt`` (the table), ``retrieval.json``
-    (the rows), ``metric_vs_dim.png`` and ``metric_vs_mflops.png``. Returns ``task``, ``checkpoint``,
-    ``split``, ``dims``, ``kind``, ``rows``, ``table`` and ``files`` (name → path; empty without out_dir)."""
-    rset = load_embeddings(checkpoint, data_dir, split)
+    """Everything above for one embedded split: single-shot rows at ``dims`` (default :func:`default_dims`)
+    and their interpolated dims, adaptive ``(D_s, D)`` for every D_s < D, one funnel (``(dims, shortlists)``,
+    default :func:`default_funnel`), and with ``baseline`` (the same split embedded by a non-nested model of
+    the same task) the first-m / SVD / JL baselines. With ``out_dir``: ``retrieval.txt`` (the table),
+    ``retrieval.json`` (the rows), ``metric_vs_dim.png`` and ``metric_vs_mflops.png``. Returns ``task``,
+    ``checkpoint``, ``split``, ``dims``, ``kind``, ``rows``, ``table`` and ``files`` (name → path; empty
+    without out_dir)."""
     dims = default_dims(rset.dim) if dims is None else check_dims(dims, rset.dim)
     options = {"kind": kind, "k": k, "repeats": repeats, **index_options}
     rows = evaluate_dims(rset, dims, **options)
@@ -415,11 +390,11 @@ def retrieval_report(
     if funnel is not None or below:
         cascade = Cascade(*map(tuple, funnel)) if funnel else default_funnel(dims, rset.dim, shortlist, k)
         rows += evaluate_cascades(rset, [cascade], method="funnel", **options)
-    if baseline_checkpoint is not None:
-        base = load_embeddings(baseline_checkpoint, data_dir, split)
-        if base.task != rset.task:
-            raise ValueError(f"baseline checkpoint has task {base.task!r}, the checkpoint {rset.task!r}")
-        rows += evaluate_baselines(base, [d for d in dims if d <= base.dim] or [base.dim], **options)
+    if baseline is not None:
+        if (baseline.task, baseline.split) != (rset.task, rset.split):
+            raise ValueError(f"the baseline embeds {baseline.split!r} of a {baseline.task!r} task, the checkpoint "
+                             f"{rset.split!r} of a {rset.task!r} task")  # fmt: skip
+        rows += evaluate_baselines(baseline, [d for d in dims if d <= baseline.dim] or [baseline.dim], **options)
     table = format_table(rows)
     files: dict[str, str] = {}
     if out_dir is not None:
@@ -431,5 +406,5 @@ def retrieval_report(
         (out / "retrieval.json").write_text(json.dumps(rows, indent=1))
         plot_metric_vs_dim(rows, out / "metric_vs_dim.png", main_metric(rset.task, k))
         plot_metric_vs_mflops(rows, out / "metric_vs_mflops.png", cost_panels(rset.task, k))
-    return {"task": rset.task, "checkpoint": rset.source, "split": split, "dims": dims, "kind": kind,
+    return {"task": rset.task, "checkpoint": rset.source, "split": rset.split, "dims": dims, "kind": kind,
             "rows": rows, "table": table, "files": files}  # fmt: skip

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from raydist.config import Config
 from raydist.data.manifest import load_manifest
 from raydist.distributed import GatheredBatch, NegativeSet
+from raydist.eval.retrieve import RetrievalSet
 from raydist.losses import l2_normalize
 
 
@@ -147,6 +148,11 @@ class Task(ABC):
     @abstractmethod
     def evaluate(self, model: nn.Module, split: str, device: torch.device | str = "cpu") -> dict[str, float]:
         """Metrics of ``model`` on a split of ``info.data_dir`` (clean labels where there are any)."""
+
+    def embed(self, model: nn.Module, split: str, device: torch.device | str = "cpu") -> RetrievalSet:
+        """A split of ``info.data_dir`` embedded by ``model`` as queries and database with their relevance keys
+        and dataset ids (what retrieval, indexes and exported embeddings use)."""
+        raise NotImplementedError(f"task {self.name!r} does not embed splits for retrieval")
 
     def local_loss(
         self, model: nn.Module, batch: dict[str, Tensor], ctx: StepContext, row_weights: Tensor | None = None

@@ -16,11 +16,13 @@ from torch import Tensor, nn
 
 from raydist.config import ConfigError
 from raydist.data import feature_matrix, read_split
-from raydist.data.schema import CLEAN_LABEL, IMAGE, LABEL
+from raydist.data.schema import CLEAN_LABEL, IMAGE, LABEL, SAMPLE_ID
+from raydist.data.stream import split_columns
 from raydist.data.transforms import LabelTransform
 from raydist.distributed import GatheredBatch, NegativeSet, step_generator
 from raydist.distributed.metric import rank_metric_loss
 from raydist.eval.label_metrics import label_metrics, leave_one_out_neighbours
+from raydist.eval.retrieve import RetrievalSet
 from raydist.losses.margin import MarginBeta, margin_loss_parts
 from raydist.losses.noise import sampler_skew
 from raydist.losses.triplets import (
@@ -169,6 +171,13 @@ class LabelsTask(Task):
             nearest = labels[leave_one_out_neighbours(emb[:, :low].numpy(), 1)[:, 0]]
             metrics["min_dim_r1"] = 100.0 * float((nearest == labels).mean())
         return {"top1": top1, **metrics}
+
+    def embed(self, model: nn.Module, split: str, device: torch.device | str = "cpu") -> RetrievalSet:
+        """One-way: every row searches all the others (leave-one-out), keyed by its clean label."""
+        emb, _, labels = self.embed_split(model, split, device)
+        ids = split_columns(self.info.data_dir, split, [SAMPLE_ID])[SAMPLE_ID]
+        return RetrievalSet(self.name, "knn", emb.numpy(), emb.numpy(), labels, labels, ids, ids,
+                            exclude_self=True, split=split)  # fmt: skip
 
     def summary(self, metrics: dict) -> str:
         return f"val top-1 {metrics['top1']:.1f} (R@1 {metrics.get('r1', float('nan')):.1f})"

@@ -14,7 +14,8 @@ from torch import Tensor, nn
 from raydist.data import Vocab, split_arrays
 from raydist.data.transforms import CaptionTransform
 from raydist.distributed import GatheredBatch, NegativeSet, rank_ranking_loss
-from raydist.eval.evaluate import evaluate_arrays
+from raydist.eval.evaluate import embed_split, evaluate_arrays, image_rows
+from raydist.eval.retrieve import RetrievalSet
 from raydist.models import build_model
 from raydist.tasks.base import Encoded, StepContext, Task, nested_sum, smallest_prefix
 
@@ -96,13 +97,27 @@ class PairsTask(Task):
 
     def evaluate(self, model: nn.Module, split: str, device: torch.device | str = "cpu") -> dict[str, float]:
         """VSE++ retrieval metrics (R@1/5/10, medr, meanr, rsum); ``eval.folds`` except on val."""
-        if split not in self._splits:
-            self._splits[split] = split_arrays(self.info.data_dir, split, verify=False)
         return evaluate_arrays(
-            model, self.vocab, self._splits[split], max_len=self.cfg.data.max_caption_len,
+            model, self.vocab, self._arrays(split), max_len=self.cfg.data.max_caption_len,
             folds=1 if split == "val" else self.cfg.eval.folds, batch_size=self.cfg.eval.batch_size,
             device=device, prefix_dim=smallest_prefix(self.cfg),
         )  # fmt: skip
+
+    def embed(self, model: nn.Module, split: str, device: torch.device | str = "cpu") -> RetrievalSet:
+        """Two-way: captions (queries, keyed by their image's row) search the images (database, one row per
+        image in first-appearance order) and the other way round."""
+        image_ids, sample_ids, features, captions = self._arrays(split)
+        emb = embed_split(model, self.vocab, features, captions, image_ids, max_len=self.cfg.data.max_caption_len,
+                          batch_size=self.cfg.eval.batch_size, device=device)  # fmt: skip
+        first, _ = image_rows(image_ids)
+        return RetrievalSet(self.name, "t2i", emb.images.numpy(), emb.captions.numpy(), np.arange(len(first)),
+                            emb.cap_to_img, image_ids[first], sample_ids, two_way=True, split=split)  # fmt: skip
+
+    def _arrays(self, split: str) -> tuple:
+        """``(image_ids, sample_ids, features, captions)`` of a split, read once."""
+        if split not in self._splits:
+            self._splits[split] = split_arrays(self.info.data_dir, split, verify=False)
+        return self._splits[split]
 
     def phase(self, epoch: int) -> str:
         """"SH" (all negatives) or "MH" (hardest negative): the loss scale differs by about the batch size."""

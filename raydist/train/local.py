@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from raydist.checkpoint import STATE_FILE
+from raydist.checkpoint import newest_checkpoint
 from raydist.config import Config
 from raydist.data.stream import InMemoryBatches, train_arrays
 from raydist.distributed import StepPlan
@@ -53,8 +53,8 @@ class LocalRuntime:
 
     def checkpoint_to_restore(self) -> str | None:
         """The newest checkpoint already in the run folder (a run restarted under the same name resumes)."""
-        found = sorted(p for p in self.run_dir.glob("checkpoint_*") if (p / STATE_FILE).is_file())
-        return str(found[-1]) if found else None
+        newest = newest_checkpoint(self.run_dir)
+        return str(newest) if newest else None
 
     def report(self, metrics: dict[str, Any], checkpoint_dir: str | None) -> None:
         self.reports.append(dict(metrics))

@@ -21,19 +21,18 @@ from torch import nn
 
 from raydist.checkpoint import (
     StateRegistry,
-    check_compatible,
     load_checkpoint,
-    load_task_info,
     rng_state,
     save_checkpoint,
     set_rng_state,
 )
-from raydist.config import Config, ConfigError
+from raydist.config import Config
 from raydist.console import say
 from raydist.distributed import StepPlan, gather_step, step_generator
 from raydist.distributed.reduce import all_reduce_sum
+from raydist.inference import check_resume
 from raydist.models import unwrap_model
-from raydist.tasks import DataInfo, StepContext, Task, to_tensors
+from raydist.tasks import StepContext, Task, to_tensors
 from raydist.train.hooks import Hook
 from raydist.train.malloc import tune_malloc
 
@@ -291,10 +290,7 @@ def train_step(
 
 def _restore(path: str | Path, cfg: Config, task: Task, registry: StateRegistry) -> LoopState:
     state, saved_cfg, folder = load_checkpoint(path)
-    check_compatible(saved_cfg, cfg, saved_from=str(folder))
-    diff = DataInfo.from_checkpoint(folder, load_task_info(folder)).mismatch(task.info)
-    if diff:
-        raise ConfigError(f"checkpoint {folder} does not fit this dataset:\n  " + "\n  ".join(diff))
+    check_resume(state, saved_cfg, folder, cfg, task.info)
     registry.load_state_dict(state)
     set_rng_state(state["rng"])
     loop = LoopState(**state["loop"])

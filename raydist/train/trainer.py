@@ -151,13 +151,13 @@ def run_training(
     cluster at ``address`` (or ``RAY_ADDRESS``) when given, else starts a private local instance."""
     from ray.train import TrainingFailedError
 
-    from raydist.checkpoint import find_checkpoint
+    from raydist.inference import resume_checkpoint
 
     data_dir = checked_data_dir(cfg)
     cfg, schedule = resolve_schedule(cfg, data_dir)
     print(f"[raydist] {schedule}", flush=True)
     if resume_from:
-        resume_from = str(find_checkpoint(resume_from))
+        resume_from = str(resume_checkpoint(resume_from, cfg, data_dir))
     if cfg.train.num_workers == 0:
         outcome = train_in_process(cfg, data_dir, resume_from=resume_from)
         return _finish(outcome, data_dir, evaluate_test)
@@ -258,7 +258,7 @@ def train_in_process(cfg: Config, data_dir: Path, *, resume_from: str | None = N
 def _finish(outcome: TrainOutcome, data_dir: Path, evaluate_test: bool) -> TrainOutcome:
     """Evaluate the best checkpoint on the test split; write ``history.json`` and the plots
     (raydist.plots.plot_run) into a local run folder."""
-    from raydist.eval.evaluate import evaluate_checkpoint
+    from raydist.inference import evaluate_checkpoint
     from raydist.plots import plot_run
 
     outcome.data_dir = str(data_dir)
