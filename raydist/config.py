@@ -17,6 +17,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from raydist.losses.names import DISTANCES, MINER_STRATEGIES, REDUCTIONS, SIMILARITIES
+
 AMP_MODES = ("none", "bf16", "fp16")
 
 
@@ -67,16 +69,14 @@ class LossSection(_Section):
     warmup_sh_epochs: int = Field(0, ge=0)  # epochs of SH before switching to MH
     warmup_sh_steps: int = Field(0, ge=0)  # ... at least this many SH steps (raises warmup_sh_epochs)
     stall_fallback: bool = True  # an MH epoch whose loss sits at the collapse value 2·N·margin → one SH epoch
-    reduction: Literal["sum", "mean"] = "sum"  # "sum" (VSE++) or "mean"
-    similarity: Literal["dot", "order"] = "dot"
+    reduction: Literal[REDUCTIONS] = "sum"  # "sum" (VSE++) or "mean"
+    similarity: Literal[SIMILARITIES] = "dot"
     gather: bool = True  # mine negatives from the global batch of all workers
     negative_set_size: int | None = None  # None = the global batch
     tile: int = Field(4096, ge=1)  # keys per tile of the hardest-negative miner (memory O(rows · tile))
     # triplet / margin losses (task labels)
-    miner: Literal[
-        "all", "semihard-all", "semihard-fixed", "semihard-random", "hardest", "one-to-one", "distance-weighted"
-    ] = "semihard-random"
-    distance: Literal["euclidean", "cosine"] = "euclidean"
+    miner: Literal[MINER_STRATEGIES] = "semihard-random"
+    distance: Literal[DISTANCES] = "euclidean"
     hinged: bool = True  # triplet: [d_ap − d_an + α]₊ (true) or d_ap − d_an (false)
     beta: float = 1.2  # margin loss: initial boundary β₀ (learnable)
     beta_per_class: bool = False  # margin loss: one β per class

@@ -22,8 +22,8 @@ from raydist.distributed.gather import all_gather_tensor
 from raydist.distributed.metric import cross_worker_metric_loss
 from raydist.distributed.spawn import spawn
 from raydist.losses.margin import MarginBeta, margin_loss, margin_loss_parts
+from raydist.losses.names import MINER_STRATEGIES
 from raydist.losses.triplets import (
-    STRATEGIES,
     Triplets,
     mine_triplets,
     reduce_terms,
@@ -67,11 +67,11 @@ class Case:
     seed: int = 0
 
 
-CASES = {f"triplet-{s}": Case("triplet", s, seed=i) for i, s in enumerate(STRATEGIES)}
+CASES = {f"triplet-{s}": Case("triplet", s, seed=i) for i, s in enumerate(MINER_STRATEGIES)}
 CASES.update(
     {
         f"margin-{s}": Case("margin", s, margin=0.2, beta="global", nu=0.01, seed=i)
-        for i, s in enumerate(STRATEGIES)
+        for i, s in enumerate(MINER_STRATEGIES)
     }
 )
 CASES.update(

@@ -29,7 +29,7 @@ from raydist.distributed import (
     step_ranking_loss,
 )
 from raydist.distributed.spawn import spawn
-from raydist.losses import l2_normalize, ranking_loss, ranking_terms
+from raydist.losses import RankingInputs, l2_normalize, ranking_loss, ranking_terms
 
 WORLD = 2
 FEATURES, VOCAB, DIM, TOKENS = 6, 20, 5, 3
@@ -112,7 +112,8 @@ def _naive_gather_loss(img: torch.Tensor, cap: torch.Tensor, ids: torch.Tensor) 
     own = slice(rank * rows, (rank + 1) * rows)
     key_img, key_cap = all_gather_tensor(img).clone(), all_gather_tensor(cap).clone()
     key_img[own], key_cap[own] = img, cap
-    terms = ranking_terms(img, cap, key_img, key_cap, ids, all_gather_tensor(ids), margin=0.2, hardest=True)
+    inputs = RankingInputs(img, cap, key_img, key_cap, ids, all_gather_tensor(ids))
+    terms = ranking_terms(inputs, margin=0.2, hardest=True)
     return WORLD * (terms.image_queries.sum() + terms.caption_queries.sum())
 
 
@@ -246,7 +247,7 @@ def reference(name: str, model: TinyVSE, bank: dict, *, ids_override: list[int] 
 def dense_loss(img, cap, *, margin=0.2, hardest=True, image_ids=None, reduction="sum", similarity="dot"):
     """The dense reference: every [N, N] score and hinge cost materialised (no miner)."""
     ids = torch.arange(img.shape[0]) if image_ids is None else image_ids
-    terms = ranking_terms(img, cap, img, cap, ids, ids, margin=margin, hardest=hardest, similarity=similarity)
+    terms = ranking_terms(RankingInputs.batch(img, cap, ids), margin=margin, hardest=hardest, similarity=similarity)
     total = terms.image_queries.sum() + terms.caption_queries.sum()
     return total / (2 * img.shape[0]) if reduction == "mean" else total
 

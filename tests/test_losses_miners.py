@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from raydist.losses import (
+    RankingInputs,
     l2_normalize,
     mine_hardest_negatives,
     mined_ranking_terms,
@@ -26,7 +27,7 @@ def test_hardest_negatives_match_brute_force(tile: int, similarity: str) -> None
     qi, qc, ki, kc = _batch(6, 11, seed=tile)
     query_ids = torch.tensor([0, 1, 2, 3, 4, 5])
     key_ids = torch.tensor([0, 0, 1, 7, 8, 9, 2, 3, 10, 11, 12])
-    got = mine_hardest_negatives(qi, qc, ki, kc, query_ids, key_ids, similarity=similarity, tile=tile)
+    got = mine_hardest_negatives(RankingInputs(qi, qc, ki, kc, query_ids, key_ids), similarity=similarity, tile=tile)
 
     def s(a, b):
         a, b = a.detach(), b.detach()
@@ -53,8 +54,9 @@ def test_mined_terms_equal_dense_reference(hardest: bool, square: bool) -> None:
         ki, kc = qi, qc
     ids_q = torch.tensor([0, 1, 2, 3, 4, 5, 1])
     ids_k = ids_q if square else torch.tensor([0, 1, 2, 9, 9, 5, 6, 7, 8, 1, 10, 11])
-    img_t, cap_t, _ = mined_ranking_terms(qi, qc, ki, kc, ids_q, ids_k, margin=0.3, hardest=hardest, tile=2)
-    ref = ranking_terms(qi, qc, ki, kc, ids_q, ids_k, margin=0.3, hardest=hardest)
+    inputs = RankingInputs(qi, qc, ki, kc, ids_q, ids_k)
+    img_t, cap_t, _ = mined_ranking_terms(inputs, margin=0.3, hardest=hardest, tile=2)
+    ref = ranking_terms(inputs, margin=0.3, hardest=hardest)
     torch.testing.assert_close(img_t, ref.image_queries, rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(cap_t, ref.caption_queries, rtol=1e-12, atol=1e-14)
     leaves = [qi, qc] if square else [qi, qc, ki, kc]
@@ -66,7 +68,7 @@ def test_mined_terms_equal_dense_reference(hardest: bool, square: bool) -> None:
 
 def test_query_without_negative_is_unmined() -> None:
     qi, qc, ki, kc = _batch(2, 3)
-    mined = mine_hardest_negatives(qi, qc, ki, kc, torch.tensor([1, 2]), torch.tensor([1, 1, 2]), tile=2)
+    mined = mine_hardest_negatives(RankingInputs(qi, qc, ki, kc, torch.tensor([1, 2]), torch.tensor([1, 1, 2])), tile=2)
     assert mined.image_query_key[0] == 2 and int(mined.image_query_key[1]) in (0, 1)
-    all_same = mine_hardest_negatives(qi, qc, ki, kc, torch.tensor([1, 1]), torch.tensor([1, 1, 1]))
+    all_same = mine_hardest_negatives(RankingInputs(qi, qc, ki, kc, torch.tensor([1, 1]), torch.tensor([1, 1, 1])))
     assert all_same.image_query_key.tolist() == [-1, -1] and all_same.caption_query_key.tolist() == [-1, -1]

@@ -93,7 +93,7 @@ def test_nested_views_are_unit_prefixes():
 
 @pytest.mark.parametrize(
     "dims, weights",
-    [([], None), ([8, 8], None), ([16, 8], None), ([0, 4], None), ([2.5], None), ([True], None),
+    [([], None), ([8, 8], None), ([0, 4], None), ([2.5], None), ([True], None),
      ([4, 8], [1.0]), ([4, 8], [1.0, -0.1]), ([4, 8], [1.0, float("nan")])],
 )  # fmt: skip
 def test_invalid_configuration(dims, weights):
@@ -105,3 +105,46 @@ def test_largest_dim_checked_on_call():
     nested = nested_loss(squared_sum, [4, 32])
     with pytest.raises(ValueError, match="exceeds the embedding dim 16"):
         nested(torch.randn(3, 16))
+
+
+def test_embeddings_as_separate_arguments_or_one_sequence():
+    """``nested(img, cap)`` and ``nested((img, cap))`` both equal the hand-written sum of MH over prefixes."""
+    rng = np.random.default_rng(4)
+    img = rng.standard_normal((7, 16))
+    cap = img + 0.9 * rng.standard_normal((7, 16))
+    dims, weights, margin = [2, 6, 16], [1.5, 1.0, 0.25], 0.2
+    expected = sum(c * vsepp_mh(unit_prefix(img, m), unit_prefix(cap, m), margin) for m, c in zip(dims, weights))
+    nested = nested_loss(ranking_loss, dims, weights)
+    img_t, cap_t = torch.from_numpy(img), torch.from_numpy(cap)
+    assert nested(img_t, cap_t, margin=margin).item() == pytest.approx(expected, rel=1e-12)
+    assert nested((img_t, cap_t), margin=margin).item() == pytest.approx(expected, rel=1e-12)
+    assert [t.item() for t in nested.terms(img_t, cap_t, margin=margin)] == pytest.approx(
+        [vsepp_mh(unit_prefix(img, m), unit_prefix(cap, m), margin) for m in dims], rel=1e-12
+    )
+
+
+def test_a_following_tensor_of_another_rank_passes_through():
+    """``nested(emb, labels)``: the 1-D labels reach the loss whole, only ``emb`` is sliced."""
+    x = torch.randn(6, 8, dtype=torch.float64)
+    labels = torch.tensor([0, 1, 0, 1, 1, 1])
+    nested = nested_loss(lambda z, y: (z[y == 1].sum(0) ** 2).sum(), [3, 8])
+    expected = sum(float((unit_prefix(x.numpy(), m)[labels.numpy() == 1].sum(0) ** 2).sum()) for m in (3, 8))
+    assert nested(x, labels).item() == pytest.approx(expected, rel=1e-12)
+
+
+def test_unsorted_dims_give_the_sorted_loss_with_their_weights():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((9, 24))
+    nested = nested_loss(squared_sum, [12, 3, 24, 6], [2.0, 0.5, 1.5, 0.0])
+    assert nested.dims == (3, 6, 12, 24)
+    expected = sum(c * float((unit_prefix(x, m).sum(0) ** 2).sum()) for m, c in ((3, 0.5), (12, 2.0), (24, 1.5)))
+    assert nested(torch.from_numpy(x)).item() == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "dims, message", [([8, 4, 8], "must be distinct, got 8"), ([4, 0], "must be positive, got 0"),
+                      ([4, -2, 8], "must be positive, got -2")],
+)  # fmt: skip
+def test_duplicate_or_non_positive_dims_are_refused_clearly(dims, message):
+    with pytest.raises(ValueError, match=message):
+        nested_loss(squared_sum, dims)

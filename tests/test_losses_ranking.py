@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from raydist.losses import l2_normalize, pairwise_similarity, ranking_loss
+from raydist.losses import l2_normalize, mh_collapse_value, pairwise_similarity, ranking_loss
 
 
 def pair_score(img_row: torch.Tensor, cap_row: torch.Tensor, similarity: str) -> torch.Tensor:
@@ -182,3 +182,17 @@ def test_rejects_unknown_options() -> None:
         ranking_loss(img, cap, reduction="max")
     with pytest.raises(ValueError, match="similarity"):
         ranking_loss(img, cap, similarity="cosine")
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+@pytest.mark.parametrize("n, margin", [(6, 0.2), (9, 0.35)])
+def test_mh_collapse_value_is_mh_on_collapsed_embeddings(n: int, margin: float, reduction: str) -> None:
+    """Every image and caption row the same unit vector: every score equal, so MH (the brute-force loop and
+    ``ranking_loss``) takes its collapse value (2·N·α summed, α averaged)."""
+    row = l2_normalize(torch.randn(1, 5, generator=torch.Generator().manual_seed(n), dtype=torch.float64))
+    img, cap = row.expand(n, 5), row.expand(n, 5)
+    want = brute_force_loss(img, cap, list(range(n)), margin=margin, hardest=True, reduction=reduction)
+    assert float(want) == pytest.approx((2 * n * margin) if reduction == "sum" else margin, rel=1e-12)
+    assert mh_collapse_value(n, margin, reduction) == pytest.approx(float(want), rel=1e-12)
+    got = ranking_loss(img, cap, margin=margin, hardest=True, reduction=reduction)
+    assert float(got) == pytest.approx(mh_collapse_value(n, margin, reduction), rel=1e-12)

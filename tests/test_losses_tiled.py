@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from raydist.losses import (
+    RankingInputs,
     l2_normalize,
     mine_hardest_negatives,
     mined_ranking_terms,
@@ -57,10 +58,9 @@ def test_tiled_terms_equal_dense_reference(tile: int, square: bool, hardest: boo
     """Values and gradients (float64) of the tiled MH/SH per-query terms equal the dense [Q, K] ones."""
     emb, ids_q, ids_k, leaves = _case(square, seed=tile)
     margin = 0.3 if similarity == "dot" else 0.6
-    img_t, cap_t, _ = mined_ranking_terms(
-        *emb, ids_q, ids_k, margin=margin, hardest=hardest, similarity=similarity, tile=tile
-    )
-    ref = ranking_terms(*emb, ids_q, ids_k, margin=margin, hardest=hardest, similarity=similarity)
+    inputs = RankingInputs(*emb, ids_q, ids_k)
+    img_t, cap_t, _ = mined_ranking_terms(inputs, margin=margin, hardest=hardest, similarity=similarity, tile=tile)
+    ref = ranking_terms(inputs, margin=margin, hardest=hardest, similarity=similarity)
     assert (ref.image_queries > 0).any() and (ref.caption_queries > 0).any()
     torch.testing.assert_close(img_t, ref.image_queries, rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(cap_t, ref.caption_queries, rtol=1e-12, atol=1e-14)
@@ -79,7 +79,7 @@ def test_tiled_terms_equal_dense_reference(tile: int, square: bool, hardest: boo
 def test_tiled_miner_matches_brute_force(tile: int, square: bool) -> None:
     """Keys, scores and the masked-pair count of the tiled miner against a loop over every (query, key)."""
     (qi, qc, ki, kc), ids_q, ids_k, _ = _case(square, seed=10 + tile)
-    got = mine_hardest_negatives(qi, qc, ki, kc, ids_q, ids_k, tile=tile)
+    got = mine_hardest_negatives(RankingInputs(qi, qc, ki, kc, ids_q, ids_k), tile=tile)
     img_scores, cap_scores = (qi @ kc.T).detach(), (ki @ qc.T).T.detach()
     masked = 0
     for q in range(len(ids_q)):
@@ -97,8 +97,8 @@ def test_miner_takes_an_earlier_key_on_exact_ties(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(miners, "ARGMAX_GROUP", 2)
     emb = torch.ones(1, 2, dtype=torch.float64)
     keys = torch.ones(8, 2, dtype=torch.float64)
-    got = mine_hardest_negatives(emb, emb, keys, keys, torch.tensor([0]), torch.tensor([0, 1, 2, 3, 4, 5, 6, 7]),
-                                 tile=4)  # fmt: skip
+    inputs = RankingInputs(emb, emb, keys, keys, torch.tensor([0]), torch.tensor([0, 1, 2, 3, 4, 5, 6, 7]))
+    got = mine_hardest_negatives(inputs, tile=4)
     assert int(got.image_query_key[0]) == 1 and int(got.caption_query_key[0]) == 1
 
 
@@ -127,13 +127,13 @@ def test_sum_of_hinges_gradcheck(square: bool, monkeypatch: pytest.MonkeyPatch) 
     if square:
 
         def terms(p: torch.Tensor, i: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            return sum_of_hinges(p, i, c, i, c, ids_q, ids_q, margin=0.5, tile=2)
+            return sum_of_hinges(p, RankingInputs.batch(i, c, ids_q), margin=0.5, tile=2)
 
         inputs = (positives, qi, qc)
     else:
 
-        def terms(*args: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            return sum_of_hinges(*args, ids_q, ids_k, margin=0.5, tile=3)
+        def terms(p: torch.Tensor, *emb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return sum_of_hinges(p, RankingInputs(*emb, ids_q, ids_k), margin=0.5, tile=3)
 
         inputs = (positives, qi, qc, ki, kc)
     assert all((t > 0).any() for t in terms(*inputs))
@@ -143,8 +143,8 @@ def test_sum_of_hinges_gradcheck(square: bool, monkeypatch: pytest.MonkeyPatch) 
 def test_sum_of_hinges_keeps_no_score_matrix_for_backward() -> None:
     """Only the inputs are saved: nothing of size Q·K survives the forward."""
     qi, qc, ki, kc = _embeddings(6, 9)
-    img_t, _ = sum_of_hinges(paired_similarity(qi, qc), qi, qc, ki, kc, torch.arange(6), torch.arange(9),
-                             margin=0.2, tile=2)  # fmt: skip
+    inputs = RankingInputs(qi, qc, ki, kc, torch.arange(6), torch.arange(9))
+    img_t, _ = sum_of_hinges(paired_similarity(qi, qc), inputs, margin=0.2, tile=2)
     node = img_t.grad_fn
     assert node.name().startswith(TiledSumOfHinges.__name__)
     assert max(t.numel() for t in node.saved_tensors) == 9 * 5

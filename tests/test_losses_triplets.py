@@ -14,16 +14,16 @@ import pytest
 import torch
 
 from raydist.losses.distances import DISTANCES, paired_distance, pairwise_distance
+from raydist.losses.names import MINER_STRATEGIES
 from raydist.losses.triplets import (
     RANDOM_STRATEGIES,
-    STRATEGIES,
     distance_weights,
     mine_triplets,
     negative_probabilities,
     triplet_loss,
 )
 
-DETERMINISTIC = [s for s in STRATEGIES if s not in RANDOM_STRATEGIES]
+DETERMINISTIC = [s for s in MINER_STRATEGIES if s not in RANDOM_STRATEGIES]
 LABEL_SETS = {
     "balanced": [0, 1, 2, 0, 1, 2, 0, 1, 2, 0],
     "singleton": [0, 0, 1, 1, 1, 2, 0, 3, 1, 0],  # classes 2 and 3 have one sample each
@@ -243,7 +243,7 @@ def test_random_miner_frequencies_match_probabilities(strategy: str) -> None:
     torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64), rtol=1e-12, atol=0)
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", MINER_STRATEGIES)
 def test_class_with_one_sample_is_never_anchor_or_positive(strategy: str) -> None:
     labels = [0, 0, 0, 1, 1, 2]  # row 5 is alone in class 2
     emb = unit_rows(6, seed=4).requires_grad_()
@@ -257,7 +257,7 @@ def test_class_with_one_sample_is_never_anchor_or_positive(strategy: str) -> Non
 
 
 @pytest.mark.parametrize("labels", [[1] * 5, [0, 1, 2, 3, 4]], ids=["one-class", "all-distinct"])
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", MINER_STRATEGIES)
 def test_no_valid_triplet_gives_connected_zero(strategy: str, labels: list[int]) -> None:
     emb = unit_rows(5, seed=5).requires_grad_()
     g = torch.Generator().manual_seed(0)
@@ -332,7 +332,7 @@ def test_bad_input_raises() -> None:
 
 
 @pytest.mark.parametrize("distance", DISTANCES)
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", MINER_STRATEGIES)
 def test_duplicate_rows_in_float32_stay_finite(strategy: str, distance: str) -> None:
     """Identical anchor/positive rows (d = 0) and an identical negative: finite loss and gradients."""
     base = unit_rows(4, seed=8).float()
@@ -351,8 +351,50 @@ def test_semihard_window_is_strict_at_the_margin_for_both_strategies() -> None:
     line so the distances are exact: anchor 0 has d_ap = 0.25 and d_an = 0.75 = d_ap + 0.5 (excluded); anchor 1
     has d_ap = 0.25 and d_an = 0.5 (inside)."""
     emb, labels = torch.tensor([[0.0], [0.25], [0.75]], dtype=torch.float64), torch.tensor([0, 0, 1])
-    every = mine_triplets(emb, labels, strategy="semihard-all", margin=0.5, distance="euclidean")
+    every = mine_triplets(emb, labels, strategy="semihard-all", margin=0.5, distance="euclidean", normalize=False)
     assert as_list(every) == [(1, 0, 2)]
     drawn = mine_triplets(emb, labels, strategy="semihard-random", margin=0.5, distance="euclidean",
-                          generator=torch.Generator().manual_seed(0))  # fmt: skip
+                          generator=torch.Generator().manual_seed(0), normalize=False)  # fmt: skip
     assert as_list(drawn) == [(1, 0, 2)]
+
+
+def scaled_rows(unit: torch.Tensor, seed: int) -> torch.Tensor:
+    """``unit`` with each row multiplied by its own factor in [0.2, 5]."""
+    g = torch.Generator().manual_seed(seed)
+    return unit * (0.2 + 4.8 * torch.rand(unit.shape[0], 1, generator=g, dtype=unit.dtype))
+
+
+@pytest.mark.parametrize("distance", DISTANCES)
+@pytest.mark.parametrize("strategy", DETERMINISTIC)
+@pytest.mark.parametrize("labels", LABEL_SETS.values(), ids=LABEL_SETS.keys())
+def test_raw_rows_are_mined_as_their_normalised_rows(strategy: str, labels: list[int], distance: str) -> None:
+    """By default the miner normalises: scaled rows give the brute-force triplets of the unit rows."""
+    unit = unit_rows(len(labels), seed=11)
+    raw = scaled_rows(unit, seed=12)
+    got = mine_triplets(raw, torch.tensor(labels), strategy=strategy, margin=0.4, distance=distance)
+    assert set(as_list(got)) == brute_force_mine(distance_table(unit, distance), labels, strategy, 0.4)
+
+
+def test_raw_rows_give_the_normalised_draw_probabilities() -> None:
+    """``negative_probabilities`` normalises as the miner does (distance-weighted: chord of the unit rows)."""
+    labels = LABEL_SETS["balanced"]
+    unit = unit_rows(len(labels), seed=13)
+    want = draw_probabilities(unit, labels, "distance-weighted", 0.2, "euclidean")
+    (a, p), n = next(iter(want)), 1
+    got = negative_probabilities(scaled_rows(unit, seed=14), torch.tensor(labels), torch.tensor([a]),
+                                 torch.tensor([p]), torch.tensor([n]), strategy="distance-weighted")  # fmt: skip
+    assert float(got[0]) == pytest.approx(want[(a, p)][n], rel=1e-12)
+
+
+def test_normalize_false_mines_the_rows_as_given() -> None:
+    """Anchor 0 at angle 0, its positive at 90°; negative 2 at 20° but of norm 5, negative 3 at 120° of norm 1.
+    Normalised, 2 is the closest negative; as given, 3 is (|e_0 − e_2| ≈ 4.06 > |e_0 − e_3| ≈ 1.73)."""
+    angles, norms = torch.tensor([0.0, 90.0, 20.0, 120.0], dtype=torch.float64).deg2rad(), [1.0, 1.0, 5.0, 1.0]
+    raw = torch.stack([angles.cos(), angles.sin()], 1) * torch.tensor(norms, dtype=torch.float64).unsqueeze(1)
+    labels = [0, 0, 1, 1]
+    unit = raw / raw.norm(dim=1, keepdim=True)
+    default = mine_triplets(raw, torch.tensor(labels), strategy="hardest")
+    as_given = mine_triplets(raw, torch.tensor(labels), strategy="hardest", normalize=False)
+    assert set(as_list(default)) == brute_force_mine(distance_table(unit, "euclidean"), labels, "hardest", 0.2)
+    assert set(as_list(as_given)) == brute_force_mine(distance_table(raw, "euclidean"), labels, "hardest", 0.2)
+    assert as_list(default)[0] == (0, 1, 2) and as_list(as_given)[0] == (0, 1, 3)

@@ -1,7 +1,10 @@
 """Cross-worker metric-learning losses (triplet, margin) mined over the global batch, exact under DDP.
 
-Each of the W ranks passes its own m rows (the same m everywhere); global row ``r·m + i`` is local row i of
-rank r (the order of :func:`all_gather_with_grad`). Embeddings are gathered with autograd, labels without.
+The labels task calls :func:`rank_metric_loss` on its gathered batch; :func:`cross_worker_metric_loss` is the
+public one-call entry point for a DDP loop of one's own. Each of the W ranks passes its own m rows (the same m
+everywhere); global row ``r·m + i`` is local row i of rank r (the order of :func:`all_gather_with_grad`).
+Embeddings are gathered with autograd, labels without. The miner sees the rows as gathered: callers whose rows
+are unit already pass ``normalize=False`` to :func:`raydist.losses.mine_triplets`.
 
 Mining. Every rank mines the same global W·m batch with the same miner and a generator seeded identically on
 every rank, so every rank holds the same global triplets (the single-process triplets of the concatenated

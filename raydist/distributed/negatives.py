@@ -1,6 +1,9 @@
 """Cross-worker hard-negative mining: the global negative set, its random subsets, and the per-rank loss.
 
-The loss maths is :func:`raydist.losses.mined_ranking_terms`; this module only chooses rows and keys.
+The loss maths is :func:`raydist.losses.mined_ranking_terms`; this module only chooses rows and keys. The
+pairs task calls :func:`rank_ranking_loss` on its gathered batch; :func:`cross_worker_ranking_loss` (explicit
+arguments) and :func:`step_ranking_loss` (from a ``LossSection``) are the public one-call entry points for a
+DDP loop of one's own.
 :class:`StepPlan` holds the rows-per-step rule; a run computes it once and passes it along.
 
 Row positions. Each of the W ranks holds ``m`` rows; global position of local row i on rank r is
@@ -42,7 +45,13 @@ from torch import Tensor
 
 from raydist.config import Config, LossSection
 from raydist.distributed.gather import GatheredBatch, gather_step, global_rank, world_size
-from raydist.losses import HardestNegatives, mined_ranking_terms, reduce_queries, scale_for_world
+from raydist.losses import (
+    HardestNegatives,
+    RankingInputs,
+    mined_ranking_terms,
+    reduce_queries,
+    scale_for_world,
+)
 
 
 def rows_per_worker(batch_size: int, negative_set_size: int | None, world_size: int) -> int:
@@ -178,10 +187,10 @@ def rank_ranking_loss(
     q = negative_set.query_rows.to(img.device)
     if q.numel() != batch.rows:  # a query subset (the negative set is larger than the query batch)
         img, cap, own_ids = img[q], cap[q], own_ids[q]
+    inputs = RankingInputs(img, cap, key_img, key_cap, own_ids, key_ids, batch.positions[q], key_pos)
     image_terms, caption_terms, mined = mined_ranking_terms(
-        img, cap, key_img, key_cap, own_ids, key_ids, margin=margin, hardest=hardest, similarity=similarity,
-        tile=tile, query_positions=batch.positions[q], key_positions=key_pos,
-    )  # fmt: skip
+        inputs, margin=margin, hardest=hardest, similarity=similarity, tile=tile
+    )
     if stats is not None:
         stats.update(negative_set_stats(mined, key_pos, batch.rows, batch.rank))
     total = image_terms.sum() + caption_terms.sum()

@@ -12,6 +12,7 @@ from raydist.experiments.figures import finish, panels, save, spread_line
 from raydist.experiments.records import TrialRecord
 from raydist.experiments.spec import Experiment, Setup, Summary, Sweep
 from raydist.experiments.tables import clearly_above, group_by, markdown_table, spread
+from raydist.losses import mh_collapse_value
 
 FRACTION = "data.train_fraction"
 WARMUP = "loss.warmup_sh_epochs"
@@ -37,10 +38,9 @@ def variant(record: TrialRecord) -> str:
 
 
 def collapse_value(config: dict) -> float:
-    """MH's loss when every hardest negative scores like the positive: α per query and direction, summed
-    (``loss.reduction=sum``: 2·B·α) or averaged (``mean``: α)."""
-    margin = config["loss.margin"]
-    return 2 * config["train.batch_size"] * margin if config["loss.reduction"] == "sum" else margin
+    """MH's loss when every hardest negative scores like the positive (:func:`mh_collapse_value`: 2·B·α summed,
+    α averaged) for a trial's flat config."""
+    return mh_collapse_value(config["train.batch_size"], config["loss.margin"], config["loss.reduction"])
 
 
 def stalled_epochs(record: TrialRecord) -> list[int]:

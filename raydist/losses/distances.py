@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-DISTANCES = ("euclidean", "cosine")
+from raydist.losses.names import DISTANCES
 
 SQUARED_EPS = 1e-12
 

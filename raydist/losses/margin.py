@@ -8,9 +8,8 @@ import torch
 from torch import Tensor, nn
 
 from raydist.losses.distances import paired_distance
+from raydist.losses.names import REDUCTIONS
 from raydist.losses.triplets import TermSum, Triplets, check_labels, mine_triplets, reduce_terms
-
-MARGIN_REDUCTIONS = ("mean", "sum")
 
 
 def beta_per_anchor(beta: Tensor, anchor_labels: Tensor) -> Tensor:
@@ -72,8 +71,8 @@ def margin_loss_parts(
     "mean" divides by the number of pairs with a non-zero term (as in the paper; the ν regulariser is
     divided by it too), "sum" does not divide.
     """
-    if reduction not in MARGIN_REDUCTIONS:
-        raise ValueError(f"reduction={reduction!r}: expected one of {MARGIN_REDUCTIONS}")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction={reduction!r}: expected one of {REDUCTIONS}")
     labels = check_labels(emb, labels)
     beta = torch.as_tensor(beta, dtype=emb.dtype, device=emb.device)
     anchor_beta = beta_per_anchor(beta, labels[triplets[0]])

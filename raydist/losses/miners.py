@@ -15,12 +15,44 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from raydist.losses.similarity import pairwise_similarity
+from raydist.losses.similarity import paired_similarity, pairwise_similarity
 
 TILE_ELEMENTS = (
     1 << 22
 )  # scores per tile (16 MiB in float32); order similarity counts its [.., D] intermediate
 ARGMAX_GROUP = 64  # members per class of the two-level arg-max (:func:`_fold_max`)
+
+
+class RankingInputs(NamedTuple):
+    """Q query pairs ranked against K key pairs: embeddings ``[Q, D]``/``[K, D]`` and ids ``[Q]``/``[K]``.
+
+    Key k is a negative of query q iff ``key_ids[k] != query_ids[q]``; the positive of query q is its own pair
+    ``(query_img[q], query_cap[q])``. The positions (default: row numbers; unique) identify a query's own row
+    among the keys for :attr:`HardestNegatives.masked_pairs`.
+    """
+
+    query_img: Tensor
+    query_cap: Tensor
+    key_img: Tensor
+    key_cap: Tensor
+    query_ids: Tensor
+    key_ids: Tensor
+    query_positions: Tensor | None = None
+    key_positions: Tensor | None = None
+
+    @classmethod
+    def batch(cls, img: Tensor, cap: Tensor, ids: Tensor) -> RankingInputs:
+        """One batch of pairs ranked against itself: the queries are the keys."""
+        return cls(img, cap, img, cap, ids, ids)
+
+    @property
+    def square(self) -> bool:
+        """The queries are the keys (the same tensors), so one score matrix serves both directions."""
+        return self.query_img is self.key_img and self.query_cap is self.key_cap
+
+    def positives(self, similarity: str) -> Tensor:
+        """``s(I_q, C_q)`` of each query's own pair ``[Q]``."""
+        return paired_similarity(self.query_img, self.query_cap, similarity)
 
 
 class HardestNegatives(NamedTuple):
@@ -105,32 +137,21 @@ def _fold_max(scores: Tensor, dim: int, best: Tensor, arg: Tensor, offset: int) 
 
 
 @torch.no_grad()
-def mine_hardest_negatives(
-    query_img: Tensor,
-    query_cap: Tensor,
-    key_img: Tensor,
-    key_cap: Tensor,
-    query_ids: Tensor,
-    key_ids: Tensor,
-    *,
-    similarity: str = "dot",
-    tile: int = 4096,
-    query_positions: Tensor | None = None,
-    key_positions: Tensor | None = None,
-) -> HardestNegatives:
+def mine_hardest_negatives(inputs: RankingInputs, *, similarity: str = "dot", tile: int = 4096) -> HardestNegatives:
     """For each query q: ``argmax_{k: id_k ≠ id_q} s(I_q, C_k)`` and ``argmax_{k: id_k ≠ id_q} s(I_k, C_q)``.
 
     Scores are walked in tiles of ``tile`` keys × :func:`tile_shape` queries with a running (max, argmax)
     per query. When the queries are the keys (one process, square batch) a tile of ``S = s(img, cap)``
     serves both directions: row maxima for image queries, column maxima for caption queries; otherwise
-    ``s(I_q, C_k)`` and ``s(I_k, C_q)`` are walked in turn. ``query_positions``/``key_positions`` (default:
-    row numbers; unique) identify a query's own row for the ``masked_pairs`` count.
+    ``s(I_q, C_k)`` and ``s(I_k, C_q)`` are walked in turn. The positions of ``inputs`` identify a query's
+    own row for the ``masked_pairs`` count.
     """
+    query_img, query_cap, key_img, key_cap, query_ids, key_ids, qpos, kpos = inputs
     q = query_img.shape[0]
     device = query_img.device
-    square = query_img is key_img and query_cap is key_cap
-    qpos = torch.arange(q, device=device) if query_positions is None else query_positions
-    kpos = torch.arange(key_img.shape[0], device=device) if key_positions is None else key_positions
+    square = inputs.square
+    qpos = torch.arange(q, device=device) if qpos is None else qpos
+    kpos = torch.arange(key_img.shape[0], device=device) if kpos is None else kpos
     img_best = torch.full((q,), -torch.inf, device=device, dtype=query_img.dtype)
     cap_best = img_best.clone()
     img_arg = torch.full((q,), -1, device=device, dtype=torch.long)

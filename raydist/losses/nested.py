@@ -6,25 +6,34 @@ Owns the nesting-list checks and the prefix views; the wrapped loss never knows 
 
 from __future__ import annotations
 
-import itertools
 import math
 import operator
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from torch import Tensor
 
 from raydist.losses.similarity import l2_normalize
 
 
-def check_nesting(dims: Sequence[int]) -> tuple[int, ...]:
-    """The nesting list as a tuple; it must be non-empty, of positive ints, strictly increasing."""
+def check_nesting(dims: Sequence[int], *, any_order: bool = False) -> tuple[int, ...]:
+    """The nesting list as a tuple of distinct positive ints in increasing order; non-empty.
+
+    ``any_order`` sorts the list instead of refusing one out of order (duplicates are refused either way).
+    """
     if isinstance(dims, (str, bytes)) or len(dims) == 0:
         raise ValueError(f"dims={dims!r}: expected a non-empty sequence of positive ints")
     if any(isinstance(m, bool) for m in dims):
         raise ValueError(f"dims={dims!r}: expected ints, got a bool")
     out = tuple(operator.index(m) for m in dims)
-    if out[0] < 1 or any(a >= b for a, b in itertools.pairwise(out)):
-        raise ValueError(f"dims={out}: expected strictly increasing positive ints")
+    if min(out) < 1:
+        raise ValueError(f"dims={out}: nesting dims must be positive, got {min(out)}")
+    if len(set(out)) < len(out):
+        raise ValueError(f"dims={out}: nesting dims must be distinct, got {max(out, key=out.count)} twice or more")
+    if any_order:
+        return tuple(sorted(out))
+    if list(out) != sorted(out):
+        raise ValueError(f"dims={out}: expected increasing nesting dims")
     return out
 
 
@@ -54,6 +63,22 @@ def nested_views(x: Tensor, dims: Sequence[int]) -> list[Tensor]:
     return [l2_normalize(x[..., :m]) for m in dims]
 
 
+def _split_embeddings(args: Sequence[Any]) -> tuple[list[Tensor], tuple[Any, ...]]:
+    """``(embeddings, the other positional arguments)`` of a nested loss call.
+
+    The embeddings are the first argument when it is a sequence of tensors (``loss((img, cap), ...)``);
+    otherwise the leading tensors with as many dims as the first (``loss(img, cap, ...)``), so a following
+    tensor of another rank (labels ``[N]``, a 0-d scale) passes through to the loss.
+    """
+    if not args:
+        raise TypeError("a nested loss needs the embeddings as its first positional argument(s)")
+    if not isinstance(args[0], Tensor):
+        return list(args[0]), tuple(args[1:])
+    rank = args[0].ndim
+    count = next((i for i, a in enumerate(args) if not (isinstance(a, Tensor) and a.ndim == rank)), len(args))
+    return list(args[:count]), tuple(args[count:])
+
+
 class NestedLoss:
     """``L_M(z) = Σ_m c_m · L(normalize(z[:, :m]))`` over the nesting list M (Kusupati et al. 2022, §3)."""
 
@@ -62,19 +87,20 @@ class NestedLoss:
         self.dims = dims
         self.weights = weights
 
-    def terms(self, embeddings: Tensor | Sequence[Tensor], *args, **kwargs) -> list[Tensor]:
+    def terms(self, *args: Any, **kwargs: Any) -> list[Tensor]:
         """Unweighted per-prefix losses ``[L(normalize(z[:, :m])) for m in dims]``.
 
-        ``embeddings`` is one raw tensor or a sequence of them (e.g. ``(img, cap)``); each is sliced
-        and re-normalised, then ``loss_fn(*views, *args, **kwargs)`` is called once per prefix.
+        The raw embeddings come first, as separate tensors (``terms(img, cap, ...)``) or one sequence
+        (``terms((img, cap), ...)``; :func:`_split_embeddings`); each is sliced and re-normalised, then
+        ``loss_fn(*views, *rest, **kwargs)`` is called once per prefix with the other arguments ``rest``.
         """
-        tensors = [embeddings] if isinstance(embeddings, Tensor) else list(embeddings)
+        tensors, rest = _split_embeddings(args)
         views = [nested_views(t, self.dims) for t in tensors]
-        return [self.loss_fn(*per_dim, *args, **kwargs) for per_dim in zip(*views)]
+        return [self.loss_fn(*per_dim, *rest, **kwargs) for per_dim in zip(*views)]
 
-    def __call__(self, embeddings: Tensor | Sequence[Tensor], *args, **kwargs) -> Tensor:
-        """``Σ_m c_m · L_m`` with the terms of :meth:`terms`."""
-        return sum(c * t for c, t in zip(self.weights, self.terms(embeddings, *args, **kwargs)))
+    def __call__(self, *args: Any, **kwargs: Any) -> Tensor:
+        """``Σ_m c_m · L_m`` with the terms of :meth:`terms` (same arguments)."""
+        return sum(c * t for c, t in zip(self.weights, self.terms(*args, **kwargs)))
 
 
 def nested_loss(
@@ -82,8 +108,10 @@ def nested_loss(
 ) -> NestedLoss:
     """Wrap ``loss_fn`` as the Matryoshka loss ``Σ_m c_m · loss_fn(normalize(z[:, :m]))``.
 
-    ``dims``: strictly increasing positive ints (the largest is checked against the embedding on call);
-    ``weights`` ``c_m``: one finite non-negative number per dim, default all 1.
+    ``dims``: distinct positive ints in any order, sorted here (the largest is checked against the embedding
+    on call); ``weights`` ``c_m``: one finite non-negative number per dim, in the order of ``dims`` as given,
+    default all 1.
     """
-    dims = check_nesting(dims)
-    return NestedLoss(loss_fn, dims, check_weights(weights, len(dims)))
+    ordered = check_nesting(dims, any_order=True)
+    weight_of = dict(zip(dims, check_weights(weights, len(ordered))))
+    return NestedLoss(loss_fn, ordered, tuple(weight_of[m] for m in ordered))

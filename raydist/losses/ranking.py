@@ -3,9 +3,10 @@
 MH is the hardest-negative miner (raydist.losses.miners) followed by hinge terms on the mined (query,
 positive, negative) tuples; SH is the tiled sum of hinges (raydist.losses.tiled_sh); both are reduced by
 raydist.losses.reducers. :func:`mined_ranking_terms` computes them for queries against keys (square in one
-process, rectangular ``[local queries × global keys]`` across workers) with memory O((Q + K)·D + tile);
-:func:`ranking_loss` is its single-process use. :func:`ranking_terms` is the dense reference (every
-[Q, K] score and cost materialised).
+process, rectangular ``[local queries × global keys]`` across workers, both given as :class:`RankingInputs`)
+with memory O((Q + K)·D + tile); :func:`ranking_loss` is its single-process use. :func:`ranking_terms` is the
+dense reference (every [Q, K] score and cost materialised), public on purpose: the definition the tiled path
+is checked against, readable on a small batch.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from raydist.losses.miners import HardestNegatives, mine_hardest_negatives
+from raydist.losses.miners import HardestNegatives, RankingInputs, mine_hardest_negatives
 from raydist.losses.reducers import reduce_queries
 from raydist.losses.similarity import paired_similarity, pairwise_similarity
 from raydist.losses.tiled_sh import sum_of_hinges
@@ -38,42 +39,25 @@ def reduce_negatives(costs: Tensor, hardest: bool) -> Tensor:
 
 
 class RankingTerms(NamedTuple):
-    """Per-query losses of both directions and the score blocks they came from (for statistics)."""
+    """Per-query losses of both directions."""
 
     image_queries: Tensor  # [Q] image k ranks caption keys: Σ/max_l [α − S_kk + S_kl]₊
     caption_queries: Tensor  # [Q] caption k ranks image keys: Σ/max_l [α − S_kk + S_lk]₊
-    image_query_scores: Tensor  # [Q, K] s(query image, key caption)
-    caption_query_scores: Tensor  # [Q, K] s(key image, query caption)
-    negatives: Tensor  # [Q, K] bool: key is a negative of the query (different id)
 
 
-def ranking_terms(
-    query_img: Tensor,
-    query_cap: Tensor,
-    key_img: Tensor,
-    key_cap: Tensor,
-    query_ids: Tensor,
-    key_ids: Tensor,
-    *,
-    margin: float,
-    hardest: bool,
-    similarity: str = "dot",
-) -> RankingTerms:
-    """Hinge terms of Q query pairs against K key pairs, in both directions.
+def ranking_terms(inputs: RankingInputs, *, margin: float, hardest: bool, similarity: str = "dot") -> RankingTerms:
+    """Hinge terms of Q query pairs against K key pairs, in both directions, from the dense [Q, K] scores.
 
     Query pair q = (query_img[q], query_cap[q]) has positive score ``s(I_q, C_q)``; key k is a negative
     of q iff ``query_ids[q] != key_ids[k]`` (so a query's own row and rows of the same image never are).
     """
-    positives = paired_similarity(query_img, query_cap, similarity)
-    negatives = query_ids.unsqueeze(1) != key_ids.unsqueeze(0)
-    image_scores = pairwise_similarity(query_img, key_cap, similarity)
-    caption_scores = pairwise_similarity(key_img, query_cap, similarity).T
+    positives = inputs.positives(similarity)
+    negatives = inputs.query_ids.unsqueeze(1) != inputs.key_ids.unsqueeze(0)
+    image_scores = pairwise_similarity(inputs.query_img, inputs.key_cap, similarity)
+    caption_scores = pairwise_similarity(inputs.key_img, inputs.query_cap, similarity).T
     return RankingTerms(
         image_queries=reduce_negatives(hinge_costs(image_scores, positives, negatives, margin), hardest),
         caption_queries=reduce_negatives(hinge_costs(caption_scores, positives, negatives, margin), hardest),
-        image_query_scores=image_scores,
-        caption_query_scores=caption_scores,
-        negatives=negatives,
     )
 
 
@@ -97,19 +81,7 @@ def _hardest_direction(positives: Tensor, query_emb: Tensor, key_emb: Tensor, ke
 
 
 def mined_ranking_terms(
-    query_img: Tensor,
-    query_cap: Tensor,
-    key_img: Tensor,
-    key_cap: Tensor,
-    query_ids: Tensor,
-    key_ids: Tensor,
-    *,
-    margin: float,
-    hardest: bool,
-    similarity: str = "dot",
-    tile: int = 4096,
-    query_positions: Tensor | None = None,
-    key_positions: Tensor | None = None,
+    inputs: RankingInputs, *, margin: float, hardest: bool, similarity: str = "dot", tile: int = 4096
 ) -> tuple[Tensor, Tensor, HardestNegatives]:
     """Per-query terms ``([Q] image queries, [Q] caption queries, hardest negatives)``.
 
@@ -118,23 +90,17 @@ def mined_ranking_terms(
     the same tiles, recomputed in backward. The hardest negatives are returned in both cases (the step's
     statistics use them).
     """
-    positives = paired_similarity(query_img, query_cap, similarity)
-    mined = mine_hardest_negatives(
-        query_img, query_cap, key_img, key_cap, query_ids, key_ids, similarity=similarity, tile=tile,
-        query_positions=query_positions, key_positions=key_positions,
-    )  # fmt: skip
+    positives = inputs.positives(similarity)
+    mined = mine_hardest_negatives(inputs, similarity=similarity, tile=tile)
     if hardest:
         image_terms = _hardest_direction(
-            positives, query_img, key_cap, mined.image_query_key, margin, similarity, True
+            positives, inputs.query_img, inputs.key_cap, mined.image_query_key, margin, similarity, True
         )
         caption_terms = _hardest_direction(
-            positives, query_cap, key_img, mined.caption_query_key, margin, similarity, False
+            positives, inputs.query_cap, inputs.key_img, mined.caption_query_key, margin, similarity, False
         )
         return image_terms, caption_terms, mined
-    image_terms, caption_terms = sum_of_hinges(
-        positives, query_img, query_cap, key_img, key_cap, query_ids, key_ids, margin=margin,
-        similarity=similarity, tile=tile,
-    )  # fmt: skip
+    image_terms, caption_terms = sum_of_hinges(positives, inputs, margin=margin, similarity=similarity, tile=tile)
     return image_terms, caption_terms, mined
 
 
@@ -160,6 +126,14 @@ def ranking_loss(
     n = img.shape[0]
     ids = torch.arange(n, device=img.device) if image_ids is None else image_ids.to(img.device)
     image_terms, caption_terms, _ = mined_ranking_terms(
-        img, cap, img, cap, ids, ids, margin=margin, hardest=hardest, similarity=similarity
+        RankingInputs.batch(img, cap, ids), margin=margin, hardest=hardest, similarity=similarity
     )
     return reduce_queries(image_terms.sum() + caption_terms.sum(), reduction, 2 * n)
+
+
+def mh_collapse_value(num_queries: int, margin: float, reduction: str) -> float:
+    """MH's loss on collapsed embeddings (every score equal): each query's hardest negative scores like its
+    positive, so each of the ``2N`` query terms (N image and N caption queries; N = the global query batch)
+    is ``[α − s + s]₊ = α``: ``2·N·α`` for ``reduction="sum"``, ``α`` for "mean" (:func:`reduce_queries`)."""
+    total = torch.tensor(2 * num_queries * margin, dtype=torch.float64)
+    return float(reduce_queries(total, reduction, 2 * num_queries))

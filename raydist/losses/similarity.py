@@ -10,8 +10,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-SIMILARITIES = ("dot", "order")
-
+from raydist.losses.names import SIMILARITIES
 
 HALF_EPS = 1e-4
 

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from raydist.losses.miners import score_tiles, tile_scores, tile_shape
+from raydist.losses.miners import RankingInputs, score_tiles, tile_scores, tile_shape
 from raydist.losses.similarity import pairwise_similarity
 
 
@@ -118,35 +118,15 @@ class TiledSumOfHinges(torch.autograd.Function):
 
 
 def sum_of_hinges(
-    positives: Tensor,
-    query_img: Tensor,
-    query_cap: Tensor,
-    key_img: Tensor,
-    key_cap: Tensor,
-    query_ids: Tensor,
-    key_ids: Tensor,
-    *,
-    margin: float,
-    similarity: str = "dot",
-    tile: int = 4096,
+    positives: Tensor, inputs: RankingInputs, *, margin: float, similarity: str = "dot", tile: int = 4096
 ) -> tuple[Tensor, Tensor]:
     """SH per query, both directions ``([Q] image queries, [Q] caption queries)``, tiled
     (:class:`TiledSumOfHinges`): ``Σ_{k: id_k ≠ id_q} [α − p_q + s_qk]₊`` with positives ``p`` [Q].
 
-    ``tile`` is keys per tile (queries per tile: :func:`raydist.losses.miners.tile_shape`); the queries are
-    the keys (one pass serves both directions) when the same tensors are passed as both.
+    ``tile`` is keys per tile (queries per tile: :func:`raydist.losses.miners.tile_shape`); one pass serves
+    both directions when the queries are the keys (:attr:`RankingInputs.square`).
     """
-    square = query_img is key_img and query_cap is key_cap
     return TiledSumOfHinges.apply(
-        positives,
-        query_img,
-        query_cap,
-        key_img,
-        key_cap,
-        query_ids,
-        key_ids,
-        margin,
-        similarity,
-        tile,
-        square,
-    )
+        positives, inputs.query_img, inputs.query_cap, inputs.key_img, inputs.key_cap, inputs.query_ids,
+        inputs.key_ids, margin, similarity, tile, inputs.square,
+    )  # fmt: skip

@@ -14,18 +14,11 @@ import torch
 from torch import Tensor
 
 from raydist.losses.distances import paired_distance, pairwise_distance
+from raydist.losses.names import MINER_STRATEGIES, REDUCTIONS
+from raydist.losses.similarity import l2_normalize
 
-STRATEGIES = (
-    "all",
-    "semihard-all",
-    "semihard-fixed",
-    "semihard-random",
-    "hardest",
-    "one-to-one",
-    "distance-weighted",
-)
 RANDOM_STRATEGIES = ("semihard-random", "one-to-one", "distance-weighted")
-TRIPLET_REDUCTIONS = ("mean", "sum", "mean_nonzero")
+TRIPLET_REDUCTIONS = (*REDUCTIONS, "mean_nonzero")
 
 DISTANCE_CUTOFF = 0.5
 MAX_WEIGHT = 10.0
@@ -77,9 +70,12 @@ def check_labels(emb: Tensor, labels: Tensor) -> Tensor:
     return labels.to(emb.device)
 
 
-def _check_strategy(strategy: str) -> None:
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy={strategy!r}: expected one of {STRATEGIES}")
+def _mining_inputs(emb: Tensor, labels: Tensor, strategy: str, normalize: bool) -> tuple[Tensor, Tensor]:
+    """Checked ``(rows, labels)`` of a miner, the rows L2-normalised when ``normalize``."""
+    if strategy not in MINER_STRATEGIES:
+        raise ValueError(f"strategy={strategy!r}: expected one of {MINER_STRATEGIES}")
+    labels = check_labels(emb, labels)
+    return (l2_normalize(emb) if normalize else emb), labels
 
 
 def _label_masks(labels: Tensor) -> tuple[Tensor, Tensor]:
@@ -148,8 +144,13 @@ def mine_triplets(
     generator: torch.Generator | None = None,
     cutoff: float = DISTANCE_CUTOFF,
     max_weight: float = MAX_WEIGHT,
+    normalize: bool = True,
 ) -> Triplets:
-    """Triplets of a batch of L2-normalised rows ``emb`` [N, D] with integer ``labels`` [N].
+    """Triplets of a batch of embeddings ``emb`` [N, D] with integer ``labels`` [N].
+
+    With ``normalize`` (the default) the rows are L2-normalised before any distance, so raw embeddings
+    (as pytorch-metric-learning users pass them) and their normalised rows give the same triplets; callers
+    whose rows are unit already may pass ``normalize=False``. The losses take their rows as given.
 
     Positive pair (a, p): ``label[a] = label[p]``, a ≠ p; negative n of a: ``label[n] ≠ label[a]``;
     ``d`` is :func:`pairwise_distance` with ``distance``, α = ``margin``. Strategies:
@@ -174,8 +175,7 @@ def mine_triplets(
     triplets. The output is in lexicographic (anchor, positive, negative) order. "all" and "semihard-all"
     build an [N, N, N] mask (memory O(N³)); the others O(N²).
     """
-    _check_strategy(strategy)
-    labels = check_labels(emb, labels)
+    emb, labels = _mining_inputs(emb, labels, strategy, normalize)
     dist = pairwise_distance(emb, emb, distance)
     positive, negative = _label_masks(labels)
     if strategy in ("all", "semihard-all"):
@@ -226,6 +226,7 @@ def negative_probabilities(
     distance: str = "euclidean",
     cutoff: float = DISTANCE_CUTOFF,
     max_weight: float = MAX_WEIGHT,
+    normalize: bool = True,
 ) -> Tensor:
     """``P(n | a, p)`` [T]: the probability that :func:`mine_triplets` with ``strategy`` drew negative n
     for the pair (a, p) (the same keyword arguments as there).
@@ -234,8 +235,7 @@ def negative_probabilities(
     "hardest" pick one); ``1/|candidates(a, p)|`` for "semihard-random" and "one-to-one";
     ``w(d_an) / Σ_{n'} w(d_an')`` over the negatives n' of a for "distance-weighted".
     """
-    _check_strategy(strategy)
-    labels = check_labels(emb, labels)
+    emb, labels = _mining_inputs(emb, labels, strategy, normalize)
     if strategy not in RANDOM_STRATEGIES:
         return torch.ones(anchors.shape[0], dtype=emb.dtype, device=emb.device)
     dist = pairwise_distance(emb, emb, distance)

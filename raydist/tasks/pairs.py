@@ -16,6 +16,7 @@ from raydist.data.transforms import CaptionTransform
 from raydist.distributed import GatheredBatch, NegativeSet, rank_ranking_loss
 from raydist.eval.evaluate import embed_split, evaluate_arrays, image_rows
 from raydist.eval.retrieve import RetrievalSet
+from raydist.losses import mh_collapse_value
 from raydist.models import build_model
 from raydist.tasks.base import Encoded, StepContext, Task, nested_sum, smallest_prefix
 
@@ -56,10 +57,8 @@ class PairsTask(Task):
         return lo.hardest and epoch >= lo.warmup_sh_epochs and epoch not in self.fallback_epochs
 
     def collapse_value(self) -> float:
-        """MH's loss when every score is equal (collapsed embeddings): each of the 2N query terms is the
-        margin, so 2·N·margin for the sum (N = global query batch) and the margin for the mean."""
-        lo = self.cfg.loss
-        return lo.margin * (2 * self.cfg.train.batch_size if lo.reduction == "sum" else 1)
+        """MH's loss when every score is equal (:func:`mh_collapse_value` of the global query batch)."""
+        return mh_collapse_value(self.cfg.train.batch_size, self.cfg.loss.margin, self.cfg.loss.reduction)
 
     def end_epoch(self, epoch: int, metrics: dict[str, Any]) -> list[str]:
         """After an MH epoch whose mean loss (the same on every rank) sits within 1 % of the collapse value:
