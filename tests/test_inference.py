@@ -3,14 +3,12 @@ compatibility judged from the saved state (tensor names and shapes), not from a 
 
 from __future__ import annotations
 
-import ast
 import re
 from pathlib import Path
 
 import pytest
 import torch
 
-import raydist
 from raydist.checkpoint import STATE_FILE, save_checkpoint
 from raydist.cli import main
 from raydist.config import ConfigError, load_config
@@ -106,16 +104,3 @@ def test_the_loop_refuses_a_checkpoint_its_model_does_not_fit(labels_dataset, tm
     with pytest.raises(ConfigError, match="cannot change model.nesting"):
         run_loop(cfg, task, LocalRuntime(cfg, task, plan, tmp_path / "run"), plan, resume_from=str(folder))
 
-
-def test_no_eval_module_imports_a_layer_above_it():
-    """raydist.eval holds metrics on arrays: it never imports tasks, training, checkpoints or the loader,
-    not even inside a function."""
-    above = ("raydist.tasks", "raydist.train", "raydist.checkpoint", "raydist.inference", "raydist.cli")
-    found = []
-    for path in sorted((Path(raydist.__file__).parent / "eval").glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
-            if isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module]
-            found += [f"{path.name}: {n}" for n in names if n.startswith(above)]
-    assert found == []
