@@ -12,9 +12,15 @@ import json
 import sys
 from pathlib import Path
 
-import yaml
-
-from raydist.config import ConfigError, dump_yaml, load_config, parse_overrides, preset_names
+from raydist.config import (
+    ConfigError,
+    chosen_preset,
+    dump_yaml,
+    load_config,
+    parse_overrides,
+    preset_names,
+    run_overrides,
+)
 from raydist.console import configure_console
 
 
@@ -28,17 +34,11 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides, e.g. loss.margin=0.1")
 
 
-def config_from_args(args: argparse.Namespace, default_preset: str | None = "default"):
+def config_from_args(args: argparse.Namespace):
     """The run Config an argparse namespace describes (preset, preset file, --data, overrides)."""
-    overrides = parse_overrides(args.overrides)
-    if args.data:
-        overrides["data.path"] = str(Path(args.data).expanduser().resolve())
-    if getattr(args, "storage", None):
-        overrides["train.storage_path"] = args.storage
-    if getattr(args, "name", None):
-        overrides["train.run_name"] = args.name
-    preset = args.preset or (None if args.preset_file else default_preset)
-    return load_config(preset=preset, preset_file=args.preset_file, overrides=overrides)
+    overrides = run_overrides(args.overrides, data=args.data, storage=args.storage, name=args.name)
+    return load_config(preset=chosen_preset(args.preset, args.preset_file), preset_file=args.preset_file,
+                       overrides=overrides)  # fmt: skip
 
 
 def resume_config_from_args(args: argparse.Namespace):
@@ -48,10 +48,7 @@ def resume_config_from_args(args: argparse.Namespace):
 
     if args.preset or args.preset_file:
         raise ConfigError("--resume continues with the checkpoint's config: drop --preset/--preset-file")
-    overrides = parse_overrides(args.overrides)
-    if args.data:
-        overrides["data.path"] = str(Path(args.data).expanduser().resolve())
-    cfg, changes = resumed_config(args.resume, overrides)
+    cfg, changes = resumed_config(args.resume, run_overrides(args.overrides, data=args.data))
     print(f"resuming with the checkpoint's config; changed: {', '.join(changes) if changes else 'nothing'}")
     return cfg
 
@@ -108,18 +105,9 @@ def _dims(text: str | None) -> list[int] | None:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from raydist.plots import plot_run, plot_sweep
+    from raydist.plots import plot_folder
 
-    folder = Path(args.run).expanduser().resolve()
-    if not folder.is_dir():
-        raise FileNotFoundError(f"{folder}: no such run or sweep folder")
-    if (folder / "raydist_sweep.yaml").is_file():
-        metric = args.metric or yaml.safe_load((folder / "raydist_sweep.yaml").read_text())["space"].get(
-            "metric", "val/rsum"
-        )
-        files = plot_sweep(folder, metric, out_dir=args.out)
-    else:
-        files = plot_run(folder, out_dir=args.out)
+    files = plot_folder(args.run, args.metric, out_dir=args.out)
     for path in files:
         print(f"wrote {path}")
     return 0 if files else 1
@@ -261,8 +249,9 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from raydist.data import validate_dataset
+    from raydist.tasks import task_names
 
-    report = validate_dataset(args.dir)
+    report = validate_dataset(args.dir, tasks=task_names())
     print(report.format())
     return 1 if report.problems else 0
 
@@ -283,11 +272,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
         space = load_space(args.space)
         if args.num_samples:
             space = dataclasses.replace(space, num_samples=args.num_samples)
-        overrides = parse_overrides(args.overrides)
-        if args.data:
-            overrides["data.path"] = str(Path(args.data).expanduser().resolve())
-        preset = args.preset or (None if args.preset_file else "default")
-        cfg = resolve_base_config(space, preset=preset, preset_file=args.preset_file, overrides=overrides)
+        overrides = run_overrides(args.overrides, data=args.data)
+        cfg = resolve_base_config(space, preset=chosen_preset(args.preset, args.preset_file),
+                                  preset_file=args.preset_file, overrides=overrides)
         outcome = run_sweep(space, cfg, storage_path=args.storage, address=args.address)
     print("\n== sweep results ==")
     print(format_results(outcome))

@@ -9,7 +9,9 @@ the field's location, which we turn into messages naming the dotted key; it ship
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping
+import math
+import numbers
+from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -17,9 +19,11 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from raydist.losses.names import DISTANCES, MINER_STRATEGIES, REDUCTIONS, SIMILARITIES
+from raydist.choices import DISTANCES, MINER_STRATEGIES, REDUCTIONS, SIMILARITIES
+from raydist.nesting import check_embedding_dim, check_nesting, check_weights
 
 AMP_MODES = ("none", "bf16", "fp16")
+DEFAULT_PRESET = "default"  # what `raydist train` and `raydist tune` start from
 
 
 class ConfigError(ValueError):
@@ -158,7 +162,7 @@ class Config(_Section):
 
     def flat(self) -> dict[str, Any]:
         """``{"section.field": value}`` for every field."""
-        return {f"{s}.{k}": v for s, sec in self.to_dict().items() for k, v in sec.items()}
+        return flatten(self.to_dict())
 
 
 def valid_keys() -> list[str]:
@@ -274,16 +278,24 @@ def _config_error(e: ValidationError) -> ConfigError:
     return ConfigError("\n".join(describe_errors(e)))
 
 
-def flatten(nested: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"loss": {"margin": 0.1}}`` → ``{"loss.margin": 0.1}`` (dotted keys pass through)."""
+def flatten(
+    nested: Mapping[str, Any], prefix: str = "", *, is_leaf: Callable[[Mapping[str, Any]], bool] | None = None
+) -> dict[str, Any]:
+    """``{"loss": {"margin": 0.1}}`` → ``{"loss.margin": 0.1}`` (dotted keys pass through). A mapping for
+    which ``is_leaf`` says True is kept as a value (e.g. a Tune space's ``{uniform: [lo, hi]}``)."""
     out: dict[str, Any] = {}
     for k, v in nested.items():
         key = f"{prefix}{k}"
-        if isinstance(v, Mapping):
-            out.update(flatten(v, key + "."))
+        if isinstance(v, Mapping) and not (is_leaf and is_leaf(v)):
+            out.update(flatten(v, key + ".", is_leaf=is_leaf))
         else:
             out[key] = v
     return out
+
+
+def is_finite_number(value: Any) -> bool:
+    """A real, finite number that is not a bool (metrics to log or plot, numeric YAML values)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def apply_overrides(cfg: Config, overrides: Mapping[str, Any]) -> Config:
@@ -315,6 +327,30 @@ def parse_overrides(items: list[str]) -> dict[str, str]:
             raise ConfigError(f"override {item!r} is not of the form section.key=value")
         out[key.strip()] = value
     return out
+
+
+def run_overrides(
+    items: Sequence[str] = (), *, data: str | Path | None = None, storage: str | None = None,
+    name: str | None = None,
+) -> dict[str, Any]:
+    """Command-line ``key=value`` words plus the ``--data`` (made absolute), ``--storage`` and ``--name``
+    options as the dotted keys they set."""
+    out: dict[str, Any] = parse_overrides(list(items))
+    if data:
+        out["data.path"] = str(Path(data).expanduser().resolve())
+    if storage:
+        out["train.storage_path"] = storage
+    if name:
+        out["train.run_name"] = name
+    return out
+
+
+def chosen_preset(
+    preset: str | None, preset_file: str | Path | None, default: str | None = DEFAULT_PRESET
+) -> str | None:
+    """The shipped preset a command starts from: the one named, else ``default`` unless a preset file is
+    given (a file alone replaces the default preset)."""
+    return preset or (None if preset_file else default)
 
 
 def preset_names() -> list[str]:
@@ -375,8 +411,6 @@ def validate(cfg: Config) -> None:
                 f"train.num_workers={t.num_workers}"
             )
     if cfg.model.nesting or cfg.loss.nesting_weights:
-        from raydist.losses.nested import check_embedding_dim, check_nesting, check_weights
-
         try:
             dims = check_nesting(cfg.model.nesting)
             check_embedding_dim(dims, cfg.model.embed_dim)

@@ -7,12 +7,13 @@ from __future__ import annotations
 import csv
 import itertools
 import json
-import math
 import re
 from pathlib import Path
 from typing import Any
 
+from raydist.config import is_finite_number
 from raydist.runfiles import HISTORY_FILE, PLOTS_DIR, STEPS_FILE, SWEEP_FILE
+from raydist.tune.space import SweepSpace, parse_space
 
 NEGATIVE_STATS = ("neg/hardest_sim", "neg/remote_hardest_frac")
 SWITCH_LABEL = "SH → MH"
@@ -38,18 +39,14 @@ def phase_switch_step(history: list[dict[str, Any]]) -> int | None:
     return None
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _series(history: list[dict[str, Any]], steps: list[dict[str, Any]], stat: str | None) -> Series:
     """Values against the global step: the per-step loss (``stat`` None) or step statistic from
     steps.jsonl, else the epoch means of history.json (``train/loss``, ``train/<stat>``)."""
     from_steps = [(s["step"], s["loss"] if stat is None else s["stats"].get(stat)) for s in steps]
-    points = [(x, y) for x, y in from_steps if _number(y)]
+    points = [(x, y) for x, y in from_steps if is_finite_number(y)]
     if not points:
         key = "train/loss" if stat is None else f"train/{stat}"
-        points = [(h["step"], h[key]) for h in history if _number(h.get(key))]
+        points = [(h["step"], h[key]) for h in history if is_finite_number(h.get(key))]
     return [float(x) for x, _ in points], [float(y) for _, y in points]
 
 
@@ -76,7 +73,7 @@ def loss_figure(history: list[dict[str, Any]], steps: list[dict[str, Any]]) -> A
         return None
     fig, (ax,) = _figure(1, height=4)
     ax.plot(x, y, linewidth=1, label="loss (logged steps)" if steps else "loss (epoch mean)")
-    means = [(h["step"], h["train/loss"]) for h in history if _number(h.get("train/loss"))]
+    means = [(h["step"], h["train/loss"]) for h in history if is_finite_number(h.get("train/loss"))]
     if steps and means:
         ax.plot([s for s, _ in means], [v for _, v in means], "o", label="epoch mean")
     if min(y) > 0:
@@ -106,7 +103,7 @@ def _natural(name: str) -> list[Any]:
 def val_figure(history: list[dict[str, Any]]) -> Any:
     """Every ``val/*`` metric per epoch, one panel per group (:func:`_val_group`); the first MH epoch is
     marked half an epoch before its point. None without validation metrics."""
-    names = {k[4:] for h in history for k, v in h.items() if k.startswith("val/") and _number(v)}
+    names = {k[4:] for h in history for k, v in h.items() if k.startswith("val/") and is_finite_number(v)}
     if not names:
         return None
     groups: dict[tuple[int, str], list[str]] = {}
@@ -117,7 +114,7 @@ def val_figure(history: list[dict[str, Any]]) -> Any:
     fig, axes = _figure(len(groups))
     for ax, group in zip(axes, sorted(groups)):
         for name in groups[group]:
-            points = [(h["epoch"], h[f"val/{name}"]) for h in history if _number(h.get(f"val/{name}"))]
+            points = [(h["epoch"], h[f"val/{name}"]) for h in history if is_finite_number(h.get(f"val/{name}"))]
             ax.plot([e for e, _ in points], [v for _, v in points], "o-", label=name)
         _mark_switch(ax, None if first_mh is None else first_mh - 0.5)
         ax.xaxis.get_major_locator().set_params(integer=True)
@@ -199,17 +196,33 @@ def _csv_value(text: str) -> Any:
         return text
 
 
-def _sweep_mode(experiment_dir: Path) -> str:
-    """``mode`` of the sweep's space (raydist_sweep.yaml), "max" when the folder has no sweep file."""
+def _sweep_space(experiment_dir: Path) -> SweepSpace | None:
+    """The space a sweep folder was run with (its raydist_sweep.yaml); None for a folder without one."""
     import yaml
-
-    from raydist.tune.space import parse_space
 
     path = experiment_dir / SWEEP_FILE
     if not path.is_file():
-        return "max"
+        return None
     saved = yaml.safe_load(path.read_text())
-    return parse_space(saved["space"], name=saved["name"]).mode
+    return parse_space(saved["space"], name=saved["name"])
+
+
+def _sweep_mode(experiment_dir: Path) -> str:
+    """``mode`` of the sweep's space, "max" when the folder has no sweep file."""
+    space = _sweep_space(experiment_dir)
+    return space.mode if space else "max"
+
+
+def plot_folder(folder: str | Path, metric: str | None = None, out_dir: str | Path | None = None) -> list[Path]:
+    """Plot a sweep folder (:func:`plot_sweep` on ``metric``, default the sweep's own) or a run folder
+    (:func:`plot_run`); returns the files written."""
+    folder = Path(folder).expanduser().resolve()
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: no such run or sweep folder")
+    space = _sweep_space(folder)
+    if space is None:
+        return plot_run(folder, out_dir=out_dir)
+    return plot_sweep(folder, metric or space.metric, out_dir=out_dir)
 
 
 def sweep_best(
@@ -225,7 +238,7 @@ def sweep_best(
     rows = []
     for trial in trials:
         params = trial / "params.json"
-        values = [r[metric] for r in _trial_reports(trial) if _number(r.get(metric))]
+        values = [r[metric] for r in _trial_reports(trial) if is_finite_number(r.get(metric))]
         if values and params.is_file():
             rows.append((json.loads(params.read_text()), float(pick(values))))
     return rows
@@ -245,7 +258,7 @@ def plot_sweep(
         points = [(values[key], best) for values, best in rows if key in values]
         fig, (ax,) = _figure(1, height=4)
         xs = [x for x, _ in points]
-        if all(_number(x) for x in xs):
+        if all(is_finite_number(x) for x in xs):
             ax.scatter(xs, [y for _, y in points])
             if min(xs) > 0 and max(xs) >= 100 * min(xs):
                 ax.set_xscale("log")

@@ -18,11 +18,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from raydist.choices import MINER_STRATEGIES
 from raydist.distributed.gather import all_gather_tensor
 from raydist.distributed.metric import cross_worker_metric_loss
 from raydist.distributed.spawn import spawn
 from raydist.losses.margin import MarginBeta, margin_loss, margin_loss_parts
-from raydist.losses.names import MINER_STRATEGIES
 from raydist.losses.triplets import (
     Triplets,
     mine_triplets,

@@ -1,5 +1,5 @@
 """The public surface of ``raydist.losses``: the names users import from the package, and the choice names
-(raydist/losses/names.py) that the run config offers."""
+(raydist/choices.py) that the run config offers."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from typing import get_args
 import pytest
 
 import raydist.losses
+from raydist import choices as names
 from raydist.config import LossSection
-from raydist.losses import margin, names, nested, noise, triplets
+from raydist.losses import margin, nested, noise, triplets
 
 
 def test_package_exports_the_loss_functions_themselves() -> None:
@@ -40,6 +41,6 @@ def test_config_choices_are_the_loss_names() -> None:
 
 
 def test_config_and_names_import_without_torch() -> None:
-    code = "import sys, raydist.config, raydist.losses.names; print('torch' in sys.modules)"
+    code = "import sys, raydist.config, raydist.choices, raydist.nesting; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False", out.stderr[-500:]

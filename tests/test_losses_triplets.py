@@ -13,8 +13,8 @@ from collections import Counter
 import pytest
 import torch
 
+from raydist.choices import MINER_STRATEGIES
 from raydist.losses.distances import DISTANCES, paired_distance, pairwise_distance
-from raydist.losses.names import MINER_STRATEGIES
 from raydist.losses.triplets import (
     RANDOM_STRATEGIES,
     distance_weights,

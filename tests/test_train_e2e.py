@@ -9,7 +9,8 @@ import torch
 
 from raydist.config import load_config
 from raydist.data import Vocab, load_manifest, split_arrays
-from raydist.eval.evaluate import evaluate_arrays, evaluate_checkpoint
+from raydist.eval.evaluate import evaluate_arrays
+from raydist.inference import evaluate_checkpoint
 from raydist.models import build_model
 from raydist.train.trainer import run_training
 

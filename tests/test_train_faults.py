@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from raydist.checkpoint import load_checkpoint
-from raydist.config import ConfigError, load_config
+from raydist.config import load_config
 from raydist.train.trainer import run_training
 
 
@@ -113,12 +113,3 @@ def test_resume_by_path_and_by_run_name(ray_cluster, tiny_dataset, tmp_path):
                            resume_from=first.latest_checkpoint, evaluate_test=False)
     assert by_path.resumed_at == [first.history[-1]["step"]]
     assert [m["epoch"] for m in by_path.history] == [1, 2]
-
-
-def test_incompatible_checkpoint_is_refused_with_differing_keys(tiny_dataset, tmp_path):
-    from raydist.checkpoint import check_compatible
-
-    a = tiny(tiny_dataset, tmp_path)
-    b = tiny(tiny_dataset, tmp_path, **{"model.embed_dim": 32, "model.word_dim": 16})
-    with pytest.raises(ConfigError, match=r"(?s)model.embed_dim: checkpoint=64 run=32.*model.word_dim"):
-        check_compatible(a, b, saved_from="ckpt")

@@ -27,9 +27,9 @@ def sweeps(setup: Setup) -> list[Sweep]:
 
 def retrieval_rows(records: list[TrialRecord], out: Path, data_dir: Path) -> list[dict[str, Any]]:
     """Per seed with a nested and a plain checkpoint: the nested model's single-shot rows at its trained
-    dims and the plain model's baseline rows at the same dims (``retrieval_report`` on the test split; its
+    dims and the plain model's baseline rows at the same dims (``checkpoint_retrieval_report`` on the test split; its
     own table and figures go to ``out/retrieval/seed<s>``)."""
-    from raydist.eval.retrieve import retrieval_report
+    from raydist.inference import checkpoint_retrieval_report
 
     rows = []
     for seed, trials in group_by([r for r in records if r.checkpoint], lambda r: r.config["train.seed"]).items():
@@ -37,7 +37,7 @@ def retrieval_rows(records: list[TrialRecord], out: Path, data_dir: Path) -> lis
         plain = next((r for r in trials if not r.config[NESTING]), None)
         if nested is None or plain is None:
             continue
-        report = retrieval_report(nested.checkpoint, data_dir, split="test", dims=nested.config[NESTING],
+        report = checkpoint_retrieval_report(nested.checkpoint, data_dir, split="test", dims=nested.config[NESTING],
                                   baseline_checkpoint=plain.checkpoint, out_dir=out / "retrieval" / f"seed{seed}")  # fmt: skip
         rows += [{**row, "seed": seed} for row in report["rows"]
                  if row["method"] in METHODS and not row.get("interpolated")]  # fmt: skip

@@ -1,17 +1,34 @@
 """raydist.losses: similarities, miners (index tuples), per-element terms, reducers; ranking and metric losses.
+The choices' names (miner strategies, distances, similarities, reductions) are :mod:`raydist.choices`."""
 
-The names below are imported from their submodules on first use (PEP 562 ``__getattr__``), so importing
-:mod:`raydist.losses.names` (plain strings, read by the run config) does not import torch.
-"""
-
-from importlib import import_module
-from typing import Any
+from raydist.losses.margin import MarginBeta, margin_loss, margin_loss_parts
+from raydist.losses.miners import (
+    TILE_ELEMENTS,
+    HardestNegatives,
+    RankingInputs,
+    ScoreTile,
+    mine_hardest_negatives,
+    score_tiles,
+    tile_shape,
+)
+from raydist.losses.nested import nested_loss, nested_views
+from raydist.losses.noise import noise_tolerance, pair_flip_rates, sampler_skew
+from raydist.losses.ranking import (
+    RankingTerms,
+    hinge_costs,
+    hinge_terms,
+    mh_collapse_value,
+    mined_ranking_terms,
+    ranking_loss,
+    ranking_terms,
+    reduce_negatives,
+)
+from raydist.losses.reducers import reduce_queries, scale_for_world
+from raydist.losses.similarity import l2_normalize, paired_similarity, pairwise_similarity
+from raydist.losses.tiled_sh import TiledSumOfHinges, sum_of_hinges
+from raydist.losses.triplets import Triplets, mine_triplets, triplet_loss, triplet_terms
 
 __all__ = [
-    "DISTANCES",
-    "MINER_STRATEGIES",
-    "REDUCTIONS",
-    "SIMILARITIES",
     "TILE_ELEMENTS",
     "HardestNegatives",
     "MarginBeta",
@@ -47,22 +64,3 @@ __all__ = [
     "triplet_loss",
     "triplet_terms",
 ]
-_SUBMODULES = (
-    "names", "similarity", "distances", "reducers", "miners", "tiled_sh", "ranking", "triplets", "margin",
-    "nested", "noise",
-)  # fmt: skip
-
-
-def __getattr__(name: str) -> Any:
-    """The exported ``name``, from the first submodule that defines it (then cached in this module)."""
-    if name in __all__:
-        for submodule in _SUBMODULES:
-            namespace = vars(import_module(f"{__name__}.{submodule}"))
-            if name in namespace:
-                globals()[name] = namespace[name]
-                return namespace[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))

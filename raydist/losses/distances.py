@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from raydist.losses.names import DISTANCES
+from raydist.choices import DISTANCES
 
 SQUARED_EPS = 1e-12
 

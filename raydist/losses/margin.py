@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from raydist.choices import REDUCTIONS
 from raydist.losses.distances import paired_distance
-from raydist.losses.names import REDUCTIONS
 from raydist.losses.triplets import TermSum, Triplets, check_labels, mine_triplets, reduce_terms
 
 

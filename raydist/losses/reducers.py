@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from raydist.losses.names import REDUCTIONS
+from raydist.choices import REDUCTIONS
 
 
 def reduce_queries(total: Tensor, reduction: str, num_query_terms: int) -> Tensor:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from raydist.losses.names import SIMILARITIES
+from raydist.choices import SIMILARITIES
 
 HALF_EPS = 1e-4
 

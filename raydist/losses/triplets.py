@@ -13,8 +13,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from raydist.choices import MINER_STRATEGIES, REDUCTIONS
 from raydist.losses.distances import paired_distance, pairwise_distance
-from raydist.losses.names import MINER_STRATEGIES, REDUCTIONS
 from raydist.losses.similarity import l2_normalize
 
 RANDOM_STRATEGIES = ("semihard-random", "one-to-one", "distance-weighted")

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from raydist.losses.nested import check_embedding_dim, check_nesting, check_weights
+from raydist.nesting import check_embedding_dim, check_nesting, check_weights
 
 
 class MatryoshkaHead(nn.Module):

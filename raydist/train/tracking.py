@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
-import numbers
 import os
 import time
 import weakref
@@ -16,7 +14,7 @@ from typing import Any
 
 from torch import nn
 
-from raydist.config import Config, ConfigError
+from raydist.config import Config, ConfigError, is_finite_number
 from raydist.console import say
 from raydist.runfiles import STEPS_FILE
 from raydist.tasks import StepContext
@@ -99,7 +97,7 @@ class TrackingHook(Hook):
 
     def _log(self, values: dict[str, Any], step: int) -> None:
         """Send the finite numbers of ``values`` to TensorBoard and MLflow at ``step``."""
-        scalars = {k: float(v) for k, v in values.items() if _is_number(v) and math.isfinite(v)}
+        scalars = {k: float(v) for k, v in values.items() if is_finite_number(v)}
         if self.writer is not None:
             for tag, value in scalars.items():
                 self.writer.add_scalar(tag, value, step)
@@ -111,10 +109,6 @@ class TrackingHook(Hook):
             client.log_batch(run_id, metrics=[Metric(k, v, now, step) for k, v in scalars.items()])
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
 def _drop_steps_after(path: Path, done: int) -> None:
     """Keep only the ``steps.jsonl`` lines of steps up to ``done`` (a fresh run keeps none)."""
     if not path.is_file():
@@ -123,17 +117,6 @@ def _drop_steps_after(path: Path, done: int) -> None:
         line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= done
     ]
     path.write_text("".join(line + "\n" for line in kept))
-
-
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested config dict → dotted keys (``train.lr``)."""
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def _start_mlflow_run(cfg: Config, run_name: str | None) -> tuple[Any, str]:
@@ -147,7 +130,7 @@ def _start_mlflow_run(cfg: Config, run_name: str | None) -> tuple[Any, str]:
     experiment_id = experiment.experiment_id if experiment else client.create_experiment(name)
     run_id = client.create_run(experiment_id, run_name=run_name).info.run_id
     params = [Param(k, json.dumps(v) if isinstance(v, (list, dict)) else str(v))
-              for k, v in _flatten(cfg.to_dict()).items()]  # fmt: skip
+              for k, v in cfg.flat().items()]  # fmt: skip
     for i in range(0, len(params), MLFLOW_BATCH):
         client.log_batch(run_id, params=params[i : i + MLFLOW_BATCH])
     return client, run_id

@@ -7,7 +7,7 @@ import json
 import os
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ class TrainOutcome:
     history: list[dict[str, Any]]
     resumed_at: list[int]
     test_metrics: dict[str, float] | None = None
-    columns: list[tuple[str, str]] | None = None  # the task's (validation metric, header) table columns
+    columns: list[tuple[str, str]] = field(default_factory=list)  # the task's (val metric, header) columns
     data_dir: str | None = None  # the dataset the run trained on
     first_step_unix: float | None = None  # time.time() when the first optimizer step finished (rank 0)
 
@@ -270,10 +270,9 @@ def _finish(outcome: TrainOutcome, data_dir: Path, evaluate_test: bool) -> Train
     return outcome
 
 
-def format_history(history: list[dict[str, Any]], columns: list[tuple[str, str]] | None = None) -> str:
+def format_history(history: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
     """Per-epoch table: epoch, step, train loss, samples/s and the task's validation columns
-    (default: the pairs task's i2t R@1, t2i R@1, rsum)."""
-    columns = columns or [("i2t_r1", "i2t R@1"), ("t2i_r1", "t2i R@1"), ("rsum", "rsum")]
+    (``Task.history_columns``)."""
     head = f"{'epoch':>5} {'step':>6} {'phase':>5} {'loss':>9} {'samples/s':>10}"
     lines = [head + "".join(f" {title:>8}" for _, title in columns)]
     for m in history:

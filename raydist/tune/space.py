@@ -4,7 +4,6 @@ Ray work starts. Ray-free; ``raydist.tune.sweep`` turns a ``SweepSpace`` into a 
 from __future__ import annotations
 
 import itertools
-import math
 import types
 import typing
 from collections.abc import Mapping
@@ -30,6 +29,7 @@ from raydist.config import (
     describe_errors,
     field_annotation,
     flatten,
+    is_finite_number,
     load_config,
     valid_keys,
     validate,
@@ -162,7 +162,7 @@ def parse_space(data: Any, name: str) -> SweepSpace:
             f"{where}: 'space' must map config keys to distributions, e.g. "
             "loss.margin: {uniform: [0.05, 0.4]}"
         )
-    params = tuple(_parse_param(where, key, spec) for key, spec in _flatten_space(file.space).items())
+    params = tuple(_parse_param(where, key, spec) for key, spec in flatten(file.space, is_leaf=_is_spec).items())
     if file.search == "grid" and any(p.kind != "grid" for p in params):
         raise ConfigError(f"{where}: search: grid needs every space entry to be a 'grid' list")
     if file.search == "optuna" and any(p.kind == "grid" for p in params):
@@ -238,16 +238,10 @@ def _checked(space: SweepSpace, base: Config, values: dict[str, Any]) -> Config:
         raise ConfigError(f"space {space.name!r}: {shown} cannot run: {e}") from e
 
 
-def _flatten_space(space: Mapping[str, Any]) -> dict[str, Any]:
-    """``{loss: {margin: spec}}`` or ``{loss.margin: spec}`` → ``{"loss.margin": spec}``."""
-    out: dict[str, Any] = {}
-    for key, spec in space.items():
-        key = str(key)
-        if "." not in key and isinstance(spec, Mapping) and not set(spec) & set(DISTRIBUTIONS):
-            out.update({f"{key}.{name}": s for name, s in spec.items()})
-        else:
-            out[key] = spec
-    return out
+def _is_spec(value: Mapping[str, Any]) -> bool:
+    """A parameter's spec (``{uniform: [lo, hi]}``, or a malformed one) rather than a section of keys: no
+    value of it is itself a mapping."""
+    return not any(isinstance(v, Mapping) for v in value.values())
 
 
 def _parse_param(where: str, key: str, spec: Any) -> Param:
@@ -285,7 +279,8 @@ def _range_problem(key: str, kind: str, args: list[Any]) -> str | None:
     if not held & ({float} if want is float else {int, float}):
         names = "/".join(sorted(t.__name__ for t in held))
         return f"{key}: {kind} draws {want.__name__}s but {key} holds {names}; use choice or grid"
-    if len(args) != 2 or not all(_is_number(v, want) for v in args) or not args[0] < args[1]:
+    numbers_ok = all(is_finite_number(v) and (want is not int or isinstance(v, int)) for v in args)
+    if len(args) != 2 or not numbers_ok or not args[0] < args[1]:
         return f"{key}: {kind} needs [low, high] {want.__name__}s with low < high, got {args!r}"
     if kind == "loguniform" and args[0] <= 0:
         return f"{key}: loguniform needs low > 0, got {args!r}"
@@ -302,7 +297,3 @@ def _held_types(key: str) -> set[type]:
     return {typing.get_origin(t) or t for t in members if t is not type(None)}
 
 
-def _is_number(value: Any, want: type) -> bool:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    return isinstance(value, int) if want is int else math.isfinite(value)

@@ -1,7 +1,7 @@
 """The names of the losses' choices (miner strategies, distances, similarities, reductions): plain strings,
 the one list each that the losses check against and the run config's ``Literal`` fields are built from.
 
-Torch-free, so that :mod:`raydist.config` can import it without importing torch.
+In the foundation layer (imports nothing), so the config and the losses both read it.
 """
 
 MINER_STRATEGIES = (
