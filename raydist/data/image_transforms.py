@@ -1,0 +1,193 @@
+"""Encoded images (PNG/JPEG bytes) → normalised float32 C×H×W views: decode, random resized crop + flip (train) or
+resize + centre crop (eval). numpy and Pillow only, so Ray Data's tasks run it without importing torch; a train
+view is a pure function of (bytes, seed, epoch, sample_id), so streamed, in-memory and resumed runs agree."""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+from PIL import Image
+
+Batch = dict[str, np.ndarray]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+GREY_MEAN = (0.5,)
+GREY_STD = (0.5,)
+_MODES = {1: "L", 3: "RGB"}
+
+
+def _mode(channels: int) -> str:
+    if channels not in _MODES:
+        raise ValueError(f"channels must be 1 (greyscale) or 3 (RGB), got {channels}")
+    return _MODES[channels]
+
+
+def decode_image(data: bytes, channels: int) -> np.ndarray:
+    """The H×W×C uint8 pixels of an encoded image, converted to RGB (``channels=3``) or L (``channels=1``)."""
+    mode = _mode(channels)
+    with Image.open(io.BytesIO(data)) as img:
+        pixels = np.asarray(img.convert(mode))
+    return pixels.reshape(pixels.shape[0], pixels.shape[1], channels)
+
+
+def decode_images(column: Sequence[bytes], channels: int) -> np.ndarray:
+    """A 1-D object array of :func:`decode_image` arrays, one per row (images may differ in size): the decoded
+    cache of an in-memory split, which :class:`ImageTransform` accepts in place of the bytes."""
+    out = np.empty(len(column), dtype=object)
+    for i, data in enumerate(column):
+        out[i] = decode_image(data, channels)
+    return out
+
+
+def default_mean_std(channels: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """ImageNet's per-channel mean and std for RGB; 0.5 and 0.5 for greyscale."""
+    return (IMAGENET_MEAN, IMAGENET_STD) if _mode(channels) == "RGB" else (GREY_MEAN, GREY_STD)
+
+
+def normalize(pixels: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
+    """H×W×C uint8 → C×H×W float32 ``(x / 255 − mean_c) / std_c``."""
+    x = pixels.astype(np.float32) / np.float32(255.0)
+    x = (x - np.asarray(mean, dtype=np.float32)) / np.asarray(std, dtype=np.float32)
+    return np.ascontiguousarray(x.transpose(2, 0, 1))
+
+
+def view_rng(seed: int, epoch: int, sample_id: int) -> np.random.Generator:
+    """The generator of one row's train view in one epoch: a pure function of (seed, epoch, sample_id), all
+    non-negative."""
+    return np.random.default_rng([seed, epoch, sample_id])
+
+
+def random_resized_crop_box(
+    height: int, width: int, rng: np.random.Generator,
+    scale: tuple[float, float] = (0.08, 1.0), ratio: tuple[float, float] = (3 / 4, 4 / 3),
+) -> tuple[int, int, int, int]:  # fmt: skip
+    """(top, left, h, w) of a random crop (Szegedy et al. 2015, "Inception" augmentation, as torchvision's
+    RandomResizedCrop draws it): up to 10 tries of an area fraction ~ U(scale) and an aspect ratio w/h whose log
+    is ~ U(log ratio); a try whose w = round(√(A·r)), h = round(√(A/r)) fits is placed uniformly. When none
+    fits, the centre crop of the whole image with its aspect ratio clamped to ``ratio``."""
+    area = height * width
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    for _ in range(10):
+        target = area * rng.uniform(scale[0], scale[1])
+        aspect = math.exp(rng.uniform(log_lo, log_hi))
+        w = round(math.sqrt(target * aspect))
+        h = round(math.sqrt(target / aspect))
+        if 0 < w <= width and 0 < h <= height:
+            return int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1)), h, w
+    if width / height < ratio[0]:
+        w, h = width, round(width / ratio[0])
+    elif width / height > ratio[1]:
+        w, h = round(height * ratio[1]), height
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def _resize(pixels: np.ndarray, width: int, height: int) -> np.ndarray:
+    """Pillow's (antialiased) bilinear resize of H×W×C uint8 pixels to ``height``×``width``."""
+    channels = pixels.shape[2]
+    img = Image.fromarray(pixels[:, :, 0] if channels == 1 else pixels)
+    out = np.asarray(img.resize((width, height), Image.Resampling.BILINEAR))
+    return out.reshape(height, width, channels)
+
+
+def train_view(
+    pixels: np.ndarray, size: int, rng: np.random.Generator, *, flip: bool,
+    mean: Sequence[float], std: Sequence[float],
+    scale: tuple[float, float] = (0.08, 1.0), ratio: tuple[float, float] = (3 / 4, 4 / 3),
+) -> np.ndarray:  # fmt: skip
+    """A random resized crop of H×W×C uint8 ``pixels`` (:func:`random_resized_crop_box`, drawn first), resized
+    bilinearly to ``size``×``size``, mirrored left–right when ``flip`` and a fair coin (drawn next) says so,
+    then normalised (:func:`normalize`): float32 C×size×size."""
+    top, left, h, w = random_resized_crop_box(pixels.shape[0], pixels.shape[1], rng, scale, ratio)
+    out = _resize(pixels[top: top + h, left: left + w], size, size)
+    if flip and rng.random() < 0.5:
+        out = out[:, ::-1]
+    return normalize(out, mean, std)
+
+
+def eval_view(
+    pixels: np.ndarray, size: int, *, mean: Sequence[float], std: Sequence[float], crop_fraction: float = 0.875,
+) -> np.ndarray:  # fmt: skip
+    """The shorter side resized to ``round(size / crop_fraction)`` (the longer side in proportion, truncated),
+    bilinearly, then the centre ``size``×``size`` crop (offsets rounded), normalised. Deterministic."""
+    height, width = pixels.shape[:2]
+    short = round(size / crop_fraction)
+    if height <= width:
+        new_h, new_w = short, int(short * width / height)
+    else:
+        new_h, new_w = int(short * height / width), short
+    resized = _resize(pixels, new_w, new_h)
+    top, left = round((new_h - size) / 2), round((new_w - size) / 2)
+    return normalize(resized[top: top + size, left: left + size], mean, std)
+
+
+@dataclass(frozen=True)
+class ImageTransform:
+    """A picklable batch callable for Ray Data ``map_batches`` (or an in-memory split): replaces the ``column``
+    of encoded images (object array of bytes, or of decoded arrays from :func:`decode_images`) by float32
+    [B, channels, size, size] views; the other columns pass through. Train views draw from
+    :func:`view_rng` (seed, epoch, the row's ``sample_id``), so any batch split gives the same pixels.
+
+    The epoch of a pass: ``transform.for_epoch(e)`` (a copy), or ``fn_kwargs={"epoch": e}`` in ``map_batches``.
+    ``mean``/``std`` default to :func:`default_mean_std`; eval views ignore seed, epoch, flip, scale, ratio.
+    """
+
+    size: int
+    channels: int
+    train: bool
+    flip: bool
+    seed: int
+    mean: Sequence[float] | None = None
+    std: Sequence[float] | None = None
+    column: str = "image"
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    crop_fraction: float = 0.875
+    epoch: int = 0
+
+    def __post_init__(self) -> None:
+        default_mean, default_std = default_mean_std(self.channels)
+        mean = tuple(float(m) for m in (default_mean if self.mean is None else self.mean))
+        std = tuple(float(s) for s in (default_std if self.std is None else self.std))
+        if len(mean) != self.channels or len(std) != self.channels or min(std) <= 0:
+            raise ValueError(f"mean {mean} and std {std} need {self.channels} values each, std > 0")
+        if self.size < 1:
+            raise ValueError(f"size must be positive, got {self.size}")
+        if not 0 < self.scale[0] <= self.scale[1] <= 1 or not 0 < self.ratio[0] <= self.ratio[1]:
+            raise ValueError(f"need 0 < scale[0] <= scale[1] <= 1 and 0 < ratio[0] <= ratio[1], "
+                             f"got scale={self.scale}, ratio={self.ratio}")  # fmt: skip
+        if not 0 < self.crop_fraction <= 1:
+            raise ValueError(f"crop_fraction must be in (0, 1], got {self.crop_fraction}")
+        object.__setattr__(self, "mean", mean)
+        object.__setattr__(self, "std", std)
+
+    def for_epoch(self, epoch: int) -> ImageTransform:
+        """This transform for the pass of ``epoch``."""
+        return replace(self, epoch=epoch)
+
+    def view(self, image: bytes | np.ndarray, sample_id: int, epoch: int) -> np.ndarray:
+        """One row's float32 C×size×size view, from its bytes or its decoded H×W×C pixels."""
+        pixels = image if isinstance(image, np.ndarray) else decode_image(image, self.channels)
+        if not self.train:
+            return eval_view(pixels, self.size, mean=self.mean, std=self.std, crop_fraction=self.crop_fraction)
+        rng = view_rng(self.seed, epoch, sample_id)
+        return train_view(pixels, self.size, rng, flip=self.flip, mean=self.mean, std=self.std,
+                          scale=self.scale, ratio=self.ratio)  # fmt: skip
+
+    def __call__(self, batch: Batch, epoch: int | None = None) -> Batch:
+        """``batch`` with its image column replaced by the views of ``epoch`` (default: ``self.epoch``)."""
+        images = batch[self.column]
+        if self.train and "sample_id" not in batch:
+            raise KeyError(f"train views need the 'sample_id' column; the batch has {sorted(batch)}")
+        ids = batch["sample_id"] if self.train else np.zeros(len(images), dtype=np.int64)
+        epoch = self.epoch if epoch is None else epoch
+        out = np.empty((len(images), self.channels, self.size, self.size), dtype=np.float32)
+        for i, (image, sample_id) in enumerate(zip(images, ids)):
+            out[i] = self.view(image, int(sample_id), epoch)
+        return {**batch, self.column: out}
