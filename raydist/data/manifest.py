@@ -13,7 +13,14 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, Field, Strict, TypeAdapter, ValidationError
 
 from raydist.config import describe_errors
-from raydist.data.schema import FEATURE_TYPES, FORMAT_VERSION, MANIFEST_NAME, SPLITS, RaydistDataError
+from raydist.data.schema import (
+    FEATURE_TYPES,
+    FORMAT_VERSION,
+    IMAGE_FORMATS,
+    MANIFEST_NAME,
+    SPLITS,
+    RaydistDataError,
+)
 
 _TASK_NAME = re.compile(r"[a-z][a-z0-9_-]*")
 _Count = Annotated[int, Strict(), Field(ge=0)]
@@ -38,6 +45,24 @@ def _feature_type(dtype: str) -> str:
     if dtype not in FEATURE_TYPES:
         raise ValueError(f"expected one of {list(FEATURE_TYPES)}, got {dtype!r}")
     return dtype
+
+
+def _image_format(name: str) -> str:
+    if name not in IMAGE_FORMATS:
+        raise ValueError(f"expected one of {list(IMAGE_FORMATS)}, got {name!r}")
+    return name
+
+
+def _channels(n: int) -> int:
+    if n not in (1, 3):
+        raise ValueError(f"expected 1 (every image greyscale) or 3, got {n}")
+    return n
+
+
+def _height_width(size: list[int]) -> list[int]:
+    if len(size) != 2:
+        raise ValueError(f"expected [height, width], got {size}")
+    return size
 
 
 def _every_split(splits: dict[str, SplitInfo]) -> dict[str, SplitInfo]:
@@ -67,18 +92,25 @@ class SplitInfo:
     shards: list[ShardInfo]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Manifest:
     """Contents of ``manifest.json``; the annotations are its schema (checked by ``manifest_from_dict``).
 
+    ``image_format`` is ``features`` (float vectors of ``feature_dim`` × ``feature_dtype``; the default, so
+    manifests written before the field existed read unchanged) or ``encoded`` (PNG/JPEG bytes; no
+    ``feature_dim``, and ``image_channels`` -- 1 when every image is greyscale, else 3 -- and ``image_size``
+    -- [height, width], the per-axis lower median over the train images -- describe the images).
     ``vocab`` is the vocab file name (task ``pairs``); ``num_classes`` is set for the other tasks.
     ``source`` is free-form provenance (generator arguments, converter inputs ...).
     """
 
     task: Annotated[str, AfterValidator(_task_name)]
-    feature_dim: _Positive
+    feature_dim: _Positive | None = None
     splits: Annotated[dict[str, SplitInfo], AfterValidator(_every_split)]
     feature_dtype: Annotated[str, AfterValidator(_feature_type)] = "float32"
+    image_format: Annotated[str, AfterValidator(_image_format)] = "features"
+    image_channels: Annotated[_Positive, AfterValidator(_channels)] | None = None
+    image_size: Annotated[list[_Positive], AfterValidator(_height_width)] | None = None
     vocab: str | None = None
     num_classes: _Positive | None = None
     source: dict[str, Any] = field(default_factory=dict)
@@ -86,12 +118,12 @@ class Manifest:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict in a stable key order."""
-        out: dict[str, Any] = {
-            "format_version": self.format_version,
-            "task": self.task,
-            "feature_dim": self.feature_dim,
-            "feature_dtype": self.feature_dtype,
-        }
+        out: dict[str, Any] = {"format_version": self.format_version, "task": self.task}
+        if self.image_format == "features":
+            out.update(feature_dim=self.feature_dim, feature_dtype=self.feature_dtype)
+        else:
+            out.update(image_format=self.image_format, image_channels=self.image_channels,
+                       image_size=self.image_size)
         if self.vocab is not None:
             out["vocab"] = self.vocab
         if self.num_classes is not None:
@@ -140,9 +172,24 @@ def load_manifest(dataset_dir: str | Path) -> Manifest:
 _MANIFEST = TypeAdapter(Manifest)
 
 
+def _image_fields_problem(manifest: Manifest) -> str | None:
+    """The first field the image format needs and lacks, or has and must not have."""
+    encoded = manifest.image_format == "encoded"
+    if manifest.feature_dim is None and not encoded:
+        return "field 'feature_dim': missing (image_format 'features' needs it)"
+    if manifest.feature_dim is not None and encoded:
+        return "field 'feature_dim': an 'encoded' dataset has no feature dim (expected absent or null)"
+    for name in ("image_channels", "image_size"):
+        if (getattr(manifest, name) is None) == encoded:
+            need = "missing (image_format 'encoded' needs it)" if encoded else "only an 'encoded' dataset has it"
+            return f"field '{name}': {need}"
+    return None
+
+
 def manifest_from_dict(raw: Any, where: str = MANIFEST_NAME) -> Manifest:
     """Build a Manifest from parsed JSON: the format version first, then the schema of the fields, then
-    the field the task needs (``vocab`` for pairs, ``num_classes`` for the others)."""
+    the fields the image format needs (``feature_dim``; or ``image_channels`` and ``image_size``) and the
+    field the task needs (``vocab`` for pairs, ``num_classes`` for the others)."""
     if not isinstance(raw, dict):
         raise RaydistDataError(f"{where}: expected a JSON object, got {type(raw).__name__}")
     if "format_version" not in raw:
@@ -156,6 +203,9 @@ def manifest_from_dict(raw: Any, where: str = MANIFEST_NAME) -> Manifest:
     except ValidationError as e:
         lines = describe_errors(e, label="field '{key}'")
         raise RaydistDataError("\n".join(f"{where}: {line}" for line in lines)) from e
+    problem = _image_fields_problem(manifest)
+    if problem is not None:
+        raise RaydistDataError(f"{where}: {problem}")
     needed = "vocab" if manifest.task == "pairs" else "num_classes"
     if getattr(manifest, needed) is None:
         raise RaydistDataError(f"{where}: field '{needed}': missing (task {manifest.task!r} needs it)")

@@ -2,7 +2,8 @@
 ``split_files`` (for ``ray.data.read_parquet``) and ``split_arrays`` (for evaluation).
 
 Rows of one image must be consecutive within a split (the writer refuses otherwise, validation checks
-it); the writer also never splits an image's rows across two shards.
+it); the writer also never splits an image's rows across two shards. Encoded images (PNG/JPEG bytes) are
+written one row per image, each decoded in full before its shard is written.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from raydist.data.image_bytes import ImageInfo, dataset_channels, median_size
 from raydist.data.manifest import Manifest, ShardInfo, SplitInfo, load_manifest, sha256_file, write_manifest
 from raydist.data.schema import (
     CAPTION,
+    CAPTIONS,
     CLEAN_LABEL,
     DEFAULT_ROWS_PER_SHARD,
     IMAGE,
@@ -36,7 +39,13 @@ from raydist.data.schema import (
     RaydistDataError,
     arrow_schema,
 )
-from raydist.data.validate import SampleIdTracker, SplitTracker, split_problems, table_problems
+from raydist.data.validate import (
+    SampleIdTracker,
+    SplitTracker,
+    decode_problems,
+    split_problems,
+    table_problems,
+)
 from raydist.data.vocab import Vocab
 
 
@@ -60,28 +69,51 @@ def _column(values: Any, n: int, name: str) -> np.ndarray | None:
     return arr
 
 
+def _caption_array(captions: Sequence[str] | Sequence[Sequence[str]], typ: pa.DataType) -> pa.Array:
+    """One shard's captions as an Arrow ``typ`` array (string, or list<string> for encoded images)."""
+    if pa.types.is_list(typ):
+        row = next((r for r, c in enumerate(captions) if isinstance(c, (str, bytes))), None)
+        if row is not None:
+            raise RaydistDataError(f"captions: row {row} is a string; each row of encoded images holds the "
+                                   "list of the image's captions")
+    try:
+        return pa.array(list(captions), typ)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        raise RaydistDataError(f"captions: expected {typ} per row: {e}") from e
+
+
 def write_split(
     out_dir: str | Path,
     split: str,
     image_ids: np.ndarray,
     sample_ids: np.ndarray,
-    features: np.ndarray,
-    captions: Sequence[str] | None,
+    features: np.ndarray | Sequence[bytes],
+    captions: Sequence[str] | Sequence[Sequence[str]] | None,
     labels: np.ndarray | None = None,
     clean_labels: np.ndarray | None = None,
     rows_per_shard: int = DEFAULT_ROWS_PER_SHARD,
     *,
     feature_index: np.ndarray | None = None,
     num_classes: int | None = None,
+    image_infos: list[ImageInfo] | None = None,
+    image_sources: Sequence[str] | None = None,
 ) -> list[ShardInfo]:
     """Write one split as ``out_dir/split/part-NNNNN.parquet`` and return the shard list.
 
     One row per caption (``captions`` given: task ``pairs``) or per sample (``labels`` given).
     Row r's feature vector is ``features[r]``, or ``features[feature_index[r]]`` when ``feature_index``
     is given (so an image's vector is stored once in memory however many captions it has).
-    Features are written as float16 when ``features`` is float16, else float32. Rows of one image
-    must be consecutive; every shard is checked (ids, finite features, non-empty captions, label range)
-    before it is written, and a failed call removes the shards it wrote.
+    Features are written as float16 when ``features`` is float16, else float32.
+
+    ``features`` that is not a numpy array is encoded images (image format ``encoded``): a sequence of PNG or
+    JPEG file bytes (e.g. :class:`raydist.data.image_bytes.ImageFiles`, read one shard at a time), stored as
+    they are in a binary ``image`` column; every row is one image, and task ``pairs`` rows hold the list of
+    the image's captions (``captions[r]``: a list of strings). Each image is decoded in full before its shard
+    is written; ``image_infos`` receives what each decode found, and ``image_sources`` (per row: where the
+    image came from) is named in a refusal.
+
+    Rows of one image must be consecutive; every shard is checked (ids, finite features or decodable images,
+    non-empty captions, label range) before it is written, and a failed call removes the shards it wrote.
     """
     if split not in SPLITS:
         raise RaydistDataError(f"unknown split {split!r}; expected one of {SPLITS}")
@@ -98,39 +130,49 @@ def write_split(
         LABEL: _column(labels, n, LABEL),
         CLEAN_LABEL: _column(clean_labels, n, CLEAN_LABEL),
     }
+    encoded = not isinstance(features, np.ndarray)
+    caption_column = CAPTIONS if encoded else CAPTION
     if captions is not None and len(captions) != n:
-        raise RaydistDataError(f"column '{CAPTION}': expected {n} captions (one per row), got {len(captions)}")
-    if features.ndim != 2:
+        raise RaydistDataError(f"column '{caption_column}': expected {n} captions (one per row), got {len(captions)}")
+    if not encoded and features.ndim != 2:
         raise RaydistDataError(f"features must be a 2-D array [rows, dim], got shape {features.shape}")
     index = _column(feature_index, n, "feature_index")
-    if index is None and features.shape[0] != n:
-        raise RaydistDataError(f"features has {features.shape[0]} rows but there are {n} rows of ids")
-    if index is not None and n and (index.min() < 0 or index.max() >= features.shape[0]):
-        raise RaydistDataError(f"feature_index outside [0, {features.shape[0]})")
+    if index is None and len(features) != n:
+        raise RaydistDataError(f"features has {len(features)} rows but there are {n} rows of ids")
+    if index is not None and n and (index.min() < 0 or index.max() >= len(features)):
+        raise RaydistDataError(f"feature_index outside [0, {len(features)})")
     if n == 0:
         raise RaydistDataError(f"split {split!r} has no rows")
-    dim = features.shape[1]
-    dtype = "float16" if features.dtype == np.float16 else "float32"
+    dim = None if encoded else features.shape[1]
+    dtype = "float16" if not encoded and features.dtype == np.float16 else "float32"
     schema = arrow_schema(task, dim, feature_dtype=dtype, captions=captions is not None,
                           labels=labels is not None, clean_labels=clean_labels is not None)
+    image_format = "encoded" if encoded else "features"
     split_dir = Path(out_dir) / split
     split_dir.mkdir(parents=True, exist_ok=True)
     if any(split_dir.glob("part-*.parquet")):
         raise RaydistDataError(f"{split_dir} already holds shards; write each split into a fresh folder")
-    tracker, sample_tracker, written = SplitTracker(task), SampleIdTracker(), []
+    tracker, sample_tracker, written = SplitTracker(task, one_row_per_image=encoded), SampleIdTracker(), []
     bounds = _shard_bounds(image_ids, rows_per_shard)
     try:
         for k, (a, b) in enumerate(itertools.pairwise(bounds)):
             rows = index[a:b] if index is not None else slice(a, b)
-            feats = np.ascontiguousarray(features[rows], dtype=np.float16 if dtype == "float16" else np.float32)
             data = {name: pa.array(col[a:b], pa.int64()) for name, col in columns.items() if col is not None}
-            data[IMAGE] = pa.FixedSizeListArray.from_arrays(pa.array(feats.reshape(-1)), dim)
+            if encoded:
+                positions = index[a:b] if index is not None else range(a, b)
+                data[IMAGE] = pa.array([features[int(r)] for r in positions], pa.binary())
+            else:
+                feats = np.ascontiguousarray(features[rows], dtype=np.float16 if dtype == "float16" else np.float32)
+                data[IMAGE] = pa.FixedSizeListArray.from_arrays(pa.array(feats.reshape(-1)), dim)
             if captions is not None:
-                data[CAPTION] = pa.array(list(captions[a:b]), pa.string())
+                data[caption_column] = _caption_array(captions[a:b], schema.field(caption_column).type)
             table = pa.table({f.name: data[f.name] for f in schema}, schema=schema)
             file = f"{split}/{SHARD_PATTERN.format(index=k)}"
             problems = table_problems(table, file, task=task, feature_dim=dim, feature_dtype=dtype,
-                                      num_classes=num_classes, expected_rows=None)
+                                      num_classes=num_classes, expected_rows=None, image_format=image_format)
+            if encoded:
+                problems += decode_problems(table, file, infos=image_infos,
+                                            sources=None if image_sources is None else image_sources[a:b])
             problems += tracker.add(table, file)
             sample_tracker.add(table, file)
             problems += tracker.finish() if b == n else []
@@ -153,7 +195,8 @@ class DatasetWriter:
     ``manifest.json`` and renames the folder into place, so readers never see half a dataset.
 
     Use as a context manager: set ``writer.vocab`` (task ``pairs``) and call :meth:`add_split` for train,
-    val and test; leaving the block normally commits, an exception discards the staging folder. ``overwrite=True`` replaces an existing dataset (a folder holding ``manifest.json``) but never
+    val and test -- all with feature matrices or all with encoded images; leaving the block normally commits,
+    an exception discards the staging folder. ``overwrite=True`` replaces an existing dataset (a folder holding ``manifest.json``) but never
     a non-empty folder that is not a dataset.
     """
 
@@ -168,6 +211,8 @@ class DatasetWriter:
         self.splits: dict[str, SplitInfo] = {}
         self.feature_dim: int | None = None
         self.feature_dtype: str | None = None
+        self.image_format: str | None = None
+        self.image_infos: dict[str, list[ImageInfo]] = {}  # encoded images: per split, what each decode found
         if task == "labels" and num_classes is None:
             raise RaydistDataError("task 'labels' needs num_classes")
         self._check_target()
@@ -186,22 +231,34 @@ class DatasetWriter:
             raise RaydistDataError(f"{out} is not empty and holds no {MANIFEST_NAME}; refusing to replace a "
                                    "folder that is not a raydist dataset")
 
-    def add_split(self, split: str, image_ids: np.ndarray, sample_ids: np.ndarray, features: np.ndarray,
-                  captions: Sequence[str] | None = None, labels: np.ndarray | None = None,
-                  clean_labels: np.ndarray | None = None, *,
-                  feature_index: np.ndarray | None = None) -> SplitInfo:
-        """Write one split (arguments as :func:`write_split`); feature dim and dtype must match across splits."""
+    def add_split(self, split: str, image_ids: np.ndarray, sample_ids: np.ndarray,
+                  features: np.ndarray | Sequence[bytes], captions: Sequence[str] | Sequence[Sequence[str]] | None = None,
+                  labels: np.ndarray | None = None, clean_labels: np.ndarray | None = None, *,
+                  feature_index: np.ndarray | None = None, image_sources: Sequence[str] | None = None) -> SplitInfo:
+        """Write one split (arguments as :func:`write_split`); the image format, and feature dim and dtype,
+        must match across splits."""
         if split in self.splits:
             raise RaydistDataError(f"split {split!r} was already written")
         if (captions is None) != (self.task == "labels"):
             raise RaydistDataError(f"task {self.task!r}: captions must be {'absent' if self.task == 'labels' else 'given'}")
-        dtype = "float16" if features.dtype == np.float16 else "float32"
-        if self.feature_dim is not None and (features.shape[-1], dtype) != (self.feature_dim, self.feature_dtype):
-            raise RaydistDataError(f"split {split!r}: features are {dtype}[{features.shape[-1]}] but earlier "
-                                   f"splits are {self.feature_dtype}[{self.feature_dim}]")
+        image_format = "features" if isinstance(features, np.ndarray) else "encoded"
+        if self.image_format not in (None, image_format):
+            raise RaydistDataError(f"split {split!r}: images are {image_format} but earlier splits are "
+                                   f"{self.image_format}")
+        if image_format == "features":
+            dtype = "float16" if features.dtype == np.float16 else "float32"
+            if self.feature_dim is not None and (features.shape[-1], dtype) != (self.feature_dim, self.feature_dtype):
+                raise RaydistDataError(f"split {split!r}: features are {dtype}[{features.shape[-1]}] but earlier "
+                                       f"splits are {self.feature_dtype}[{self.feature_dim}]")
+        infos: list[ImageInfo] = []
         shards = write_split(self.staging, split, image_ids, sample_ids, features, captions, labels, clean_labels,
-                             self.rows_per_shard, feature_index=feature_index, num_classes=self.num_classes)
-        self.feature_dim, self.feature_dtype = features.shape[-1], dtype
+                             self.rows_per_shard, feature_index=feature_index, num_classes=self.num_classes,
+                             image_infos=infos, image_sources=image_sources)
+        self.image_format = image_format
+        if image_format == "features":
+            self.feature_dim, self.feature_dtype = features.shape[-1], dtype
+        else:
+            self.image_infos[split] = infos
         info = SplitInfo(sum(s.rows for s in shards), len(np.unique(np.asarray(image_ids))), shards)
         self.splits[split] = info
         return info
@@ -215,9 +272,13 @@ class DatasetWriter:
             if self.vocab is None:
                 raise RaydistDataError(f"cannot commit {self.out_dir}: task 'pairs' needs a vocab")
             self.vocab.save(self.staging / VOCAB_NAME)
-        manifest = Manifest(task=self.task, feature_dim=self.feature_dim, splits=self.splits,
-                            feature_dtype=self.feature_dtype, vocab=VOCAB_NAME if self.task == "pairs" else None,
-                            num_classes=self.num_classes, source=self.source)
+        image_fields: dict[str, Any] = {"feature_dim": self.feature_dim, "feature_dtype": self.feature_dtype}
+        if self.image_format == "encoded":
+            image_fields = {"image_format": "encoded",
+                            "image_channels": dataset_channels(i for infos in self.image_infos.values() for i in infos),
+                            "image_size": median_size(self.image_infos["train"])}
+        manifest = Manifest(task=self.task, splits=self.splits, vocab=VOCAB_NAME if self.task == "pairs" else None,
+                            num_classes=self.num_classes, source=self.source, **image_fields)
         write_manifest(self.staging, manifest)
         self._check_target()
         trash = None
@@ -262,10 +323,11 @@ def _known(split: str, manifest: Manifest) -> None:
 
 
 def read_split(path: str | Path, split: str, verify: bool = True) -> pa.Table:
-    """One split as a single Arrow table with ``image`` as float32 and ``caption`` as string.
+    """One split as a single Arrow table with ``image`` as float32 (encoded images: binary) and ``caption``
+    as string (``captions`` as list<string>).
 
-    ``verify=True`` checks sha256, schema, dims and values of every shard (see validate.py) and raises
-    RaydistDataError on the first problem.
+    ``verify=True`` checks sha256, schema, dims and values of every shard (see validate.py), decoding every
+    encoded image, and raises RaydistDataError on the first problem.
     """
     path = Path(path)
     manifest = load_manifest(path)
@@ -281,12 +343,13 @@ def read_split(path: str | Path, split: str, verify: bool = True) -> pa.Table:
                 tables.append(pq.read_table(path / shard.file))
             except (pa.ArrowException, OSError) as e:
                 raise RaydistDataError(f"{path / shard.file}: cannot read shard: {e}") from e
-    dim = manifest.feature_dim
+    types = {IMAGE: pa.binary() if manifest.image_format == "encoded" else pa.list_(pa.float32(), manifest.feature_dim),
+             CAPTION: pa.string(), CAPTIONS: pa.list_(pa.string())}
     out = []
     for t in tables:
-        t = t.set_column(t.schema.get_field_index(IMAGE), IMAGE, t.column(IMAGE).cast(pa.list_(pa.float32(), dim)))
-        if CAPTION in t.column_names:
-            t = t.set_column(t.schema.get_field_index(CAPTION), CAPTION, t.column(CAPTION).cast(pa.string()))
+        for name, typ in types.items():
+            if name in t.column_names:
+                t = t.set_column(t.schema.get_field_index(name), name, t.column(name).cast(typ))
         out.append(t)
     try:
         return pa.concat_tables(out)
@@ -312,6 +375,9 @@ def split_arrays(path: str | Path, split: str, verify: bool = True
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
     """``(image_ids int64 [N], sample_ids int64 [N], features float32 [N, D], captions [N])`` of a split."""
     table = read_split(path, split, verify=verify)
+    if table.schema.field(IMAGE).type == pa.binary():
+        raise RaydistDataError(f"{path}: split {split!r} holds encoded images, not feature vectors (read_split "
+                               "gives its table)")
     if CAPTION not in table.column_names:
         raise RaydistDataError(f"{path}: split {split!r} has no caption column (task 'labels')")
     return (table.column(IMAGE_ID).to_numpy(), table.column(SAMPLE_ID).to_numpy(),

@@ -1,13 +1,14 @@
 """Dataset validation: every check of the dataset layout (README.md#data) as a :class:`Problem` naming
 file, row and field.
 
-The same checks guard the writer (before a shard is written) and ``read_split(verify=True)``.
+The same checks guard the writer (before a shard is written) and ``read_split(verify=True)``; encoded
+images are decoded in full with Pillow (``validate_dataset(image_sample=N)`` decodes N per split).
 Row numbers are 0-based positions within the named Parquet file.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,9 +17,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from raydist.data.image_bytes import ImageInfo, check_image
 from raydist.data.manifest import Manifest, ShardInfo, load_manifest, sha256_file
 from raydist.data.schema import (
     CAPTION,
+    CAPTIONS,
     CLEAN_LABEL,
     FEATURE_TYPES,
     IMAGE,
@@ -86,34 +89,51 @@ def open_shard(dataset_dir: Path, shard: ShardInfo, *, verify_hash: bool = True
     return table, problems
 
 
-def table_problems(table: pa.Table, file: str, *, task: str, feature_dim: int, feature_dtype: str,
-                   num_classes: int | None, expected_rows: int | None) -> list[Problem]:
-    """Schema, dims, nulls, finite features, non-empty captions, label range and row count of one shard."""
+def table_problems(table: pa.Table, file: str, *, task: str, feature_dim: int | None, feature_dtype: str,
+                   num_classes: int | None, expected_rows: int | None,
+                   image_format: str = "features") -> list[Problem]:
+    """Schema, dims, nulls, finite features or non-empty image bytes, non-empty captions, label range and
+    row count of one shard (decoding encoded images is :func:`decode_problems`)."""
     problems = []
     if expected_rows is not None and table.num_rows != expected_rows:
         problems.append(Problem(file, "rows", f"file has {table.num_rows} rows but {MANIFEST_NAME} says "
                                 f"{expected_rows}"))
-    for name in required_columns(task):
+    for name in required_columns(task, image_format):
         if name not in table.column_names:
-            problems.append(Problem(file, name, f"required column missing (task {task!r})"))
+            problems.append(Problem(file, name, f"required column missing (task {task!r}, image_format "
+                                    f"{image_format!r})"))
     usable = set()
     for name, typ in zip(table.column_names, table.schema.types):
-        why = column_type_problem(name, typ, feature_dim)
-        if why is None and name == IMAGE and typ.value_type != FEATURE_TYPES[feature_dtype]:
+        why = column_type_problem(name, typ, feature_dim, image_format)
+        if why is None and name == IMAGE and image_format == "features" and \
+                typ.value_type != FEATURE_TYPES[feature_dtype]:
             why = f"values are {typ.value_type} but {MANIFEST_NAME} says feature_dtype {feature_dtype}"
         if why is not None:
             problems.append(Problem(file, name, why))
             continue
         nulls = np.flatnonzero(table.column(name).is_null().to_numpy(zero_copy_only=False))
-        if len(nulls) and name != CAPTION:
+        if len(nulls) and name not in (CAPTION, CAPTIONS):
             problems.extend(_row_problems(file, name, nulls, None, "null value"))
         else:
             usable.add(name)
     sample_ids = table.column(SAMPLE_ID).to_numpy() if SAMPLE_ID in usable else None
-    if IMAGE in usable and table.num_rows:
+    if IMAGE in usable and table.num_rows and image_format == "features":
         values = table.column(IMAGE).combine_chunks().flatten().to_numpy(zero_copy_only=False)
         bad = np.flatnonzero(~np.isfinite(values.reshape(table.num_rows, feature_dim)).all(axis=1))
         problems.extend(_row_problems(file, IMAGE, bad, sample_ids, "feature vector contains NaN or inf"))
+    if IMAGE in usable and image_format == "encoded":
+        empty = pc.equal(pc.binary_length(table.column(IMAGE)), 0).to_numpy(zero_copy_only=False)
+        problems.extend(_row_problems(file, IMAGE, np.flatnonzero(empty), sample_ids, "zero-size image (0 bytes)"))
+    if CAPTIONS in usable:
+        captions = table.column(CAPTIONS).combine_chunks()
+        none = pc.fill_null(pc.equal(pc.list_value_length(captions), 0), True).to_numpy(zero_copy_only=False)
+        problems.extend(_row_problems(file, CAPTIONS, np.flatnonzero(none), sample_ids,
+                                      "no captions (an empty or null list)"))
+        flat = pc.utf8_trim_whitespace(pc.list_flatten(captions))
+        blank = pc.fill_null(pc.equal(pc.utf8_length(flat), 0), True).to_numpy(zero_copy_only=False)
+        rows = np.unique(pc.list_parent_indices(captions).to_numpy()[blank])
+        problems.extend(_row_problems(file, CAPTIONS, rows, sample_ids,
+                                      "a caption is empty, whitespace-only or null"))
     if CAPTION in usable:
         stripped = pc.utf8_trim_whitespace(table.column(CAPTION))
         empty = pc.fill_null(pc.equal(pc.utf8_length(stripped), 0), True).to_numpy(zero_copy_only=False)
@@ -129,6 +149,40 @@ def table_problems(table: pa.Table, file: str, *, task: str, feature_dim: int, f
     return problems
 
 
+def decode_problems(table: pa.Table, file: str, rows: np.ndarray | None = None, *,
+                    infos: list[ImageInfo] | None = None, sources: Sequence[str] | None = None) -> list[Problem]:
+    """Decode the ``image`` bytes of ``rows`` (default: every row) in full with Pillow
+    (:func:`raydist.data.image_bytes.check_image`): one Problem per image that is not a complete PNG or JPEG,
+    saying why (truncated, corrupt, unsupported format). Null and zero-size images are
+    :func:`table_problems`' to report and are skipped; so is a shard whose ``image`` is not binary. The
+    :class:`ImageInfo` of each good image is appended to ``infos``; ``sources`` (per row: where the image came
+    from) is named in the messages when given."""
+    if IMAGE not in table.column_names or table.schema.field(IMAGE).type not in (pa.binary(), pa.large_binary()):
+        return []
+    column = table.column(IMAGE)
+    sample_ids = table.column(SAMPLE_ID) if SAMPLE_ID in table.column_names else None
+    problems, bad = [], 0
+    for r in range(table.num_rows) if rows is None else rows[rows < table.num_rows]:
+        data = column[int(r)].as_py()
+        if not data:
+            continue
+        try:
+            info = check_image(data)
+        except RaydistDataError as e:
+            bad += 1
+            if bad <= ROWS_SHOWN:
+                sid = sample_ids[int(r)].as_py() if sample_ids is not None else None
+                where = "".join(f" ({label} {value})" for label, value in
+                                (("sample_id", sid), ("from", sources[int(r)] if sources else None)) if value is not None)
+                problems.append(Problem(file, IMAGE, f"{e}{where}", int(r)))
+            continue
+        if infos is not None:
+            infos.append(info)
+    if bad > ROWS_SHOWN:
+        problems.append(Problem(file, IMAGE, f"... and {bad - ROWS_SHOWN} more rows: image does not decode"))
+    return problems
+
+
 def caption_ok(table: pa.Table) -> np.ndarray:
     """Per row: the caption is present and not whitespace-only (all True without a caption column)."""
     if CAPTION not in table.column_names:
@@ -138,11 +192,12 @@ def caption_ok(table: pa.Table) -> np.ndarray:
 
 
 class SplitTracker:
-    """Checks that span the shards of one split: rows of an image consecutive, every image with a
-    caption (task ``pairs``), distinct image count."""
+    """Checks that span the shards of one split: rows of an image consecutive (with ``one_row_per_image``, as
+    in an encoded dataset: one row), every image with a caption (task ``pairs``), distinct image count."""
 
-    def __init__(self, task: str) -> None:
+    def __init__(self, task: str, *, one_row_per_image: bool = False) -> None:
         self.task = task
+        self.one_row_per_image = one_row_per_image
         self.images: set[int] = set()
         self._open: tuple[int, bool, str, int] | None = None  # last image run: id, has caption, file, row
 
@@ -154,6 +209,12 @@ class SplitTracker:
         starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
         has_caption = np.logical_or.reduceat(caption_ok(table), starts)
         problems = []
+        if self.one_row_per_image:
+            again = np.flatnonzero(ids[1:] == ids[:-1]) + 1
+            if self._open is not None and self._open[0] == ids[0]:
+                again = np.r_[0, again]
+            problems.extend(_row_problems(file, IMAGE_ID, again, None, "image_id of the previous row again; an "
+                                          "encoded dataset stores each image in one row"))
         first = 0
         if self._open is not None and self._open[0] == ids[0]:
             self._open = (self._open[0], self._open[1] or bool(has_caption[0]), self._open[2], self._open[3])
@@ -218,15 +279,34 @@ class SampleIdTracker:
         return problems
 
 
+def split_tracker(manifest: Manifest) -> SplitTracker:
+    """The cross-shard checker for a split of ``manifest``'s task and image format."""
+    return SplitTracker(manifest.task, one_row_per_image=manifest.image_format == "encoded")
+
+
+def sample_rows(manifest: Manifest, split: str, sample: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """``sample`` rows of ``split`` (all when it has no more) drawn without replacement by a generator seeded
+    with (seed, split), as sorted row numbers within each shard file; a shard without any is absent."""
+    shards = manifest.splits[split].shards
+    offsets = np.cumsum([0] + [s.rows for s in shards])
+    total = int(offsets[-1])
+    rng = np.random.default_rng([seed, SPLITS.index(split)])
+    chosen = np.sort(rng.choice(total, size=min(sample, total), replace=False))
+    shard_of = np.searchsorted(offsets, chosen, side="right") - 1
+    return {shards[k].file: chosen[shard_of == k] - offsets[k] for k in np.unique(shard_of)}
+
+
 def split_problems(dataset_dir: Path, manifest: Manifest, split: str, *, verify_hash: bool = True,
                    tables: list[pa.Table] | None = None, sample_ids: SampleIdTracker | None = None,
-                   tracker: SplitTracker | None = None) -> list[Problem]:
+                   tracker: SplitTracker | None = None,
+                   decode_rows: Mapping[str, np.ndarray] | None = None) -> list[Problem]:
     """All problems of one split. Readable shards are appended to ``tables`` when given; sample ids go
-    to ``sample_ids`` when given (else duplicates are checked within the split)."""
+    to ``sample_ids`` when given (else duplicates are checked within the split). Encoded images are decoded
+    in every row, or only in the rows ``decode_rows`` maps each shard file to (see :func:`sample_rows`)."""
     info = manifest.splits[split]
     own_ids = sample_ids is None
     sample_ids = SampleIdTracker() if own_ids else sample_ids
-    tracker = tracker or SplitTracker(manifest.task)
+    tracker = tracker or split_tracker(manifest)
     problems = []
     listed = sum(s.rows for s in info.shards)
     if listed != info.rows:
@@ -241,7 +321,10 @@ def split_problems(dataset_dir: Path, manifest: Manifest, split: str, *, verify_
             continue
         problems.extend(table_problems(table, shard.file, task=manifest.task, feature_dim=manifest.feature_dim,
                                        feature_dtype=manifest.feature_dtype, num_classes=manifest.num_classes,
-                                       expected_rows=shard.rows))
+                                       expected_rows=shard.rows, image_format=manifest.image_format))
+        if manifest.image_format == "encoded":
+            rows = None if decode_rows is None else decode_rows.get(shard.file, np.zeros(0, np.int64))
+            problems.extend(decode_problems(table, shard.file, rows))
         problems.extend(tracker.add(table, shard.file))
         sample_ids.add(table, shard.file)
         if tables is not None:
@@ -262,6 +345,7 @@ class SplitSummary:
     rows: int
     images: int
     shards: int
+    decoded: int | None = None  # encoded images decoded by the check (None: not an encoded dataset)
 
 
 @dataclass
@@ -272,6 +356,9 @@ class ValidationReport:
     task: str | None = None
     feature_dim: int | None = None
     feature_dtype: str | None = None
+    image_format: str | None = None
+    image_channels: int | None = None
+    image_size: list[int] | None = None
     splits: dict[str, SplitSummary] = field(default_factory=dict)
     vocab_size: int | None = None
     num_classes: int | None = None
@@ -287,9 +374,15 @@ class ValidationReport:
         lines = [f"dataset {self.path}"]
         if self.task is not None:
             extra = f"vocab {self.vocab_size} words" if self.task == "pairs" else f"{self.num_classes} classes"
-            lines.append(f"  task {self.task}, feature dim {self.feature_dim} ({self.feature_dtype}), {extra}")
+            if self.image_format == "encoded":
+                images = (f"encoded images ({self.image_channels} channel(s), median size "
+                          f"{self.image_size[0]}x{self.image_size[1]})")
+            else:
+                images = f"feature dim {self.feature_dim} ({self.feature_dtype})"
+            lines.append(f"  task {self.task}, {images}, {extra}")
         for name, s in self.splits.items():
-            lines.append(f"  {name:5s} {s.rows:>9d} rows  {s.images:>8d} images  {s.shards:>4d} shards")
+            decoded = f"  decoded {s.decoded} of {s.rows} images" if s.decoded is not None else ""
+            lines.append(f"  {name:5s} {s.rows:>9d} rows  {s.images:>8d} images  {s.shards:>4d} shards{decoded}")
         if self.ok:
             lines.append("OK: no problems found")
         else:
@@ -305,11 +398,16 @@ class ValidationReport:
 
 
 def validate_dataset(
-    path: str | Path, *, min_rows: Mapping[str, int] | None = None, tasks: Collection[str] | None = None
+    path: str | Path, *, min_rows: Mapping[str, int] | None = None, tasks: Collection[str] | None = None,
+    image_sample: int | None = None, seed: int = 0,
 ) -> ValidationReport:
     """Check a dataset folder completely (manifest, vocab, every shard's bytes, schema and values,
-    cross-shard and cross-split ids); ``min_rows`` maps split → minimum rows required; ``tasks``, when given,
-    the task names the manifest may name (the registered tasks: the data layer knows none itself)."""
+    cross-shard and cross-split ids, every encoded image decoded); ``min_rows`` maps split → minimum rows
+    required; ``tasks``, when given, the task names the manifest may name (the registered tasks: the data
+    layer knows none itself); ``image_sample``, when given, decodes only that many encoded images per split,
+    drawn with a generator seeded by (``seed``, split) -- the other checks still read every row."""
+    if image_sample is not None and image_sample < 0:
+        raise RaydistDataError(f"image_sample must be >= 0, got {image_sample}")
     path = Path(path)
     report = ValidationReport(str(path))
     try:
@@ -323,7 +421,11 @@ def validate_dataset(
         report.problems.append(Problem(MANIFEST_NAME, None, f"field 'task': unknown task {manifest.task!r}; "
                                        f"expected one of {sorted(tasks)}"))
         return report
-    report.feature_dim, report.feature_dtype = manifest.feature_dim, manifest.feature_dtype
+    report.image_format = manifest.image_format
+    if manifest.image_format == "encoded":
+        report.image_channels, report.image_size = manifest.image_channels, manifest.image_size
+    else:
+        report.feature_dim, report.feature_dtype = manifest.feature_dim, manifest.feature_dtype
     if manifest.vocab is not None:
         try:
             report.vocab_size = len(Vocab.load(path / manifest.vocab))
@@ -333,9 +435,15 @@ def validate_dataset(
     images_of: dict[str, set[int]] = {}
     for split in SPLITS:
         info = manifest.splits[split]
-        report.splits[split] = SplitSummary(info.rows, info.images, len(info.shards))
-        tracker = SplitTracker(manifest.task)
-        report.problems.extend(split_problems(path, manifest, split, sample_ids=sample_ids, tracker=tracker))
+        decode_rows, decoded = None, None
+        if manifest.image_format == "encoded":
+            if image_sample is not None:
+                decode_rows = sample_rows(manifest, split, image_sample, seed)
+            decoded = info.rows if decode_rows is None else sum(len(r) for r in decode_rows.values())
+        report.splits[split] = SplitSummary(info.rows, info.images, len(info.shards), decoded)
+        tracker = split_tracker(manifest)
+        report.problems.extend(split_problems(path, manifest, split, sample_ids=sample_ids, tracker=tracker,
+                                              decode_rows=decode_rows))
         images_of[split] = tracker.images
         need = (min_rows or {}).get(split, 0)
         if info.rows < need:
