@@ -1,0 +1,205 @@
+"""Image encoders chosen by name: ``linear`` (precomputed features), ``small-cnn``, ``torchvision:<model>`` and
+``timm:<model>``; each is a backbone plus a new Linear head to ``out_dim``, the backbone's weights optionally
+from a local file. torchvision and timm are optional: imported only when one of their models is built."""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+
+from raydist.models.cnn import SmallCNN
+
+
+class Backbone(NamedTuple):
+    """What a registered builder returns: the module mapping an input batch to [B, ``dim``] features, and the
+    state-dict key prefixes of the classifier it replaced (keys a pretrained file may hold and loading skips)."""
+
+    module: nn.Module
+    dim: int
+    head_keys: tuple[str, ...] = ()
+
+
+class BackboneEncoder(nn.Module):
+    """``head(backbone(x))``: [B, …] inputs → [B, out_dim] features, unnormalised (the caller normalises).
+    The head is a new Linear, initialised as VSE++'s image projection (Xavier uniform, zero bias)."""
+
+    def __init__(self, backbone: nn.Module, dim: int, out_dim: int) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.head = nn.Linear(dim, out_dim)
+        bound = math.sqrt(6.0) / math.sqrt(dim + out_dim)
+        nn.init.uniform_(self.head.weight, -bound, bound)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.backbone(x))
+
+
+Builder = Callable[..., Backbone]
+_BUILDERS: dict[str, Builder] = {}
+
+
+def register_image_encoder(name: str) -> Callable[[Builder], Builder]:
+    """Register ``builder(*, in_dim, channels, image_size, **options) -> Backbone`` under ``name`` (a decorator).
+    A name ending in ``:`` is a family: ``"fam:"`` builds every ``"fam:<model>"``, its builder taking ``model``
+    as its first argument. A name registered twice is an error."""
+
+    def register(builder: Builder) -> Builder:
+        if ":" in name[:-1] or not name.strip(":"):
+            raise ValueError(f"image encoder name {name!r}: a plain name, or a family name ending in ':'")
+        if name in _BUILDERS:
+            raise ValueError(f"image encoder {name!r} is already registered")
+        _BUILDERS[name] = builder
+        return builder
+
+    return register
+
+
+def image_encoder_names() -> list[str]:
+    """The registered names, sorted; a name ending in ``:`` takes a model name after it."""
+    return sorted(_BUILDERS)
+
+
+def build_image_encoder(
+    name: str, out_dim: int, *, in_dim: int | None = None, channels: int = 3, image_size: int | None = None,
+    weights: str | Path | None = None, **options: Any,
+) -> BackboneEncoder:  # fmt: skip
+    """The encoder ``name`` ending in a new Linear to ``out_dim``. ``in_dim``: the feature dim (``linear``);
+    ``channels``/``image_size``: the images' (an architecture that fixes its input size gets ``image_size``,
+    others ignore it); ``weights``: a local state dict of the backbone (:func:`load_backbone_weights`), loaded
+    before the head is added; ``options``: the builder's own (``small-cnn``: width, depth; torchvision/timm:
+    keyword arguments of the model's constructor)."""
+    family, sep, model = name.partition(":")
+    key = f"{family}:" if sep else name
+    if key not in _BUILDERS or (sep and not model):
+        known = ", ".join(n + "<model>" if n.endswith(":") else n for n in image_encoder_names())
+        raise ValueError(f"unknown image encoder {name!r}; known: {known}")
+    args = (model,) if sep else ()
+    backbone = _BUILDERS[key](*args, in_dim=in_dim, channels=channels, image_size=image_size, **options)
+    if weights is not None:
+        load_backbone_weights(backbone.module, weights, backbone.head_keys)
+    return BackboneEncoder(backbone.module, backbone.dim, out_dim)
+
+
+def backbone_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The backbone parameters of every :class:`BackboneEncoder` inside ``model`` (DDP-wrapped or not): the
+    group a learning-rate multiplier applies to; the new heads and the rest of ``model`` are not in it."""
+    return [p for m in model.modules() if isinstance(m, BackboneEncoder) for p in m.backbone.parameters()]
+
+
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """A state dict from a local file: ``.safetensors`` (needs the ``safetensors`` package), else ``torch.load``
+    with ``weights_only=True`` (``.pt``, ``.pth``, ``.bin``)."""
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        try:
+            from safetensors.torch import load_file
+        except ImportError as err:
+            raise ImportError(f"reading {path} needs the safetensors package (pip install safetensors): {err}") from err
+        state = load_file(str(path))
+    else:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(state, Mapping) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"{path} does not hold a state dict (parameter names → tensors)")
+    return dict(state)
+
+
+def load_backbone_weights(module: nn.Module, path: str | Path, head_keys: tuple[str, ...] = ()) -> None:
+    """Load the state dict in ``path`` into ``module``: every key must match by name and shape, except keys
+    under ``head_keys`` (the replaced classifier's), which are skipped; anything else is a ValueError naming
+    the missing, unexpected and mis-shaped keys."""
+    state = read_state_dict(path)
+    own = module.state_dict()
+
+    def is_head(key: str) -> bool:
+        return any(key == h or key.startswith(h + ".") for h in head_keys)
+
+    problems = {
+        "missing": sorted(k for k in own if k not in state),
+        "unexpected": sorted(k for k in state if k not in own and not is_head(k)),
+        "wrong shape": sorted(f"{k} {tuple(state[k].shape)} (needs {tuple(own[k].shape)})"
+                              for k in own if k in state and state[k].shape != own[k].shape),
+    }
+    if any(problems.values()):
+        found = "; ".join(f"{what}: {', '.join(keys[:10])}{' …' if len(keys) > 10 else ''}"
+                          for what, keys in problems.items() if keys)  # fmt: skip
+        raise ValueError(f"{path} does not fit the backbone ({found})")
+    module.load_state_dict({k: state[k] for k in own})
+
+
+def _import_optional(module: str, package: str, encoder: str) -> Any:
+    """``module``, or an ImportError naming ``package`` and why it failed. Any exception counts: a broken
+    install (say a wheel built for other torch libraries) fails with more than ImportError."""
+    try:
+        return importlib.import_module(module)
+    except Exception as err:
+        raise ImportError(
+            f"image encoder {encoder!r} needs {package}, which cannot be imported here "
+            f"({type(err).__name__}: {err}); install one built for torch {torch.__version__}: pip install {package}"
+        ) from err
+
+
+def _construct(factory: Callable[..., nn.Module], model: str, size_key: str, image_size: int | None,
+               **kwargs: Any) -> nn.Module:  # fmt: skip
+    """``factory(model, **kwargs)``, given ``size_key=image_size`` when the architecture takes it (a ViT's fixed
+    input size): a TypeError naming ``size_key`` means it does not, and the model is built without it."""
+    if image_size is None:
+        return factory(model, **kwargs)
+    try:
+        return factory(model, **{size_key: image_size}, **kwargs)
+    except TypeError as err:
+        if size_key not in str(err):
+            raise
+        return factory(model, **kwargs)
+
+
+@register_image_encoder("linear")
+def _linear(*, in_dim: int | None, channels: int, image_size: int | None) -> Backbone:
+    """Precomputed features [B, in_dim]: no backbone, the head alone (VSE++'s image projection)."""
+    if in_dim is None:
+        raise ValueError("image encoder 'linear' needs in_dim, the feature dim")
+    return Backbone(nn.Identity(), in_dim)
+
+
+@register_image_encoder("small-cnn")
+def _small_cnn(*, in_dim: int | None, channels: int, image_size: int | None, width: int = 32,
+               depth: int = 3) -> Backbone:  # fmt: skip
+    """:class:`SmallCNN` over [B, channels, H, W] images of any size."""
+    cnn = SmallCNN(channels, width=width, depth=depth)
+    return Backbone(cnn, cnn.out_dim)
+
+
+@register_image_encoder("torchvision:")
+def _torchvision(model: str, *, in_dim: int | None, channels: int, image_size: int | None,
+                 **options: Any) -> Backbone:  # fmt: skip
+    """``torchvision.models.get_model(model, weights=None, **options)`` with its classifier -- the last Linear
+    it registers (``fc``, ``heads.head``, ``classifier.N``) -- replaced by Identity. 3-channel images only."""
+    models = _import_optional("torchvision.models", "torchvision", f"torchvision:{model}")
+    if channels != 3:
+        raise ValueError(f"torchvision:{model} takes 3-channel images; decode greyscale ones as RGB (channels=3)")
+    net = _construct(models.get_model, model, "image_size", image_size, weights=None, **options)
+    linears = [(name, m) for name, m in net.named_modules() if isinstance(m, nn.Linear)]
+    if not linears:
+        raise ValueError(f"torchvision:{model} has no Linear classifier to replace")
+    name, classifier = linears[-1]
+    parent, _, attr = name.rpartition(".")
+    setattr(net.get_submodule(parent), attr, nn.Identity())
+    return Backbone(net, classifier.in_features, (name,))
+
+
+@register_image_encoder("timm:")
+def _timm(model: str, *, in_dim: int | None, channels: int, image_size: int | None, **options: Any) -> Backbone:
+    """``timm.create_model(model, pretrained=False, num_classes=0, in_chans=channels, **options)``: pooled
+    features, its classifier (``pretrained_cfg["classifier"]``) already removed."""
+    timm = _import_optional("timm", "timm", f"timm:{model}")
+    net = _construct(timm.create_model, model, "img_size", image_size,
+                     pretrained=False, num_classes=0, in_chans=channels, **options)  # fmt: skip
+    classifier = (getattr(net, "pretrained_cfg", None) or {}).get("classifier") or ()
+    head_keys = (classifier,) if isinstance(classifier, str) else tuple(classifier)
+    return Backbone(net, getattr(net, "head_hidden_size", None) or net.num_features, head_keys)
