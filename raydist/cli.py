@@ -215,11 +215,28 @@ def cmd_corrupt_labels(args: argparse.Namespace) -> int:
 
 def cmd_convert(args: argparse.Namespace) -> int:
     from raydist.data import convert_coco_json, convert_vsepp_precomp
+    from raydist.data.convert_images import convert_coco_images, convert_image_folder, convert_karpathy
     from raydist.data.labels_io import convert_npz
 
-    if args.format == "npz":
-        if not args.src:
-            raise ValueError("convert npz: give --src FILE.npz")
+    needs = {"karpathy": ("src", "images"), "coco-json": ("captions",), "image-folder": ("src",), "npz": ("src",),
+             "vsepp-precomp": ("src",)}
+    missing = [f"--{name}" for name in needs[args.format] if not getattr(args, name)]
+    if missing:
+        raise ValueError(f"convert {args.format}: give {' and '.join(missing)}")
+    if args.format == "coco-json" and bool(args.images) == bool(args.features or args.feature_ids):
+        raise ValueError("convert coco-json: give either --images DIR or --features and --feature-ids")
+    split_pairs = _split_pairs(args.splits)
+    if args.format == "karpathy":
+        out = convert_karpathy(args.src, args.images, args.out, min_count=args.min_count, overwrite=args.overwrite)
+    elif args.format == "image-folder":
+        out = convert_image_folder(args.src, args.out, split_by=args.split_by, val_fraction=args.val_fraction,
+                                   test_fraction=args.test_fraction, seed=args.seed, overwrite=args.overwrite)
+    elif args.format == "coco-json" and args.images:
+        out = convert_coco_images(args.captions, args.images, args.out, min_count=args.min_count,
+                                  val_images=args.val_images, test_images=args.test_images,
+                                  split_map={src: dst for dst, src in split_pairs} if split_pairs else None,
+                                  overwrite=args.overwrite)
+    elif args.format == "npz":
         out = convert_npz(args.src, args.out, val_fraction=args.val_fraction, test_fraction=args.test_fraction,
                           seed=args.seed, overwrite=args.overwrite)  # fmt: skip
     elif args.format == "vsepp-precomp":
@@ -228,7 +245,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
             args.out,
             captions_per_image=args.captions_per_image,
             min_count=args.min_count,
-            splits=dict(pairs) if (pairs := _split_pairs(args.splits)) else None,
+            splits=dict(split_pairs) if split_pairs else None,
             overwrite=args.overwrite,
         )
     else:
@@ -240,7 +257,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
             min_count=args.min_count,
             val_images=args.val_images,
             test_images=args.test_images,
-            split_map={src: dst for dst, src in pairs} if (pairs := _split_pairs(args.splits)) else None,
+            split_map={src: dst for dst, src in split_pairs} if split_pairs else None,
             overwrite=args.overwrite,
         )
     print(f"wrote dataset {out}")
@@ -251,7 +268,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from raydist.data import validate_dataset
     from raydist.tasks import task_names
 
-    report = validate_dataset(args.dir, tasks=task_names())
+    report = validate_dataset(args.dir, tasks=task_names(), image_sample=args.image_sample)
     print(report.format())
     return 1 if report.problems else 0
 
@@ -392,13 +409,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_make_data)
 
     p = sub.add_parser("convert", help="convert a public layout into a raydist dataset")
-    p.add_argument("format", choices=["vsepp-precomp", "coco-json", "npz"])
+    p.add_argument("format", choices=["vsepp-precomp", "coco-json", "npz", "karpathy", "image-folder"])
     p.add_argument("--out", required=True)
     p.add_argument("--src", help="vsepp-precomp: folder with {split}_ims.npy and {split}_caps.txt; "
-                   "npz: a .npz file with X (N×D features), y (labels) and optional split")
-    p.add_argument("--val-fraction", type=float, default=0.1, help="npz without split: val share per class")
-    p.add_argument("--test-fraction", type=float, default=0.2, help="npz without split: test share per class")
-    p.add_argument("--seed", type=int, default=0, help="npz without split: seed of the stratified split")
+                   "npz: a .npz file with X (N×D features), y (labels) and optional split; karpathy: "
+                   "dataset_*.json; image-folder: DIR/<class>/<images> (or DIR/train, DIR/val, DIR/test)")
+    p.add_argument("--images", help="karpathy: image root (ROOT/filepath/filename); coco-json: image folder "
+                   "(DIR/file_name), instead of --features/--feature-ids")
+    p.add_argument("--split-by", choices=["class", "image"], default="image",
+                   help="image-folder without split folders: disjoint classes per split, or stratified by class")
+    p.add_argument("--val-fraction", type=float, default=0.1,
+                   help="npz without split, image-folder: val share (of each class's rows, or of the classes)")
+    p.add_argument("--test-fraction", type=float, default=0.2,
+                   help="npz without split, image-folder: test share (of each class's rows, or of the classes)")
+    p.add_argument("--seed", type=int, default=0, help="npz without split, image-folder: seed of the split")
     p.add_argument("--captions", help="coco-json: captions JSON file")
     p.add_argument("--features", help="coco-json: .npy feature matrix, one row per image")
     p.add_argument("--feature-ids", help="coco-json: .npy/.json image id of each feature row")
@@ -424,6 +448,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("validate", help="run every data check without training and print a summary")
     p.add_argument("dir")
+    p.add_argument("--image-sample", type=int, metavar="N",
+                   help="encoded images: decode N per split, drawn with a fixed seed (default: every image)")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("tune", help="Ray Tune sweep: one training run per trial, results table, best config")
