@@ -4,3 +4,12 @@ from raydist.models.vse import ImageEncoder, TextEncoder, VSEModel, build_model
 from raydist.models.wrapped import unwrap_model
 
 __all__ = ["ImageEncoder", "TextEncoder", "VSEModel", "build_model", "unwrap_model"]
+
+from raydist.models.image_encoders import (
+    backbone_parameters,
+    build_image_encoder,
+    image_encoder_names,
+    register_image_encoder,
+)
+
+__all__ += ["backbone_parameters", "build_image_encoder", "image_encoder_names", "register_image_encoder"]
