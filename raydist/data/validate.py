@@ -171,10 +171,9 @@ def decode_problems(table: pa.Table, file: str, rows: np.ndarray | None = None, 
         except RaydistDataError as e:
             bad += 1
             if bad <= ROWS_SHOWN:
-                sid = sample_ids[int(r)].as_py() if sample_ids is not None else None
-                where = "".join(f" ({label} {value})" for label, value in
-                                (("sample_id", sid), ("from", sources[int(r)] if sources else None)) if value is not None)
-                problems.append(Problem(file, IMAGE, f"{e}{where}", int(r)))
+                sid = f" (sample_id {sample_ids[int(r)].as_py()})" if sample_ids is not None else ""
+                origin = f" (from {sources[int(r)]})" if sources is not None else ""
+                problems.append(Problem(file, IMAGE, f"{e}{sid}{origin}", int(r)))
             continue
         if infos is not None:
             infos.append(info)
