@@ -74,7 +74,11 @@ def pairs_case(hardest: bool, vocab_dir) -> tuple[Task, dict[str, Tensor]]:
     tokens = torch.randint(4, len(task.vocab), (8, 6), generator=g)
     tokens[torch.arange(6) >= lengths.unsqueeze(1)] = 0  # padding after each caption
     batch = {
-        "image": torch.randn(8, 6, generator=g, dtype=DTYPE).repeat_interleave(2, 0)[:8],  # 2 captions/image
+        # 2 captions per image, each row's copy of the image nudged apart: with exact copies, an MH query's
+        # hardest negative ties between them, and which copy torch.max picks (so which row the contribution
+        # is attributed to) depends on the CPU's kernels
+        "image": torch.randn(8, 6, generator=g, dtype=DTYPE).repeat_interleave(2, 0)[:8]
+        + 1e-3 * torch.randn(8, 6, generator=g, dtype=DTYPE),
         "tokens": tokens,
         "lengths": lengths,
         "image_id": torch.arange(8) // 2,

@@ -20,14 +20,15 @@ DIM_METHODS = {
 COST_METHODS = {"single": "single-shot", "adaptive": "adaptive (D_s > D_r)", "funnel": "funnel"}
 
 
-def main_metric(task: str, k: int = 10) -> str:
-    """The metric plotted against dimension: pairs ``rsum``, labels ``map{k}``."""
-    return "rsum" if task == "pairs" else f"map{k}"
+def main_metric(two_way: bool, k: int = 10) -> str:
+    """The metric plotted against dimension: ``rsum`` for a two-way set (image–caption), else ``map{k}``."""
+    return "rsum" if two_way else f"map{k}"
 
 
-def cost_panels(task: str, k: int = 10) -> list[tuple[str, str]]:
-    """(metric, cost key) per panel of the MFLOPs figure: one per direction for pairs (R@1 of t2i, i2t)."""
-    if task == "pairs":
+def cost_panels(two_way: bool, k: int = 10) -> list[tuple[str, str]]:
+    """(metric, cost key) per panel of the MFLOPs figure: one per direction for a two-way set (R@1 of t2i,
+    i2t), else mAP@k."""
+    if two_way:
         return [("t2i_r1", "t2i_mflops"), ("i2t_r1", "i2t_mflops")]
     return [(f"map{k}", "mflops")]
 

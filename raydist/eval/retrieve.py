@@ -404,7 +404,7 @@ def retrieval_report(
                                                        "metric_vs_mflops.png")}  # fmt: skip
         (out / "retrieval.txt").write_text(table + "\n")
         (out / "retrieval.json").write_text(json.dumps(rows, indent=1))
-        plot_metric_vs_dim(rows, out / "metric_vs_dim.png", main_metric(rset.task, k))
-        plot_metric_vs_mflops(rows, out / "metric_vs_mflops.png", cost_panels(rset.task, k))
+        plot_metric_vs_dim(rows, out / "metric_vs_dim.png", main_metric(rset.two_way, k))
+        plot_metric_vs_mflops(rows, out / "metric_vs_mflops.png", cost_panels(rset.two_way, k))
     return {"task": rset.task, "checkpoint": rset.source, "split": rset.split, "dims": dims, "kind": kind,
             "rows": rows, "table": table, "files": files}  # fmt: skip
