@@ -25,10 +25,18 @@ class DataInfo:
     """Facts about the data a task's model depends on; from a dataset folder or a checkpoint's task.json."""
 
     task: str
-    feature_dim: int
+    feature_dim: int | None  # precomputed features' dim; None for encoded images
     num_classes: int | None = None
     data_dir: Path | None = None  # the dataset folder, when there is one
     files: dict[str, Path] = field(default_factory=dict)  # extra files the task needs (e.g. vocab.json)
+    image_format: str = "features"  # "features" (vectors) or "encoded" (PNG/JPEG bytes, one row per image)
+    image_channels: int | None = None  # encoded images: 1 when every image is greyscale, else 3
+    image_size: tuple[int, int] | None = None  # encoded images: the train split's median [height, width]
+
+    @property
+    def encoded(self) -> bool:
+        """Whether the ``image`` column holds encoded images (decoded and augmented in the data pipeline)."""
+        return self.image_format == "encoded"
 
     @classmethod
     def from_dataset(cls, data_dir: str | Path) -> DataInfo:
@@ -36,26 +44,32 @@ class DataInfo:
         data_dir = Path(data_dir)
         m = load_manifest(data_dir)
         files = {m.vocab: data_dir / m.vocab} if m.vocab else {}
-        return cls(m.task, m.feature_dim, m.num_classes, data_dir, files)
+        return cls(m.task, m.feature_dim, m.num_classes, data_dir, files, m.image_format, m.image_channels,
+                   tuple(m.image_size) if m.image_size else None)  # fmt: skip
 
     @classmethod
     def from_checkpoint(cls, folder: str | Path, info: dict[str, Any], data_dir: str | Path | None = None) -> DataInfo:
         """From a checkpoint folder's ``task.json`` (its extra files live in the checkpoint folder)."""
         folder = Path(folder)
         files = {name: folder / name for name in info.get("files", [])}
-        return cls(info["task"], int(info["feature_dim"]), info.get("num_classes"),
-                   Path(data_dir) if data_dir else None, files)  # fmt: skip
+        dim, size = info.get("feature_dim"), info.get("image_size")
+        return cls(info["task"], int(dim) if dim is not None else None, info.get("num_classes"),
+                   Path(data_dir) if data_dir else None, files, info.get("image_format", "features"),
+                   info.get("image_channels"), tuple(size) if size else None)  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
         """What a checkpoint's ``task.json`` records (the dataset folder too, so eval can find it)."""
         return {"task": self.task, "feature_dim": self.feature_dim, "num_classes": self.num_classes,
-                "files": sorted(self.files), "data_dir": str(self.data_dir) if self.data_dir else None}  # fmt: skip
+                "files": sorted(self.files), "data_dir": str(self.data_dir) if self.data_dir else None,
+                "image_format": self.image_format, "image_channels": self.image_channels,
+                "image_size": list(self.image_size) if self.image_size else None}  # fmt: skip
 
     def mismatch(self, other: DataInfo) -> list[str]:
         """What differs between a checkpoint's data facts (self) and a dataset's (other), one line each:
         task, feature dim, classes and the vocabulary."""
         lines = [f"{name}: checkpoint={getattr(self, name)!r} data={getattr(other, name)!r}"
-                 for name in ("task", "feature_dim", "num_classes") if getattr(self, name) != getattr(other, name)]
+                 for name in ("task", "image_format", "feature_dim", "num_classes", "image_channels")
+                 if getattr(self, name) != getattr(other, name)]
         for name in sorted(set(self.files) & set(other.files)):
             if Path(self.files[name]).read_bytes() != Path(other.files[name]).read_bytes():
                 lines.append(f"{name}: the checkpoint's {name} differs from {other.files[name]}")
