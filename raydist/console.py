@@ -69,6 +69,18 @@ def say(*parts: Any) -> None:
     emit([" ".join(str(p) for p in parts)])
 
 
+def warn(*parts: Any) -> None:
+    """One warning line on stderr, ``raydist: warning: …`` (as errors read ``raydist: error: …``); shown in
+    the quiet console too. A progress bar open on stdout is ended first, so the warning gets its own line."""
+    with _lock:
+        if _bar_open["value"]:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            _bar_open["value"] = False
+        sys.stderr.write("raydist: warning: " + " ".join(str(p) for p in parts) + "\n")
+        sys.stderr.flush()
+
+
 def is_verbose() -> bool:
     """Whether ``-v`` was given."""
     return _state["verbose"]

@@ -5,7 +5,7 @@ import json
 import numpy as np
 
 from raydist.cli import main
-from raydist.data import load_manifest, split_arrays
+from raydist.data import feature_matrix, load_manifest, read_split, split_arrays
 
 
 def test_make_data_then_validate(tmp_path, capsys):
@@ -38,3 +38,19 @@ def test_convert_vsepp_precomp_with_split_names(tmp_path):
     np.testing.assert_array_equal(feats[::5], np.load(src / "testall_ims.npy"))
     assert "number" in json.loads((out / "vocab.json").read_text())["words"]
     assert main(["convert", "vsepp-precomp", "--src", str(src), "--out", str(out), "--splits", "bogus=x"]) == 2
+
+
+def test_convert_npz_standardize_from_the_command_line(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(90, 3)) * np.array([1e-2, 1.0, 1e3])
+    np.savez(tmp_path / "d.npz", X=x, y=np.array(["b", "a", "c"])[np.arange(90) % 3])
+    assert main(["convert", "npz", "--src", str(tmp_path / "d.npz"), "--out", str(tmp_path / "raw")]) == 0
+    assert "--standardize" in capsys.readouterr().err
+    assert main(["convert", "npz", "--src", str(tmp_path / "d.npz"), "--out", str(tmp_path / "std"),
+                 "--standardize"]) == 0
+    assert capsys.readouterr().err == ""
+    manifest = load_manifest(tmp_path / "std")
+    assert manifest.class_names == ["a", "b", "c"] and manifest.standardization == "standardization.json"
+    train = feature_matrix(read_split(tmp_path / "std", "train").column("image")).astype(np.float64)
+    np.testing.assert_allclose(train.mean(axis=0), 0, atol=1e-5)
+    np.testing.assert_allclose(train.std(axis=0), 1, rtol=1e-4)

@@ -41,3 +41,13 @@ def test_a_terminal_redraws_one_bar_then_starts_the_next_line_below(monkeypatch)
 @pytest.mark.parametrize("line", [EPOCH, "[raydist] schedule: 5 epochs × 117 steps", "epoch 1/5 step 2/3 (66%)"])
 def test_only_progress_lines_get_a_bar(line):
     assert console.progress_bar(line) is None
+
+
+def test_warn_writes_one_prefixed_line_to_stderr_after_closing_a_bar(monkeypatch):
+    out, err = Terminal(), io.StringIO()
+    monkeypatch.setattr("sys.stdout", out)
+    monkeypatch.setattr("sys.stderr", err)
+    console.emit(PROGRESS[:1])
+    console.warn("data.npz:", "scales differ")
+    assert err.getvalue() == "raydist: warning: data.npz: scales differ\n"
+    assert out.getvalue().endswith("\n") and "scales differ" not in out.getvalue()

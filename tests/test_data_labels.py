@@ -12,6 +12,7 @@ import pytest
 
 from raydist.data import RaydistDataError, feature_matrix, load_manifest, read_split, validate_dataset
 from raydist.data.labels_io import convert_npz, corrupt_labels
+from raydist.data.standardize import STANDARDIZATION_NAME, load_standardization, standardize_features
 from raydist.data.synthetic_labels import make_synthetic_labels
 
 SPLITS = ("train", "val", "test")
@@ -234,7 +235,7 @@ def test_convert_npz_errors_name_file_and_field(tmp_path):
         "shape": ({"X": x, "y": y[:9]}, ["'y'", "(9,)", "10 rows"]),
         "nan": ({"X": bad_x, "y": y}, ["'X'", "row 5", "non-finite"]),
         "float_labels": ({"X": x, "y": np.where(np.arange(10) == 2, 1.5, 0.0)}, ["'y'", "row 2", "1.5"]),
-        "str_labels": ({"X": x, "y": np.array(list("ababababab"))}, ["'y'", "integer"]),
+        "empty_label": ({"X": x, "y": np.array(list("abab ababa"))}, ["'y'", "row 4", "empty class label"]),
         "split_value": ({"X": x, "y": y, "split": np.array(["train"] * 7 + ["holdout"] + ["test"] * 2)},
                         ["'split'", "row 7", "holdout"]),
         "empty_split": ({"X": x, "y": y, "split": np.array(["train"] * 8 + ["test"] * 2)}, ["'val'", "no rows"]),
@@ -251,3 +252,112 @@ def test_convert_npz_errors_name_file_and_field(tmp_path):
         convert_npz(tmp_path / "junk.npz", tmp_path / "out_junk")
     with pytest.raises(RaydistDataError, match="fraction"):
         convert_npz(tmp_path / "junk.npz", tmp_path / "out_junk", val_fraction=0.5, test_fraction=0.5)
+
+
+def _shifted_splits(seed=0):
+    """Features of very different scales; val and test rows drawn from shifted distributions, so their own
+    statistics differ from train's."""
+    rng = np.random.default_rng(seed)
+    scale, offset = np.array([0.01, 1.0, 50.0, 2000.0]), np.array([1.0, -3.0, 10.0, 5e4])
+    x = rng.normal(size=(60, 4)) * scale + offset
+    x[40:] = x[40:] * 1.5 + 2 * scale
+    split = np.array(["train"] * 40 + ["val"] * 8 + ["test"] * 12)
+    return x, np.arange(60) % 3, split
+
+
+def test_convert_npz_standardize_uses_train_statistics_for_every_split(tmp_path, capsys):
+    x, y, split = _shifted_splits()
+    out = convert_npz(_npz(tmp_path / "d.npz", X=x, y=y, split=split), tmp_path / "ds", standardize=True)
+    assert capsys.readouterr().err == ""  # no constant feature, no scale warning once standardised
+    assert validate_dataset(out).ok
+    assert load_manifest(out).standardization == STANDARDIZATION_NAME
+    train = x[split == "train"]
+    mu, sd = train.mean(axis=0), train.std(axis=0)
+    stats = load_standardization(out)
+    np.testing.assert_allclose(stats.mean, mu, rtol=1e-13)
+    np.testing.assert_allclose(stats.std, sd, rtol=1e-13)
+    for name in SPLITS:
+        cols = _columns(out, name)
+        rows = x[cols["sample_id"]]
+        np.testing.assert_allclose(cols["image"], (rows - mu) / sd, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(standardize_features(rows, out), cols["image"], rtol=0, atol=0)
+        if name != "train":
+            own = (rows - rows.mean(axis=0)) / rows.std(axis=0)
+            assert np.abs(cols["image"] - own).max() > 0.5  # not the split's own statistics
+    noisy = corrupt_labels(out, tmp_path / "noisy", p=0.2, seed=0)
+    assert load_manifest(noisy).standardization == STANDARDIZATION_NAME
+    assert np.array_equal(load_standardization(noisy).mean, stats.mean)
+
+
+def test_convert_npz_standardize_says_which_features_are_constant(tmp_path, capsys):
+    x, y, split = _shifted_splits(seed=1)
+    x[:, 2] = 4.0
+    x[45, 2] = 6.5  # constant on train only
+    out = convert_npz(_npz(tmp_path / "d.npz", X=x, y=y, split=split), tmp_path / "ds", standardize=True)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("raydist: warning:") and "zero variance" in err[0]
+    assert "constant" in err[0] and ": 2;" in err[0] and "std is taken as 1" in err[0]
+    stats = load_standardization(out)
+    assert stats.zero_variance == (2,) and stats.std[2] == 1.0
+    val = _columns(out, "val")
+    assert np.allclose(val["image"][:, 2], x[val["sample_id"], 2] - 4.0)
+
+
+def test_convert_npz_warns_about_mixed_scales_only_without_standardize(tmp_path, capsys):
+    x, y, split = _shifted_splits(seed=2)
+    train_std = x[split == "train"].std(axis=0)
+    assert train_std.max() / train_std.min() > 100
+    convert_npz(_npz(tmp_path / "mixed.npz", X=x, y=y, split=split), tmp_path / "mixed")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("raydist: warning:") and "--standardize" in err[0]
+    assert "mixed.npz" in err[0] and "'X'" in err[0]
+    assert load_manifest(tmp_path / "mixed").standardization is None
+    assert load_standardization(tmp_path / "mixed") is None
+    same = np.random.default_rng(3).normal(size=(60, 4)) * np.array([0.5, 1.0, 3.0, 20.0])
+    convert_npz(_npz(tmp_path / "scaled.npz", X=same, y=y, split=split), tmp_path / "scaled")
+    assert capsys.readouterr().err == ""
+
+
+def test_convert_npz_string_labels_remap_in_sorted_order(tmp_path):
+    rng = np.random.default_rng(4)
+    names = np.array(["wren", "Owl", "crow", "ibis"])
+    y = names[rng.integers(0, 4, 200)]
+    x = rng.normal(size=(200, 3)).astype(np.float32)
+    for tag, labels in (("str", y), ("bytes", np.char.encode(y, "utf-8"))):
+        out = convert_npz(_npz(tmp_path / f"{tag}.npz", X=x, y=labels), tmp_path / tag, seed=1)
+        assert validate_dataset(out).ok
+        manifest = load_manifest(out)
+        expected_names = sorted(set(y.tolist()))  # code-point order: upper case first
+        assert manifest.class_names == expected_names == ["Owl", "crow", "ibis", "wren"]
+        assert manifest.num_classes == 4
+        assert manifest.source["label_map"] == {name: k for k, name in enumerate(expected_names)}
+        seen = 0
+        for split in SPLITS:
+            cols = _columns(out, split)
+            assert cols["label"].dtype == np.int64
+            assert cols["label"].tolist() == [expected_names.index(v) for v in y[cols["sample_id"]]]
+            assert np.array_equal(cols["image"], x[cols["sample_id"]])
+            seen += len(cols["label"])
+        assert seen == 200
+    assert _shard_hashes(tmp_path / "str") == _shard_hashes(tmp_path / "bytes")
+    noisy = corrupt_labels(tmp_path / "str", tmp_path / "noisy", p=0.1, seed=0)
+    assert load_manifest(noisy).class_names == expected_names
+    plain = convert_npz(_npz(tmp_path / "ints.npz", X=x, y=np.arange(200) % 4), tmp_path / "ints")
+    assert load_manifest(plain).class_names is None and "class_names" not in json.loads(
+        (plain / "manifest.json").read_text())
+
+
+def test_standardizing_wine_helps_nearest_neighbour_retrieval(tmp_path):
+    from sklearn.datasets import load_wine
+
+    x, y = load_wine(return_X_y=True)
+    src = _npz(tmp_path / "wine.npz", X=x, y=y)
+
+    def one_nn_accuracy(path):
+        train, test = _columns(path, "train"), _columns(path, "test")
+        d = ((test["image"][:, None, :].astype(np.float64) - train["image"][None].astype(np.float64)) ** 2).sum(-1)
+        return float((train["label"][d.argmin(axis=1)] == test["label"]).mean())
+
+    raw = one_nn_accuracy(convert_npz(src, tmp_path / "raw", seed=0))
+    scaled = one_nn_accuracy(convert_npz(src, tmp_path / "scaled", seed=0, standardize=True))
+    assert scaled > raw + 0.1, (raw, scaled)

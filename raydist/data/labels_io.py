@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from raydist.console import warn
 from raydist.data.hashing import uniform_by_id
 from raydist.data.manifest import load_manifest
 from raydist.data.schema import (
@@ -23,6 +24,14 @@ from raydist.data.schema import (
     RaydistDataError,
 )
 from raydist.data.shards import DatasetWriter, feature_matrix, read_split
+from raydist.data.standardize import (
+    SCALE_SPREAD_WARNING,
+    STANDARDIZATION_NAME,
+    FeatureStandardization,
+    feature_scale_spread,
+    fit_standardization,
+    load_standardization,
+)
 
 SPLIT_NAMES = {"train": "train", "val": "val", "valid": "val", "validation": "val", "dev": "val", "test": "test"}
 SPLIT_CODES = {0: "train", 1: "val", 2: "test"}
@@ -51,8 +60,9 @@ def corrupt_labels(src: str | Path, out: str | Path, *, p: float, seed: int, ove
     with s uniform on {1, …, K−1}, i.e. a uniformly chosen other class (docs/algorithms.md#label-noise).
     Val and test labels are not changed. ``clean_label`` is written on every split: the source's
     ``clean_label`` when it has one (so noise on noise keeps the original truth), else its ``label``. Ids,
-    features (same dtype) and shard sizes are copied; the manifest ``source`` records p, seed, the flipped
-    count and the source's own notes. Deterministic for a seed: :func:`flip_labels` draws by sample id.
+    features (same dtype), shard sizes, class names and a standardisation file are copied; the manifest
+    ``source`` records p, seed, the flipped count and the source's own notes. Deterministic for a seed:
+    :func:`flip_labels` draws by sample id.
     """
     src, out = Path(src), Path(out)
     if not 0.0 <= p < 1.0:
@@ -78,6 +88,7 @@ def corrupt_labels(src: str | Path, out: str | Path, *, p: float, seed: int, ove
                                        "other class; val/test unchanged"}
     with DatasetWriter(out, task="labels", num_classes=classes, rows_per_shard=rows_per_shard, source=source,
                        overwrite=overwrite) as writer:
+        writer.class_names, writer.standardization = manifest.class_names, load_standardization(src)
         for split, table in tables.items():
             labels = table.column(LABEL).to_numpy()
             clean = table.column(CLEAN_LABEL if CLEAN_LABEL in table.column_names else LABEL).to_numpy()
@@ -123,19 +134,60 @@ def _checked_features(path: Path, x: np.ndarray) -> np.ndarray:
     return feats
 
 
-def _checked_labels(path: Path, y: np.ndarray, rows: int) -> np.ndarray:
-    """``y`` as int64 ``[N]``: integer dtype, or floats that are all whole numbers."""
+def _class_labels(path: Path, y: np.ndarray, rows: int) -> tuple[np.ndarray, list[str]]:
+    """``y`` [N] as class indices 0…K−1 (int64) and the K distinct labels as text, in sorted order (numeric
+    for integers, booleans and whole-number floats; code-point order for strings and UTF-8 bytes): class k is
+    the k-th smallest distinct label."""
     if y.ndim != 1 or len(y) != rows:
         raise RaydistDataError(f"{path}: array 'y' has shape {y.shape} but array 'X' has {rows} rows: expected "
                                f"shape ({rows},)")
-    if y.dtype.kind in "iu":
-        return y.astype(np.int64)
-    if y.dtype.kind != "f":
-        raise RaydistDataError(f"{path}: array 'y': expected integer class labels, got dtype {y.dtype}")
-    bad = np.flatnonzero(~np.isfinite(y) | (y != np.round(y)))
+    if y.dtype.kind == "f":
+        bad = np.flatnonzero(~np.isfinite(y) | (y != np.round(y)))
+        if len(bad):
+            raise RaydistDataError(f"{path}: array 'y': row {int(bad[0])}: label {y[bad[0]]!r} is not an "
+                                   "integer (class labels are integers or strings)")
+        y = y.astype(np.int64)
+    elif y.dtype.kind == "S":
+        try:
+            y = np.char.decode(y, "utf-8")
+        except UnicodeDecodeError as e:
+            raise RaydistDataError(f"{path}: array 'y': a label is not UTF-8 text: {e}") from e
+    elif y.dtype.kind not in "iubU":
+        raise RaydistDataError(f"{path}: array 'y': expected integer or string class labels, got dtype "
+                               f"{y.dtype}")
+    if y.dtype.kind == "U":
+        blank = np.flatnonzero(np.char.strip(y) == "")
+        if len(blank):
+            raise RaydistDataError(f"{path}: array 'y': row {int(blank[0])}: empty class label; {len(blank)} "
+                                   "such row(s)")
+    values, dense = np.unique(y, return_inverse=True)
+    names = [str(v) for v in values.tolist()]
+    return dense.astype(np.int64).reshape(-1), names
+
+
+def _standardized_features(path: Path, stats: FeatureStandardization, x: np.ndarray,
+                           dtype: np.dtype) -> np.ndarray:
+    """``X`` standardised with the train statistics, in the dtype the features are stored in; a constant
+    train feature is named in a warning (its std is taken as 1, so it is only centred)."""
+    if stats.zero_variance:
+        shown = ", ".join(str(i) for i in stats.zero_variance[:10])
+        more = f" (+{len(stats.zero_variance) - 10} more)" if len(stats.zero_variance) > 10 else ""
+        warn(f"{path}: array 'X': {len(stats.zero_variance)} feature(s) constant on train (zero variance): "
+             f"{shown}{more}; their std is taken as 1, so they are only centred")
+    feats = stats.apply(x).astype(dtype)
+    bad = np.flatnonzero(~np.isfinite(feats).all(axis=1))
     if len(bad):
-        raise RaydistDataError(f"{path}: array 'y': row {int(bad[0])}: label {y[bad[0]]!r} is not an integer")
-    return y.astype(np.int64)
+        raise RaydistDataError(f"{path}: array 'X': row {int(bad[0])}: a standardised feature does not fit "
+                               f"{dtype}; {len(bad)} such row(s)")
+    return feats
+
+
+def _warn_scale_spread(path: Path, train_features: np.ndarray) -> None:
+    """Warn (stderr) when the per-feature train std spans more than ``SCALE_SPREAD_WARNING``."""
+    spread = feature_scale_spread(train_features)
+    if spread > SCALE_SPREAD_WARNING:
+        warn(f"{path}: array 'X': feature scales differ by a factor of {spread:.3g} (max/min per-feature std "
+             "on train), so distances follow the largest features; consider --standardize")
 
 
 def _split_of_rows(path: Path, split: np.ndarray, rows: int) -> np.ndarray:
@@ -183,18 +235,25 @@ def convert_npz(
     seed: int = 0,
     rows_per_shard: int = DEFAULT_ROWS_PER_SHARD,
     overwrite: bool = False,
+    standardize: bool = False,
 ) -> Path:
-    """Convert an ``.npz`` with arrays ``X`` [N, D] (numeric), ``y`` [N] (integer labels; floats holding whole
-    numbers are accepted) and optional ``split`` [N] into a task-``labels`` dataset; return ``out``.
+    """Convert an ``.npz`` with arrays ``X`` [N, D] (numeric), ``y`` [N] (class labels: integers, strings, or
+    floats holding whole numbers) and optional ``split`` [N] into a task-``labels`` dataset; return ``out``.
 
     ``split`` holds per row a name — ``train``; ``val`` (also ``valid``, ``validation``, ``dev``); ``test``
     (case-insensitive) — or an integer code 0 = train, 1 = val, 2 = test. Without it, a seeded stratified
     split: per class, ``round(n_c·test_fraction)`` rows test, ``round(n_c·val_fraction)`` val, the rest train
     (at least one train row per class). Labels not already exactly {0, …, K−1} are remapped to their rank
-    among the distinct values (K = number of distinct values); the manifest ``source`` records the mapping.
+    among the sorted distinct values (K = number of distinct values; strings in code-point order); the
+    manifest records the original label of each class (``class_names``, and ``source.label_map``).
+    ``standardize`` maps every split's features to ``(x − mean) / std`` with the per-feature mean and std
+    (ddof 0, float64) of the train rows only; a feature constant on train keeps std 1 (a warning lists such
+    features); the statistics go to ``standardization.json`` for new vectors
+    (:func:`raydist.data.standardize.standardize_features`). Without it, a warning on stderr recommends it
+    when the per-feature train std spans more than a factor of ``SCALE_SPREAD_WARNING`` (100).
     ``image_id`` = ``sample_id`` = the row's index in ``X``; rows keep file order within a split.
     Errors name the file and the array (and row): missing X or y, shape mismatch, non-finite features,
-    non-integer labels, unknown split values, an empty split.
+    fractional or empty labels, unknown split values, an empty split.
     """
     path = Path(src)
     if not (0 < val_fraction < 1 and 0 < test_fraction < 1 and val_fraction + test_fraction < 1):
@@ -205,11 +264,10 @@ def convert_npz(
         if name not in arrays:
             raise RaydistDataError(f"{path}: array {name!r} is missing (arrays found: {sorted(arrays)})")
     feats = _checked_features(path, arrays["X"])
-    labels = _checked_labels(path, arrays["y"], feats.shape[0])
-    values, dense = np.unique(labels, return_inverse=True)
-    remapped = not np.array_equal(values, np.arange(len(values)))
-    source: dict[str, Any] = {"converter": "npz", "src": str(path.resolve()),
-                              "label_map": {str(int(v)): k for k, v in enumerate(values)} if remapped else None}
+    dense, class_names = _class_labels(path, arrays["y"], feats.shape[0])
+    remapped = class_names != [str(k) for k in range(len(class_names))]
+    label_map = {name: k for k, name in enumerate(class_names)} if remapped else None
+    source: dict[str, Any] = {"converter": "npz", "src": str(path.resolve()), "label_map": label_map}
     if "split" in arrays:
         split_of = _split_of_rows(path, arrays["split"], feats.shape[0])
         source["split_rule"] = "split array"
@@ -221,8 +279,17 @@ def convert_npz(
     for split, rows in members.items():
         if not len(rows):
             raise RaydistDataError(f"{path}: split {split!r} gets no rows ({source['split_rule']})")
-    with DatasetWriter(out, task="labels", num_classes=len(values), rows_per_shard=rows_per_shard, source=source,
-                       overwrite=overwrite) as writer:
+    stats = None
+    if standardize:
+        stats = fit_standardization(arrays["X"][members["train"]])
+        feats = _standardized_features(path, stats, arrays["X"], feats.dtype)
+        source["standardization"] = f"(x - mean) / std, train mean and std ({STANDARDIZATION_NAME})"
+    else:
+        _warn_scale_spread(path, arrays["X"][members["train"]])
+    with DatasetWriter(out, task="labels", num_classes=len(class_names), rows_per_shard=rows_per_shard,
+                       source=source, overwrite=overwrite) as writer:
+        writer.class_names = class_names if remapped else None
+        writer.standardization = stats
         for split, rows in members.items():
             writer.add_split(split, rows, rows, feats, labels=dense[rows], feature_index=rows)
     return Path(out)

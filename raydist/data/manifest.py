@@ -100,7 +100,10 @@ class Manifest:
     manifests written before the field existed read unchanged) or ``encoded`` (PNG/JPEG bytes; no
     ``feature_dim``, and ``image_channels`` -- 1 when every image is greyscale, else 3 -- and ``image_size``
     -- [height, width], the per-axis lower median over the train images -- describe the images).
-    ``vocab`` is the vocab file name (task ``pairs``); ``num_classes`` is set for the other tasks.
+    ``vocab`` is the vocab file name (task ``pairs``); ``num_classes`` is set for the other tasks, with
+    ``class_names`` (optional) the original label of class 0, 1, … when a converter remapped the labels.
+    ``standardization`` (optional, features only) names the file with the per-feature train mean and std
+    that were applied to every split (``raydist.data.standardize``); datasets without it are unscaled.
     ``source`` is free-form provenance (generator arguments, converter inputs ...).
     """
 
@@ -113,6 +116,8 @@ class Manifest:
     image_size: Annotated[list[_Positive], AfterValidator(_height_width)] | None = None
     vocab: str | None = None
     num_classes: _Positive | None = None
+    class_names: list[str] | None = None
+    standardization: Annotated[str, AfterValidator(_inside_dataset)] | None = None
     source: dict[str, Any] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
 
@@ -128,6 +133,10 @@ class Manifest:
             out["vocab"] = self.vocab
         if self.num_classes is not None:
             out["num_classes"] = self.num_classes
+        if self.class_names is not None:
+            out["class_names"] = self.class_names
+        if self.standardization is not None:
+            out["standardization"] = self.standardization
         out["splits"] = {
             name: {
                 "rows": s.rows,
@@ -169,6 +178,18 @@ def load_manifest(dataset_dir: str | Path) -> Manifest:
     return manifest_from_dict(raw, where=str(path))
 
 
+def dataset_task(dataset_dir: str | Path) -> str | None:
+    """The task a dataset folder's manifest names, or None when there is no folder ("" = the default dataset)
+    or no readable manifest (the dataset's full check, later, says what is wrong)."""
+    path = Path(dataset_dir).expanduser() / MANIFEST_NAME if str(dataset_dir) else None
+    try:
+        raw = json.loads(path.read_text()) if path and path.is_file() else None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    task = raw.get("task") if isinstance(raw, dict) else None
+    return task if isinstance(task, str) else None
+
+
 _MANIFEST = TypeAdapter(Manifest)
 
 
@@ -183,6 +204,21 @@ def _image_fields_problem(manifest: Manifest) -> str | None:
         if (getattr(manifest, name) is None) == encoded:
             need = "missing (image_format 'encoded' needs it)" if encoded else "only an 'encoded' dataset has it"
             return f"field '{name}': {need}"
+    if manifest.standardization is not None and encoded:
+        return "field 'standardization': only a dataset of feature vectors can be standardised"
+    return None
+
+
+def _class_names_problem(manifest: Manifest) -> str | None:
+    """What is wrong with ``class_names``: one distinct name per class of ``num_classes``."""
+    names = manifest.class_names
+    if names is None:
+        return None
+    if manifest.num_classes is None:
+        return "field 'class_names': only a dataset with num_classes has class names"
+    if len(names) != manifest.num_classes or len(set(names)) != len(names):
+        return (f"field 'class_names': expected {manifest.num_classes} distinct names (num_classes), got "
+                f"{len(names)} with {len(set(names))} distinct")
     return None
 
 
@@ -203,10 +239,12 @@ def manifest_from_dict(raw: Any, where: str = MANIFEST_NAME) -> Manifest:
     except ValidationError as e:
         lines = describe_errors(e, label="field '{key}'")
         raise RaydistDataError("\n".join(f"{where}: {line}" for line in lines)) from e
-    problem = _image_fields_problem(manifest)
+    problem = _image_fields_problem(manifest) or _class_names_problem(manifest)
     if problem is not None:
         raise RaydistDataError(f"{where}: {problem}")
     needed = "vocab" if manifest.task == "pairs" else "num_classes"
     if getattr(manifest, needed) is None:
         raise RaydistDataError(f"{where}: field '{needed}': missing (task {manifest.task!r} needs it)")
-    return replace(manifest, num_classes=None) if needed == "vocab" else replace(manifest, vocab=None)
+    if needed == "vocab":
+        return replace(manifest, num_classes=None, class_names=None)
+    return replace(manifest, vocab=None)

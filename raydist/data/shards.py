@@ -39,6 +39,7 @@ from raydist.data.schema import (
     RaydistDataError,
     arrow_schema,
 )
+from raydist.data.standardize import STANDARDIZATION_NAME, FeatureStandardization, write_standardization
 from raydist.data.validate import (
     SampleIdTracker,
     SplitTracker,
@@ -194,8 +195,9 @@ class DatasetWriter:
     """Builds a dataset in a hidden staging folder next to ``out_dir``; :meth:`commit` writes the vocab and
     ``manifest.json`` and renames the folder into place, so readers never see half a dataset.
 
-    Use as a context manager: set ``writer.vocab`` (task ``pairs``) and call :meth:`add_split` for train,
-    val and test -- all with feature matrices or all with encoded images; leaving the block normally commits,
+    Use as a context manager: set ``writer.vocab`` (task ``pairs``), optionally ``writer.class_names`` and
+    ``writer.standardization`` (statistics already applied to the features), and call :meth:`add_split` for
+    train, val and test -- all with feature matrices or all with encoded images; leaving the block normally commits,
     an exception discards the staging folder. ``overwrite=True`` replaces an existing dataset (a folder holding ``manifest.json``) but never
     a non-empty folder that is not a dataset.
     """
@@ -208,6 +210,8 @@ class DatasetWriter:
         self.source = dict(source or {})
         self.overwrite = overwrite
         self.vocab: Vocab | None = None
+        self.class_names: list[str] | None = None
+        self.standardization: FeatureStandardization | None = None
         self.splits: dict[str, SplitInfo] = {}
         self.feature_dim: int | None = None
         self.feature_dtype: str | None = None
@@ -272,13 +276,21 @@ class DatasetWriter:
             if self.vocab is None:
                 raise RaydistDataError(f"cannot commit {self.out_dir}: task 'pairs' needs a vocab")
             self.vocab.save(self.staging / VOCAB_NAME)
+        if self.standardization is not None:
+            if self.standardization.feature_dim != self.feature_dim:
+                raise RaydistDataError(f"cannot commit {self.out_dir}: standardisation of "
+                                       f"{self.standardization.feature_dim} features, but features have "
+                                       f"{self.feature_dim}")
+            write_standardization(self.staging, self.standardization)
         image_fields: dict[str, Any] = {"feature_dim": self.feature_dim, "feature_dtype": self.feature_dtype}
         if self.image_format == "encoded":
             image_fields = {"image_format": "encoded",
                             "image_channels": dataset_channels(i for infos in self.image_infos.values() for i in infos),
                             "image_size": median_size(self.image_infos["train"])}
         manifest = Manifest(task=self.task, splits=self.splits, vocab=VOCAB_NAME if self.task == "pairs" else None,
-                            num_classes=self.num_classes, source=self.source, **image_fields)
+                            num_classes=self.num_classes, class_names=self.class_names,
+                            standardization=STANDARDIZATION_NAME if self.standardization is not None else None,
+                            source=self.source, **image_fields)
         write_manifest(self.staging, manifest)
         self._check_target()
         trash = None

@@ -34,6 +34,7 @@ from raydist.data.schema import (
     column_type_problem,
     required_columns,
 )
+from raydist.data.standardize import load_standardization
 from raydist.data.vocab import Vocab
 
 ROWS_SHOWN = 5  # per file and check: rows reported one by one before a "... and N more" summary
@@ -400,7 +401,7 @@ def validate_dataset(
     path: str | Path, *, min_rows: Mapping[str, int] | None = None, tasks: Collection[str] | None = None,
     image_sample: int | None = None, seed: int = 0,
 ) -> ValidationReport:
-    """Check a dataset folder completely (manifest, vocab, every shard's bytes, schema and values,
+    """Check a dataset folder completely (manifest, vocab, standardisation file, every shard's bytes, schema and values,
     cross-shard and cross-split ids, every encoded image decoded); ``min_rows`` maps split → minimum rows
     required; ``tasks``, when given, the task names the manifest may name (the registered tasks: the data
     layer knows none itself); ``image_sample``, when given, decodes only that many encoded images per split,
@@ -430,6 +431,11 @@ def validate_dataset(
             report.vocab_size = len(Vocab.load(path / manifest.vocab))
         except RaydistDataError as e:
             report.problems.append(Problem(manifest.vocab, "vocab", str(e)))
+    if manifest.standardization is not None:
+        try:
+            load_standardization(path)
+        except RaydistDataError as e:
+            report.problems.append(Problem(manifest.standardization, "standardization", str(e)))
     sample_ids = SampleIdTracker()
     images_of: dict[str, set[int]] = {}
     for split in SPLITS:
