@@ -24,6 +24,8 @@ from raydist.nesting import check_embedding_dim, check_nesting, check_weights
 
 AMP_MODES = ("none", "bf16", "fp16")
 DEFAULT_PRESET = "default"  # what `raydist train` and `raydist tune` start from
+DEFAULT_TASK = "pairs"  # the task of the embedded default dataset: the preset part a config gets without a task
+TASKS_KEY = "tasks"  # a preset's ``tasks: {<task>: {...}}`` block: values only for that task's datasets
 
 
 class ConfigError(ValueError):
@@ -49,6 +51,10 @@ class DataSection(_Section):
     noise_seed: int = 0
     # train on this fraction of the train split: whole images (all their captions) or samples, chosen by id
     train_fraction: float = Field(1.0, gt=0, le=1)
+    # encoded images: the side of the square train crop and eval centre crop; null = the shorter side of the
+    # manifest's median image size, at most 224
+    image_size: int | None = Field(None, ge=1)
+    flip: bool = True  # encoded images: random left-right flips in training (false where flipping changes meaning)
 
 
 class ModelSection(_Section):
@@ -61,6 +67,10 @@ class ModelSection(_Section):
     mlp_hidden: list[int] = Field(default_factory=lambda: [256])  # labels task: MLP hidden layer widths
     # Matryoshka: train every prefix z[:, :m] (re-normalised) for m in this list; [] = no nesting
     nesting: list[int] = Field(default_factory=list)
+    # the image side: "linear" (precomputed feature vectors), or for encoded images "small-cnn",
+    # "torchvision:<model>", "timm:<model>" (raydist.models.image_encoders)
+    image_encoder: str = "linear"
+    image_weights: str = ""  # a local state-dict file of the image encoder's backbone ("" = random init)
 
 
 class LossSection(_Section):
@@ -93,7 +103,9 @@ class TrainSection(_Section):
 
     epochs: int = Field(30, ge=1)
     min_steps: int = Field(0, ge=0)  # raise train.epochs until the run has at least this many optimizer steps
-    early_stop_patience: int = Field(0, ge=0)  # stop after N epochs without a better val metric (0 = off)
+    # stop after N epochs without a better val metric (0 = off); null = the task's default (labels trained on
+    # injected data.label_noise: 3; otherwise off)
+    early_stop_patience: int | None = Field(None, ge=0)
     batch_size: int = 128  # GLOBAL batch (all workers together); split equally across workers
     lr: float = Field(2e-4, gt=0)
     lr_decay_epoch: int = Field(15, ge=1)  # lr *= lr_decay_factor at this epoch (VSE++ lr_update)
@@ -143,6 +155,7 @@ class DebugSection(_Section):
 
     fail_at_step: int = -1  # worker `fail_rank` exits hard once at this global step (-1 = never)
     fail_rank: int = Field(0, ge=0)
+    step_delay_s: float = Field(0.0, ge=0)  # every worker sleeps this long before each step (a slow run for drills)
 
 
 class Config(_Section):
@@ -359,8 +372,9 @@ def preset_names() -> list[str]:
     return sorted(p.name[: -len(".yaml")] for p in files if p.name.endswith(".yaml"))
 
 
-def load_preset_file(path: str | Path) -> dict[str, Any]:
-    """Read a preset YAML file into dotted keys."""
+def read_preset_file(path: str | Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """A preset YAML file as (dotted keys for every task, {task: dotted keys for that task's datasets only})
+    — the second from its ``tasks:`` block."""
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text()) or {}
@@ -368,22 +382,42 @@ def load_preset_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read preset file {path}: {e}") from e
     if not isinstance(data, Mapping):
         raise ConfigError(f"preset file {path}: expected a mapping of config keys")
-    return flatten(data)
+    data = dict(data)
+    blocks = data.pop(TASKS_KEY, None) or {}
+    if not isinstance(blocks, Mapping) or not all(isinstance(b, Mapping) for b in blocks.values()):
+        raise ConfigError(f"preset file {path}: {TASKS_KEY!r}: expected a mapping of task name → config keys")
+    return flatten(data), {str(task): flatten(block) for task, block in blocks.items()}
+
+
+def load_preset_file(path: str | Path, task: str = DEFAULT_TASK) -> dict[str, Any]:
+    """Read a preset YAML file into dotted keys: its common part, then its ``tasks.<task>`` block."""
+    common, blocks = read_preset_file(path)
+    return {**common, **blocks.get(task, {})}
 
 
 def load_config(
     preset: str | None = None,
     preset_file: str | Path | None = None,
     overrides: Mapping[str, Any] | None = None,
+    *,
+    task_of: Callable[[str], str | None] | None = None,
 ) -> Config:
-    """Defaults ← shipped preset ← preset file ← overrides, then validated."""
-    values: dict[str, Any] = {}
+    """Defaults ← shipped preset ← preset file ← overrides, then validated. A preset's ``tasks.<task>`` block
+    applies for the dataset's task: ``task_of`` maps the merged ``data.path`` to it (e.g.
+    ``raydist.data.dataset_task``); without it, or when it answers None, the task is :data:`DEFAULT_TASK`."""
+    files = []
     if preset:
         if preset not in preset_names():
             raise ConfigError(f"unknown preset {preset!r}; shipped presets: {', '.join(preset_names())}")
-        values.update(load_preset_file(resources.files("raydist.presets") / f"{preset}.yaml"))
+        files.append(read_preset_file(resources.files("raydist.presets") / f"{preset}.yaml"))
     if preset_file:
-        values.update(load_preset_file(preset_file))
+        files.append(read_preset_file(preset_file))
+    common = {k: v for part, _ in files for k, v in part.items()}
+    path = str({**common, **(overrides or {})}.get("data.path") or "")
+    task = (task_of(path) if task_of else None) or DEFAULT_TASK
+    values: dict[str, Any] = {}
+    for part, blocks in files:
+        values.update({**part, **blocks.get(task, {})})
     values.update(overrides or {})
     cfg = apply_overrides(Config(), values)
     validate(cfg)

@@ -104,3 +104,103 @@ def test_triplet_loss_under_label_noise_trains_end_to_end_with_two_workers(ray_c
     assert code == 0
     metrics = json.loads(out_json.read_text())["test_metrics"]
     assert metrics["r1"] > 50, metrics
+
+
+def _fit(data, **overrides):
+    """The config `raydist train --data DATA key=value ...` runs (default preset, the dataset's task block),
+    checked against the dataset's task."""
+    from raydist.data import dataset_task
+    from raydist.tasks import check_task_config
+
+    cfg = load_config("default", overrides={"data.path": str(data), **overrides}, task_of=dataset_task)
+    check_task_config(cfg, DataInfo.from_dataset(data))
+    return cfg
+
+
+@pytest.mark.parametrize("overrides, key", [
+    ({"loss.kind": "triplet", "loss.miner": "hardest"}, "loss.kind=triplet"),
+    ({"loss.miner": "hardest"}, "loss.miner=hardest"),
+    ({"loss.beta": 0.5}, "loss.beta=0.5"),
+    ({"data.label_noise": 0.2}, "data.label_noise=0.2"),
+])  # fmt: skip
+def test_pairs_task_refuses_keys_and_values_of_the_labels_task(tiny_dataset, overrides, key):
+    from raydist.config import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        _fit(tiny_dataset, **overrides)
+    lines = [line.strip() for line in str(info.value).splitlines()[1:]]
+    assert len(lines) == len(overrides)  # one line per key
+    line = next(line for line in lines if line.startswith(key + ":"))
+    assert f"the pairs task ({tiny_dataset})" in line and "labels task" in line
+
+
+@pytest.mark.parametrize("overrides, key, says", [
+    ({"loss.kind": "ranking"}, "loss.kind=ranking", "trains loss.kind auto, cross_entropy, triplet, margin"),
+    ({"loss.hardest": False}, "loss.hardest=false", "it is for the pairs task"),
+    ({"loss.warmup_sh_epochs": 2}, "loss.warmup_sh_epochs=2", "it is for the pairs task"),
+    ({"loss.warmup_sh_steps": 50}, "loss.warmup_sh_steps=50", "it is for the pairs task"),
+    ({"model.word_dim": 64}, "model.word_dim=64", "it is for the pairs task"),
+    ({"loss.miner": "hardest"}, "loss.miner=hardest", "only with loss.kind triplet/margin, not cross_entropy"),
+    ({"loss.kind": "triplet", "loss.nu": 0.1}, "loss.nu=0.1", "only with loss.kind margin, not triplet"),
+])  # fmt: skip
+def test_labels_task_refuses_what_it_ignores(labels_dataset, overrides, key, says):
+    from raydist.config import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        _fit(labels_dataset, **overrides)
+    (line,) = [line.strip() for line in str(info.value).splitlines()[1:]]
+    assert line.startswith(key + ":") and f"the labels task ({labels_dataset})" in line and says in line
+
+
+def test_each_task_accepts_its_own_keys_and_every_shipped_preset(tiny_dataset, labels_dataset):
+    from raydist.config import preset_names
+
+    _fit(labels_dataset, **{"loss.kind": "triplet", "loss.miner": "hardest", "loss.hinged": False,
+                            "loss.margin": 0.3, "data.label_noise": 0.2, "model.mlp_hidden": [64]})  # fmt: skip
+    _fit(labels_dataset, **{"loss.kind": "margin", "loss.beta": 0.9, "loss.nu": 0.1, "eval.recall_at": [1, 5]})
+    _fit(tiny_dataset, **{"loss.hardest": False, "loss.warmup_sh_steps": 10, "model.word_dim": 16,
+                          "eval.folds": 5, "loss.kind": "ranking"})  # fmt: skip
+    for preset in preset_names():  # the preset's values for the other task never reach a run
+        for data in (tiny_dataset, labels_dataset):
+            from raydist.data import dataset_task
+            from raydist.tasks import check_task_config
+
+            cfg = load_config(preset, overrides={"data.path": str(data)}, task_of=dataset_task)
+            check_task_config(cfg, DataInfo.from_dataset(data))
+
+
+def test_presets_give_labels_runs_no_pairs_values(labels_dataset, tiny_dataset):
+    """The default preset's `tasks.pairs` block (read here from the YAML itself) reaches pairs runs only."""
+    from importlib import resources
+
+    import yaml
+
+    from raydist.config import Config, flatten
+
+    doc = yaml.safe_load((resources.files("raydist.presets") / "default.yaml").read_text())
+    pairs_only = flatten(doc["tasks"]["pairs"])
+    assert {"loss.warmup_sh_epochs", "train.min_steps"} <= set(pairs_only)
+    labels, pairs, defaults = _fit(labels_dataset).flat(), _fit(tiny_dataset).flat(), Config().flat()
+    for key, value in pairs_only.items():
+        assert pairs[key] == value and labels[key] == defaults[key], key
+    for key, value in flatten({k: v for k, v in doc.items() if k != "tasks"}).items():
+        assert labels[key] == value == pairs[key], key
+
+
+def test_cli_refuses_a_key_the_task_ignores_before_ray_starts(labels_dataset, tmp_path, capsys):
+    """In-process: an unmarked test fails if anything calls ray.init (tests/conftest.py)."""
+    code = main(["train", "--data", str(labels_dataset), "--storage", str(tmp_path), "loss.kind=ranking"])
+    err = capsys.readouterr().err
+    assert code == 2 and f"loss.kind=ranking: the labels task ({labels_dataset})" in err, err
+
+
+def test_data_info_carries_a_datasets_standardization_file(tmp_path):
+    from raydist.data.labels_io import convert_npz
+
+    x = np.random.default_rng(0).normal(size=(60, 3))
+    np.savez(tmp_path / "d.npz", X=x, y=np.arange(60) % 3)
+    scaled = convert_npz(tmp_path / "d.npz", tmp_path / "scaled", standardize=True)
+    plain = convert_npz(tmp_path / "d.npz", tmp_path / "plain")
+    assert DataInfo.from_dataset(scaled).files == {"standardization.json": scaled / "standardization.json"}
+    assert DataInfo.from_dataset(plain).files == {}
+    assert DataInfo.from_dataset(scaled).to_json()["files"] == ["standardization.json"]

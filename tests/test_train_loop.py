@@ -147,3 +147,89 @@ def test_stalled_mh_is_detected_and_falls_back_to_sh(tiny_dataset):
     assert len(notes) == 1 and "collapse value" in notes[0]
     assert not task.hardest(2) and task.hardest(3)  # one SH epoch, then MH again
     assert task.end_epoch(0, {"train/loss": collapse}) == []  # epoch 0 is SH warm-up: not a stalled MH
+
+
+def _labels_config(data_dir, **overrides):
+    from raydist.data import dataset_task
+
+    return load_config("default", overrides={"data.path": str(data_dir), **overrides}, task_of=dataset_task)
+
+
+def test_labels_schedule_has_no_sh_warmup_and_no_pairs_min_steps(labels_dataset, tiny_dataset):
+    from raydist.train.trainer import resolve_schedule
+
+    cfg = _labels_config(labels_dataset)
+    resolved, note = resolve_schedule(cfg, labels_dataset)
+    assert (resolved.train.epochs, resolved.loss.warmup_sh_epochs) == (cfg.train.epochs, 0)
+    assert "SH warm-up" not in note and "raised" not in note and resolved.train.early_stop_patience == 0
+    # the same preset on image–caption data keeps its step-based schedule and warm-up
+    pairs = _labels_config(tiny_dataset)
+    steps = 2000 // pairs.train.batch_size  # tiny_dataset: 400 images × 5 captions
+    resolved, note = resolve_schedule(pairs, tiny_dataset)
+    assert resolved.train.epochs == -(-pairs.train.min_steps // steps) and "SH warm-up" in note
+
+
+def test_label_noise_turns_early_stopping_on_by_default(labels_dataset):
+    from raydist.tasks import LabelsTask
+    from raydist.train.trainer import resolve_schedule
+
+    resolved, note = resolve_schedule(_labels_config(labels_dataset, **{"data.label_noise": 0.2}), labels_dataset)
+    assert resolved.train.early_stop_patience == LabelsTask.noisy_label_patience > 0 and "early stop" in note
+    for explicit in (0, 7):  # a value the user gives wins
+        cfg = _labels_config(labels_dataset, **{"data.label_noise": 0.2, "train.early_stop_patience": explicit})
+        assert resolve_schedule(cfg, labels_dataset)[0].train.early_stop_patience == explicit
+
+
+def test_epochs_without_improvement_counts_from_the_first_best():
+    from raydist.train.loop import epochs_without_improvement
+
+    rng = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        scores = torch.randint(0, 5, (int(torch.randint(1, 12, (1,), generator=rng)),), generator=rng).tolist()
+        stale, best = 0, float("-inf")  # running count: reset on a strictly better score
+        for s in scores:
+            stale, best = (0, s) if s > best else (stale + 1, best)
+        assert epochs_without_improvement(scores) == stale, scores
+    assert epochs_without_improvement([]) == 0
+
+
+def test_noisy_labels_stop_early_in_process(labels_dataset, tmp_path):
+    """Label noise, no patience given: the resolved default stops a run whose val metric never improves
+    (a learning rate too small to change it) after that many epochs."""
+    from raydist.train.trainer import resolve_schedule
+
+    cfg = _labels_config(labels_dataset, **{"data.label_noise": 0.2, "train.lr": 1e-12, "train.epochs": 8,
+                                            "train.num_workers": 1, "train.batch_size": 64})  # fmt: skip
+    cfg, _ = resolve_schedule(cfg, labels_dataset)
+    task = build_task(cfg, DataInfo.from_dataset(labels_dataset))
+    plan = StepPlan.from_config(cfg)
+    out = run_loop(cfg, task, LocalRuntime(cfg, task, plan, tmp_path), plan, hooks=[ValidationHook(task)])
+    assert [m["epoch"] for m in out["history"]] == list(range(1, cfg.train.early_stop_patience + 2))
+
+
+def test_reported_training_loss_leaves_out_the_probe(labels_dataset, tmp_path):
+    """Triplet loss: the head is a linear probe trained alongside; the step reports the triplet loss, and
+    the probe's cross-entropy (computed here from the model's own logits) apart."""
+    import torch.nn.functional as F
+
+    from raydist.distributed import gather_step, step_generator
+    from raydist.tasks import StepContext, to_tensors
+    from raydist.tasks.base import PROBE_LOSS
+    from raydist.train.loop import Trainables, train_step
+
+    cfg = _labels_config(labels_dataset, **{"loss.kind": "triplet", "train.num_workers": 1, "train.batch_size": 64})
+    task = build_task(cfg, DataInfo.from_dataset(labels_dataset))
+    plan, ctx = StepPlan.from_config(cfg), StepContext(0, 0, 0, 1)
+    torch.manual_seed(0)
+    parts = Trainables.build(cfg, task.build_model(), torch.device("cpu"))
+    batch = next(iter(LocalRuntime(cfg, task, plan, tmp_path).train_batches(0)))
+    tensors = to_tensors(batch, "cpu")
+    with torch.no_grad():  # the probe's loss and the whole loss the step backpropagates, before the step
+        probe = float(F.cross_entropy(parts.model(tensors["image"], probe=True)[1], tensors["label"]))
+        encoded = task.encode(parts.model, tensors)
+        draw = plan.draw(0, step_generator(cfg.train.seed, 0))
+        total = float(task.loss(encoded, gather_step(encoded.embeddings, encoded.ids), draw, ctx, {}))
+    stats: dict[str, float] = {}
+    reported = train_step(parts, task, batch, cfg, plan, ctx, torch.device("cpu"), stats)
+    assert stats[PROBE_LOSS] == pytest.approx(probe, rel=1e-5)
+    assert reported == pytest.approx(total - probe, rel=1e-5, abs=1e-6) and reported != pytest.approx(total)

@@ -1,7 +1,15 @@
 """raydist.data: Parquet shard schema, writers, readers, vocab, synthetic generator, converters, validation."""
 
 from raydist.data.convert import convert_coco_json, convert_vsepp_precomp
-from raydist.data.manifest import Manifest, ShardInfo, SplitInfo, load_manifest, sha256_file, write_manifest
+from raydist.data.manifest import (
+    Manifest,
+    ShardInfo,
+    SplitInfo,
+    dataset_task,
+    load_manifest,
+    sha256_file,
+    write_manifest,
+)
 from raydist.data.schema import RaydistDataError
 from raydist.data.shards import (
     DatasetWriter,
@@ -27,6 +35,7 @@ __all__ = [
     "check_split_size",
     "convert_coco_json",
     "convert_vsepp_precomp",
+    "dataset_task",
     "default_dataset_dir",
     "ensure_default_dataset",
     "feature_matrix",

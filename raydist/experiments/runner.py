@@ -11,9 +11,8 @@ from typing import Any
 
 import yaml
 
-import raydist
 from raydist.config import Config, ConfigError, from_dict, load_config
-from raydist.data import load_manifest
+from raydist.data import dataset_task, load_manifest
 from raydist.experiments.catalog import get_experiment
 from raydist.experiments.datasets import experiment_dataset
 from raydist.experiments.records import (
@@ -26,27 +25,25 @@ from raydist.experiments.records import (
     save_records,
 )
 from raydist.experiments.spec import Experiment, Setup, Summary, Sweep
-from raydist.tune.space import SweepSpace, load_space, parse_space, resolve_base_config, trial_config
+from raydist.tune.space import (
+    SweepSpace,
+    load_space,
+    parse_space,
+    resolve_base_config,
+    shipped_space_file,
+    trial_config,
+)
 
-SPACES_DIR = Path(raydist.__file__).resolve().parents[1] / "tune_spaces"
 SETUP_FILE = "setup.json"
 SUMMARY_FILE = "summary.md"
 ROWS_FILE = "rows.json"
-
-
-def space_path(name: str) -> Path:
-    """``tune_spaces/<name>.yaml`` of this checkout (next to the ``raydist`` package)."""
-    path = SPACES_DIR / f"{name}.yaml"
-    if not path.is_file():
-        raise ConfigError(f"space file {path} not found (experiments read tune_spaces/ next to the raydist package)")
-    return path
 
 
 def sweep_space(experiment: Experiment, sweep: Sweep, seeds: tuple[int, ...]) -> SweepSpace:
     """The sweep's space: its file with the ``grid`` entries replaced and ``train.seed`` set to ``seeds``;
     named ``<file>-<label>``, so each sweep gets its own experiment folder."""
     name = sweep.space or experiment.space
-    data = yaml.safe_load(space_path(name).read_text())
+    data = yaml.safe_load(shipped_space_file(name).read_text())
     space = dict(data.get("space") or {})
     for key, values in {**sweep.grid, "train.seed": list(seeds)}.items():
         if key not in space:
@@ -85,8 +82,9 @@ def run_experiment(
     data_dir = experiment_dataset(experiment.task, data or experiment.data, out / "data", quick=quick)
     chosen = tuple(seeds) if seeds else experiment.seeds
     base_overrides = {**(experiment.quick if quick else {}), **(overrides or {}), "data.path": str(data_dir)}
-    file_base = load_space(space_path(experiment.space)).base  # swept values are checked per sweep below
-    base = load_config(preset=preset or experiment.preset, overrides={**file_base, **base_overrides})
+    file_base = load_space(shipped_space_file(experiment.space)).base  # swept values are checked per sweep below
+    base = load_config(preset=preset or experiment.preset, overrides={**file_base, **base_overrides},
+                       task_of=dataset_task)  # fmt: skip
     manifest = load_manifest(data_dir)
     setup = Setup(quick=quick, seeds=chosen[:1] if quick else chosen, data_dir=data_dir,
                   train_rows=manifest.splits["train"].rows, num_classes=manifest.num_classes, base=base)  # fmt: skip

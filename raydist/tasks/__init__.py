@@ -10,7 +10,7 @@ from raydist.tasks.base import (
 )
 from raydist.tasks.labels import LabelsTask
 from raydist.tasks.pairs import PairsTask
-from raydist.tasks.registry import build_task, get_task, register_task, task_names
+from raydist.tasks.registry import build_task, check_task_config, get_task, register_task, task_names
 
 __all__ = [
     "DataInfo",
@@ -20,6 +20,7 @@ __all__ = [
     "StepContext",
     "Task",
     "build_task",
+    "check_task_config",
     "get_task",
     "register_task",
     "task_names",

@@ -4,7 +4,7 @@ evaluator, checkpoint extras); the registry that finds a task by name is :mod:`r
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -28,7 +28,7 @@ class DataInfo:
     feature_dim: int | None  # precomputed features' dim; None for encoded images
     num_classes: int | None = None
     data_dir: Path | None = None  # the dataset folder, when there is one
-    files: dict[str, Path] = field(default_factory=dict)  # extra files the task needs (e.g. vocab.json)
+    files: dict[str, Path] = field(default_factory=dict)  # extra files (vocab.json, standardization.json)
     image_format: str = "features"  # "features" (vectors) or "encoded" (PNG/JPEG bytes, one row per image)
     image_channels: int | None = None  # encoded images: 1 when every image is greyscale, else 3
     image_size: tuple[int, int] | None = None  # encoded images: the train split's median [height, width]
@@ -43,7 +43,7 @@ class DataInfo:
         """From a dataset folder's manifest."""
         data_dir = Path(data_dir)
         m = load_manifest(data_dir)
-        files = {m.vocab: data_dir / m.vocab} if m.vocab else {}
+        files = {name: data_dir / name for name in (m.vocab, m.standardization) if name}
         return cls(m.task, m.feature_dim, m.num_classes, data_dir, files, m.image_format, m.image_channels,
                    tuple(m.image_size) if m.image_size else None)  # fmt: skip
 
@@ -115,6 +115,15 @@ class StepContext:
     batch: dict[str, Tensor] | None = None
 
 
+# Config keys every task reads (``section.*``: the whole section); a task adds its own in ``Task.config_keys``.
+COMMON_CONFIG_KEYS = (
+    "data.path", "data.shuffle_buffer", "data.in_memory_max_mb", "data.train_fraction", "model.embed_dim",
+    "model.nesting", "loss.kind", "loss.nesting_weights", "train.*", "eval.batch_size", "gc.*", "debug.*",
+    "model.image_encoder", "model.image_weights", "data.image_size", "data.flip",
+)  # fmt: skip
+PROBE_LOSS = "loss/probe"  # step statistic: the part of Task.loss that trains a probe, not the embeddings
+
+
 class Task(ABC):
     """One kind of data. Subclasses set the class attributes and implement the abstract methods, then
     are listed in :mod:`raydist.tasks.registry` (or registered with its ``register_task``); the loop, trainer
@@ -125,6 +134,37 @@ class Task(ABC):
     primary_metric: ClassVar[str]  # validation metric that picks the best checkpoint (higher is better)
     gathers: ClassVar[bool] = True  # whether the loss needs the global batch of all workers
     per_example_losses: ClassVar[bool] = False  # the loss is a mean of per-example terms
+    # the loss.kind values the task trains, the first being what "auto" means; () = one loss, loss.kind auto
+    LOSSES: ClassVar[tuple[str, ...]] = ()
+    # The config keys the task reads beyond COMMON_CONFIG_KEYS, each with the loss kinds that read it (None:
+    # every kind). A key set away from its default that the run's task and loss kind do not read is refused
+    # before Ray starts (raydist.tasks.registry.check_task_config).
+    config_keys: ClassVar[dict[str, tuple[str, ...] | None]] = {}
+    noisy_label_patience: ClassVar[int] = 0  # train.early_stop_patience by default when data.label_noise > 0
+
+    @classmethod
+    def loss_kind(cls, cfg: Config) -> str:
+        """``loss.kind`` with ``auto`` resolved to the task's default loss."""
+        return cls.LOSSES[0] if cfg.loss.kind == "auto" and cls.LOSSES else cfg.loss.kind
+
+    @classmethod
+    def reads(cls, key: str, kind: str | None = None) -> bool:
+        """Whether the task reads the dotted config ``key`` (with loss kind ``kind``; None: with any kind)."""
+        if key in COMMON_CONFIG_KEYS or f"{key.partition('.')[0]}.*" in COMMON_CONFIG_KEYS:
+            return True
+        if key not in cls.config_keys:
+            return False
+        kinds = cls.config_keys[key]
+        return kind is None or kinds is None or kind in kinds
+
+    @classmethod
+    def early_stop_patience(cls, cfg: Config) -> int:
+        """``train.early_stop_patience``, its null resolved: :attr:`noisy_label_patience` epochs when
+        ``data.label_noise`` flips train labels (a noisy run overfits the flipped labels), else 0 (off)."""
+        patience = cfg.train.early_stop_patience
+        if patience is not None:
+            return patience
+        return cls.noisy_label_patience if cfg.data.label_noise > 0 else 0
 
     def __init__(self, cfg: Config, info: DataInfo) -> None:
         self.cfg, self.info = cfg, info
@@ -138,6 +178,11 @@ class Task(ABC):
         imports the task's module (torch included) in every data worker; tasks return an object from a
         torch-free module (:mod:`raydist.data.transforms`) instead."""
         return self.transform
+
+    def epoch_transform(self) -> Callable[[dict[str, np.ndarray], int], dict[str, np.ndarray]] | None:
+        """``(batch, epoch) → batch`` run on every batch of an in-memory split after :meth:`transform` ran once
+        (encoded images: that epoch's random views); None when batches need nothing per epoch."""
+        return None
 
     @abstractmethod
     def build_model(self) -> nn.Module:
@@ -167,6 +212,15 @@ class Task(ABC):
         """A split of ``info.data_dir`` embedded by ``model`` as queries and database with their relevance keys
         and dataset ids (what retrieval, indexes and exported embeddings use)."""
         raise NotImplementedError(f"task {self.name!r} does not embed splits for retrieval")
+
+    def embed_features(self, model: nn.Module, features: np.ndarray, device: torch.device | str = "cpu") -> Tensor:
+        """Embeddings [N, embed_dim] (on the CPU) of ``image``-column vectors [N, feature_dim], computed as
+        :meth:`embed` computes a split's: what a trained model offers for new inputs."""
+        raise NotImplementedError(f"task {self.name!r} does not embed feature vectors")
+
+    def embed_texts(self, model: nn.Module, texts: Sequence[str], device: torch.device | str = "cpu") -> Tensor:
+        """Embeddings [N, embed_dim] (on the CPU) of raw texts, tokenised as the task's data path does."""
+        raise NotImplementedError(f"task {self.name!r} has no text side: embed feature vectors instead")
 
     def local_loss(
         self, model: nn.Module, batch: dict[str, Tensor], ctx: StepContext, row_weights: Tensor | None = None

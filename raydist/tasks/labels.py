@@ -7,7 +7,7 @@ of the head, and Recall@K, P@k, mAP@k, NMI and 1-NN of the embeddings."""
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -18,7 +18,7 @@ from raydist.config import ConfigError
 from raydist.data import feature_matrix, read_split
 from raydist.data.schema import CLEAN_LABEL, IMAGE, LABEL, SAMPLE_ID
 from raydist.data.stream import split_columns
-from raydist.data.transforms import LabelTransform
+from raydist.data.transforms import DecodeImages, EpochViews, ImageViews, LabelTransform
 from raydist.distributed import GatheredBatch, NegativeSet, step_generator
 from raydist.distributed.metric import rank_metric_loss
 from raydist.eval.label_metrics import label_metrics, leave_one_out_neighbours
@@ -32,10 +32,12 @@ from raydist.losses.triplets import (
     reduce_terms,
     triplet_terms,
 )
+from raydist.models.image_encoders import image_encoder_from_config
 from raydist.models.matryoshka import nested_cross_entropy
 from raydist.models.mlp import LabelsModel
 from raydist.models.wrapped import unwrap_model
-from raydist.tasks.base import Encoded, StepContext, Task, nested_sum, smallest_prefix
+from raydist.tasks.base import PROBE_LOSS, Encoded, StepContext, Task, nested_sum, smallest_prefix
+from raydist.tasks.images import crop_size, image_transform
 
 
 def mining_stats(emb: Tensor, labels: Tensor, triplets: Any, *, strategy: str, margin: float,
@@ -60,11 +62,18 @@ class LabelsTask(Task):
     columns = ("sample_id", "image", "label")
     primary_metric = "top1"
     LOSSES = ("cross_entropy", "triplet", "margin")
+    config_keys: ClassVar[dict[str, tuple[str, ...] | None]] = {
+        "data.label_noise": None, "data.noise_seed": None, "model.mlp_hidden": None, "eval.recall_at": None,
+        **dict.fromkeys(("loss.margin", "loss.miner", "loss.distance", "loss.gather"), ("triplet", "margin")),
+        "loss.hinged": ("triplet",),
+        **dict.fromkeys(("loss.beta", "loss.beta_per_class", "loss.nu"), ("margin",)),
+    }  # fmt: skip
+    noisy_label_patience = 3
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         kind = self.cfg.loss.kind
-        self.kind = "cross_entropy" if kind == "auto" else kind
+        self.kind = self.loss_kind(self.cfg)
         if self.kind not in self.LOSSES:
             raise ConfigError(f"loss.kind={kind!r} does not fit task 'labels'; use one of {', '.join(self.LOSSES)}")
         self.gathers = self.kind != "cross_entropy"  # metric losses mine the global batch
@@ -72,18 +81,35 @@ class LabelsTask(Task):
         self.primary_metric = "top1" if self.kind == "cross_entropy" else "r1"
 
     def transform(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Features as float32; train labels with ``data.label_noise`` applied (:func:`flip_labels`)."""
+        """Features as float32; train labels with ``data.label_noise`` applied (:func:`flip_labels`). Encoded
+        images: decoded once (:meth:`epoch_transform` then makes each epoch's views and labels)."""
         return self.stream_transform()(batch)
 
-    def stream_transform(self) -> LabelTransform:
+    def stream_transform(self) -> LabelTransform | DecodeImages:
+        if self.info.encoded:
+            return DecodeImages(self.info.image_channels or 3)
+        return self._labels()
+
+    def _labels(self) -> LabelTransform:
         d = self.cfg.data
         return LabelTransform(d.label_noise, self.info.num_classes or 0, d.noise_seed)
+
+    def epoch_transform(self) -> EpochViews | None:
+        """Encoded images: each epoch's random views, labels with ``data.label_noise`` applied."""
+        if not self.info.encoded:
+            return None
+        return EpochViews(image_transform(self.cfg, self.info, train=True), labels=self._labels())
 
     def build_model(self) -> nn.Module:
         if not self.info.num_classes:
             raise ValueError("task 'labels' needs num_classes in the dataset manifest")
         m, lo = self.cfg.model, self.cfg.loss
-        model = LabelsModel(self.info.feature_dim, m.mlp_hidden, m.embed_dim, self.info.num_classes, m.nesting)
+        encoder = None
+        if self.info.encoded:  # model.image_encoder replaces the MLP (model.mlp_hidden is not used)
+            encoder = image_encoder_from_config(m, channels=self.info.image_channels or 3,
+                                                image_size=crop_size(self.cfg, self.info))  # fmt: skip
+        model = LabelsModel(self.info.feature_dim, m.mlp_hidden, m.embed_dim, self.info.num_classes, m.nesting,
+                            encoder=encoder)  # fmt: skip
         if self.kind == "margin":  # β is a model parameter: DDP averages its gradient, the optimizer steps it
             model.beta = MarginBeta(self.info.num_classes if lo.beta_per_class else None, init=lo.beta)
         return model
@@ -131,7 +157,7 @@ class LabelsTask(Task):
                                     loss_parts=parts, generator=generator, observe=observe if largest else None)  # fmt: skip
 
         metric = nested_sum(self.cfg, loss_at)
-        stats.update({"loss/metric": float(metric.detach()), "loss/probe": float(head_loss.detach())})
+        stats[PROBE_LOSS] = float(head_loss.detach())  # reported apart from the training loss
         return metric + head_loss  # the head is a linear probe on detached embeddings: no encoder gradient
 
     def _head_loss(self, encoded: Encoded) -> Tensor:
@@ -149,17 +175,34 @@ class LabelsTask(Task):
     def embed_split(self, model: nn.Module, split: str, device: torch.device | str = "cpu"):
         """(embeddings [N, d], logits [N, K], clean labels [N]) of a split."""
         table = read_split(self.info.data_dir, split, verify=False)
-        features = torch.tensor(feature_matrix(table.column(IMAGE)))
         labels = table.column(CLEAN_LABEL if CLEAN_LABEL in table.column_names else LABEL).to_numpy()
+        if self.info.encoded:
+            images = table.column(IMAGE).to_numpy(zero_copy_only=False)
+            inputs = ImageViews(images, image_transform(self.cfg, self.info, train=False))
+        else:
+            inputs = feature_matrix(table.column(IMAGE))
+        emb, logits = self._forward(model, inputs, device)
+        return emb, logits, labels
+
+    @torch.no_grad()
+    def _forward(self, model: nn.Module, features: np.ndarray | ImageViews,
+                 device: torch.device | str) -> tuple[Tensor, Tensor]:  # fmt: skip
+        """(embeddings [N, d], full-dim logits [N, K]) of feature rows (or eval image views, made a batch at a
+        time), in eval mode and batches, on the CPU."""
         was_training = model.training
         model.eval()
         bs = self.cfg.eval.batch_size
-        outs = [model(features[s : s + bs].to(device)) for s in range(0, len(features), bs)]
+        outs = [model(torch.as_tensor(np.asarray(features[s : s + bs]), dtype=torch.float32).to(device))
+                for s in range(0, len(features), bs)]  # fmt: skip
         model.train(was_training)
         emb = torch.cat([e.cpu() for e, _ in outs])
         # the full-dim logits (the largest nesting dim is last)
         logits = torch.cat([(lg[-1] if isinstance(lg, list) else lg).cpu() for _, lg in outs])
-        return emb, logits, labels
+        return emb, logits
+
+    def embed_features(self, model: nn.Module, features: np.ndarray, device: torch.device | str = "cpu") -> Tensor:
+        """Feature vectors [N, feature_dim] → the encoder's unit embeddings (the head is not used)."""
+        return self._forward(model, features, device)[0]
 
     def evaluate(self, model: nn.Module, split: str, device: torch.device | str = "cpu") -> dict[str, float]:
         """``top1`` (% of the head's argmax equal to the clean label) and the embedding metrics."""

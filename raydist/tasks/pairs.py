@@ -4,7 +4,7 @@ evaluation is the VSE++ retrieval protocol."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -12,36 +12,70 @@ import torch
 from torch import Tensor, nn
 
 from raydist.data import Vocab, split_arrays
-from raydist.data.transforms import CaptionTransform
+from raydist.data.schema import CAPTIONS, IMAGE, IMAGE_ID, SAMPLE_ID
+from raydist.data.stream import EpochTransform, split_columns
+from raydist.data.transforms import CaptionTransform, DecodeImages, EpochViews, ImageViews
 from raydist.distributed import GatheredBatch, NegativeSet, rank_ranking_loss
-from raydist.eval.evaluate import embed_split, evaluate_arrays, image_rows
+from raydist.eval.evaluate import (
+    SplitEmbeddings,
+    embed_captions,
+    embed_images,
+    embed_split,
+    evaluate_arrays,
+    image_rows,
+)
+from raydist.eval.metrics import retrieval_metrics
 from raydist.eval.retrieve import RetrievalSet
-from raydist.losses import mh_collapse_value
+from raydist.losses import l2_normalize, mh_collapse_value
 from raydist.models import build_model
 from raydist.tasks.base import Encoded, StepContext, Task, nested_sum, smallest_prefix
+from raydist.tasks.images import crop_size, embed_views, image_transform
 
 
 class PairsTask(Task):
-    """Image–caption pairs: one row per caption, captions of an image share its ``image_id``."""
+    """Image–caption pairs: one row per caption, captions of an image share its ``image_id``. Encoded images:
+    one row per image with the list of its ``captions``; training draws one caption per image per epoch
+    (:func:`raydist.data.transforms.epoch_caption_index`), evaluation uses every caption."""
 
     name = "pairs"
     columns = ("image_id", "sample_id", "image", "caption")
     primary_metric = "rsum"
+    LOSSES = ("ranking",)
+    config_keys = dict.fromkeys((
+        "data.max_caption_len", "model.word_dim", "model.num_layers", "model.no_imgnorm", "loss.margin",
+        "loss.hardest", "loss.warmup_sh_epochs", "loss.warmup_sh_steps", "loss.stall_fallback", "loss.reduction",
+        "loss.similarity", "loss.gather", "loss.negative_set_size", "loss.tile", "eval.folds",
+    ))  # fmt: skip
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.vocab = Vocab.load(self.info.files["vocab.json"])
         self._splits: dict[str, tuple] = {}
         self.fallback_epochs: list[int] = []  # epochs switched back to SH after a stalled MH epoch
+        if self.info.encoded:
+            self.columns = (IMAGE_ID, SAMPLE_ID, IMAGE, CAPTIONS)
 
     def transform(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Features as float32 [B, D]; captions as token ids padded to ``data.max_caption_len`` + lengths."""
+        """Features as float32 [B, D]; captions as token ids padded to ``data.max_caption_len`` + lengths.
+        Encoded images: decoded once (:meth:`epoch_transform` then makes each epoch's views and captions)."""
         return self.stream_transform()(batch)
 
-    def stream_transform(self) -> CaptionTransform:
+    def stream_transform(self) -> CaptionTransform | DecodeImages:
+        if self.info.encoded:
+            return DecodeImages(self.info.image_channels or 3)
         return CaptionTransform(self.vocab, self.cfg.data.max_caption_len)
 
+    def epoch_transform(self) -> EpochTransform | None:
+        """Encoded images: each epoch's random views and one caption per image, tokenised."""
+        if not self.info.encoded:
+            return None
+        return EpochViews(image_transform(self.cfg, self.info, train=True),
+                          captions=CaptionTransform(self.vocab, self.cfg.data.max_caption_len))  # fmt: skip
+
     def build_model(self) -> nn.Module:
+        if self.info.encoded:
+            return build_model(self.cfg, None, len(self.vocab), channels=self.info.image_channels or 3,
+                               image_size=crop_size(self.cfg, self.info))  # fmt: skip
         return build_model(self.cfg, self.info.feature_dim, len(self.vocab))
 
     def encode(self, model: nn.Module, batch: dict[str, Tensor]) -> Encoded:
@@ -95,7 +129,18 @@ class PairsTask(Task):
         return nested_sum(self.cfg, loss_at)
 
     def evaluate(self, model: nn.Module, split: str, device: torch.device | str = "cpu") -> dict[str, float]:
-        """VSE++ retrieval metrics (R@1/5/10, medr, meanr, rsum); ``eval.folds`` except on val."""
+        """VSE++ retrieval metrics (R@1/5/10, medr, meanr, rsum); ``eval.folds`` except on val. Encoded
+        images: every caption of every image is a query, each image once in the database."""
+        folds = 1 if split == "val" else self.cfg.eval.folds
+        if self.info.encoded:
+            emb = self.encoded_embeddings(model, split, device)[0]
+            metrics = retrieval_metrics(emb.images, emb.captions, emb.cap_to_img, folds=folds)
+            low = smallest_prefix(self.cfg)
+            if low:
+                small = retrieval_metrics(l2_normalize(emb.images[:, :low]), l2_normalize(emb.captions[:, :low]),
+                                          emb.cap_to_img, folds=folds)  # fmt: skip
+                metrics.update({f"min_dim_{k}": small[k] for k in ("i2t_r1", "t2i_r1", "rsum")})
+            return metrics
         return evaluate_arrays(
             model, self.vocab, self._arrays(split), max_len=self.cfg.data.max_caption_len,
             folds=1 if split == "val" else self.cfg.eval.folds, batch_size=self.cfg.eval.batch_size,
@@ -105,12 +150,44 @@ class PairsTask(Task):
     def embed(self, model: nn.Module, split: str, device: torch.device | str = "cpu") -> RetrievalSet:
         """Two-way: captions (queries, keyed by their image's row) search the images (database, one row per
         image in first-appearance order) and the other way round."""
+        if self.info.encoded:
+            emb, image_ids, query_ids = self.encoded_embeddings(model, split, device)
+            return RetrievalSet(self.name, "t2i", emb.images.numpy(), emb.captions.numpy(), np.arange(len(image_ids)),
+                                emb.cap_to_img, image_ids, query_ids, two_way=True, split=split)  # fmt: skip
         image_ids, sample_ids, features, captions = self._arrays(split)
         emb = embed_split(model, self.vocab, features, captions, image_ids, max_len=self.cfg.data.max_caption_len,
                           batch_size=self.cfg.eval.batch_size, device=device)  # fmt: skip
         first, _ = image_rows(image_ids)
         return RetrievalSet(self.name, "t2i", emb.images.numpy(), emb.captions.numpy(), np.arange(len(first)),
                             emb.cap_to_img, image_ids[first], sample_ids, two_way=True, split=split)  # fmt: skip
+
+    def embed_features(self, model: nn.Module, features: np.ndarray, device: torch.device | str = "cpu") -> Tensor:
+        """The image side: image features [N, feature_dim] → image embeddings."""
+        return embed_images(model, features, batch_size=self.cfg.eval.batch_size, device=device)
+
+    def embed_texts(self, model: nn.Module, texts: Sequence[str], device: torch.device | str = "cpu") -> Tensor:
+        """The caption side: raw captions tokenised with the checkpoint's vocabulary (lower-cased words,
+        ``<start>``/``<end>``, unknown words as ``<unk>``, cut at ``data.max_caption_len``)."""
+        return embed_captions(model, self.vocab, list(texts), max_len=self.cfg.data.max_caption_len,
+                              batch_size=self.cfg.eval.batch_size, device=device)  # fmt: skip
+
+    def encoded_embeddings(self, model: nn.Module, split: str,
+                           device: torch.device | str = "cpu") -> tuple[SplitEmbeddings, np.ndarray, np.ndarray]:  # fmt: skip
+        """An encoded split embedded for evaluation: each image once (its eval view, in row order) and every
+        caption (row order, then caption order), with the image's ``image_id`` per image and its
+        ``sample_id`` per caption."""
+        if split not in self._splits:
+            self._splits[split] = split_columns(self.info.data_dir, split, (IMAGE_ID, SAMPLE_ID, IMAGE, CAPTIONS))
+        cols = self._splits[split]
+        bs = self.cfg.eval.batch_size
+        views = ImageViews(cols[IMAGE], image_transform(self.cfg, self.info, train=False))
+        images = embed_views(model.image, views, batch_size=bs, device=device)
+        counts = np.array([len(c) for c in cols[CAPTIONS]])
+        captions = [c for caps in cols[CAPTIONS] for c in caps]
+        texts = embed_captions(model, self.vocab, captions, max_len=self.cfg.data.max_caption_len, batch_size=bs,
+                               device=device)  # fmt: skip
+        cap_to_img = np.repeat(np.arange(len(counts)), counts)
+        return SplitEmbeddings(images, texts, cap_to_img), cols[IMAGE_ID], np.repeat(cols[SAMPLE_ID], counts)
 
     def _arrays(self, split: str) -> tuple:
         """``(image_ids, sample_ids, features, captions)`` of a split, read once."""

@@ -3,7 +3,10 @@ manifest names its task; :func:`build_task` builds it for a config."""
 
 from __future__ import annotations
 
-from raydist.config import Config
+import json
+from typing import Any
+
+from raydist.config import Config, ConfigError
 from raydist.data.schema import MANIFEST_NAME, RaydistDataError
 from raydist.tasks.base import DataInfo, Task
 from raydist.tasks.labels import LabelsTask
@@ -39,3 +42,48 @@ def build_task(cfg: Config, info: DataInfo) -> Task:
         raise RaydistDataError(f"{info.data_dir / MANIFEST_NAME}: field 'task': unknown task {info.task!r}; "
                                f"expected one of {task_names()}")
     return get_task(info.task)(cfg, info)
+
+
+def _shown(value: Any) -> str:
+    """A config value as it is written on the command line (``triplet``, ``false``, ``[8, 16]``)."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _tasks_that(wants: Any, but: type[Task]) -> str:
+    """``the labels task`` / ``the a and b tasks``: the other registered tasks for which ``wants`` is true."""
+    names = [name for name, cls in sorted(_TASKS.items()) if cls is not but and wants(cls)]
+    return f"the {' and '.join(names)} task{'s' if len(names) > 1 else ''}" if names else ""
+
+
+def check_task_config(cfg: Config, info: DataInfo, *, any_loss_kind: bool = False) -> None:
+    """Refuse, before Ray starts, what the dataset's task would ignore: a ``loss.kind`` it does not train, and
+    every key set away from its default that the task with its loss kind does not read (``Task.config_keys``,
+    :data:`raydist.tasks.base.COMMON_CONFIG_KEYS`). A key left at its default passes. One line per problem,
+    naming the task, its dataset and what it accepts. ``any_loss_kind``: a key counts as read when the task
+    reads it with some loss kind (for a sweep's one-value-at-a-time configs, whose loss.kind may be swept)."""
+    cls = get_task(info.task)
+    where = f"the {cls.name} task ({info.data_dir})" if info.data_dir else f"the {cls.name} task"
+    problems = []
+    kind: str | None = cls.loss_kind(cfg)
+    trains = cls.LOSSES or ("auto",)
+    if kind in trains and any_loss_kind:
+        kind = None
+    elif kind not in trains:
+        owners = _tasks_that(lambda t: kind in t.LOSSES, cls)
+        problems.append(f"loss.kind={kind}: {where} trains loss.kind {', '.join(dict.fromkeys(('auto', *cls.LOSSES)))}"
+                        + (f"; {kind} is for {owners}" if owners else ""))  # fmt: skip
+        kind = None  # the keys of the refused kind are not refused again
+    defaults = Config().flat()
+    for key, value in cfg.flat().items():
+        if value == defaults[key] or cls.reads(key, kind):
+            continue
+        if cls.reads(key):
+            kinds = cls.config_keys[key] or ()
+            problems.append(f"{key}={_shown(value)}: {where} reads it only with loss.kind {'/'.join(kinds)}, "
+                            f"not {kind} (loss.kind={cfg.loss.kind})")  # fmt: skip
+            continue
+        owners = _tasks_that(lambda t, k=key: t.reads(k), cls)
+        problems.append(f"{key}={_shown(value)}: {where} does not use it" + (f"; it is for {owners}" if owners else "")
+                        + f" (leave it at its default, {_shown(defaults[key])})")  # fmt: skip
+    if problems:
+        raise ConfigError("the configuration does not fit the dataset's task:\n  " + "\n  ".join(problems))

@@ -33,6 +33,7 @@ from raydist.distributed.reduce import all_reduce_sum
 from raydist.inference import check_resume
 from raydist.models import unwrap_model
 from raydist.tasks import StepContext, Task, to_tensors
+from raydist.tasks.base import PROBE_LOSS
 from raydist.train.hooks import Hook
 from raydist.train.malloc import tune_malloc
 
@@ -69,6 +70,7 @@ class LoopState:
     global_step: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
     resumed_at: list[int] = field(default_factory=list)  # global step of every restore
+    finished: bool = False  # the run's last epoch (or its early stop) is done: nothing left to resume
 
 
 def autocast(amp: str, device: torch.device) -> torch.autocast:
@@ -140,9 +142,10 @@ def run_loop(
     hooks: Sequence[Hook] = (),
     resume_from: str | None = None,
 ) -> dict[str, Any] | None:
-    """Train on this worker; rank 0 returns ``{"history", "global_step", "resumed_at", "first_step_unix"}``
-    (the wall-clock time, ``time.time()``, when this attempt's first optimizer step finished; None without
-    steps)."""
+    """Train on this worker; rank 0 returns ``{"history", "global_step", "resumed_at", "first_step_unix",
+    "stopped"}`` (``first_step_unix``: the wall-clock time, ``time.time()``, when this attempt's first
+    optimizer step finished, None without steps; ``stopped``: a hook's :meth:`Hook.stop_requested` ended the
+    run early, after a checkpoint of the last step done)."""
     if plan.world != runtime.world:
         raise ValueError(f"step plan for {plan.world} workers, runtime has {runtime.world}")
     rank, device = runtime.rank, runtime.device
@@ -158,12 +161,13 @@ def run_loop(
     state = LoopState()
     restore = runtime.checkpoint_to_restore() or resume_from
     if restore:
-        state = _restore(restore, cfg, task, registry)
+        state = _restore(restore, cfg, task, registry, rank)
     model = parts.model = runtime.prepare_model(parts.model)
 
     steps = runtime.steps_per_epoch()
     progress = Progress(cfg.train.epochs, steps, plan.rows_per_step)
     first_step_unix: float | None = None
+    stopped = False
     while state.epoch < cfg.train.epochs:
         epoch = state.epoch
         model.train()
@@ -198,8 +202,17 @@ def run_loop(
             if rank == 0 and state.global_step % cfg.train.log_every == 0:
                 extra = "".join(f" {k.split('/')[-1]} {v:.3g}" for k, v in stats.items())
                 say(f"[raydist] {progress.line(epoch, state.step_in_epoch)} loss {loss:.4f}{extra}")
-            if cfg.train.checkpoint_every and state.global_step % cfg.train.checkpoint_every == 0:
+            answers = [hook.stop_requested(ctx) for hook in hooks]  # every hook asked: each may be a collective
+            stopped = any(answers)
+            if stopped or (cfg.train.checkpoint_every and state.global_step % cfg.train.checkpoint_every == 0):
                 _report(state, cfg, task, registry, runtime, {"train/loss": loss})
+            if stopped:
+                if rank == 0:
+                    say(f"[raydist] stopped on request at epoch {epoch + 1}/{cfg.train.epochs}, step "
+                        f"{state.global_step}: checkpoint saved")  # fmt: skip
+                break
+        if stopped:
+            break
         parts.scheduler.step()
         state.epoch += 1
         state.step_in_epoch = 0
@@ -222,19 +235,21 @@ def run_loop(
             state.history.append(dict(metrics))
             val = {k[4:]: v for k, v in metrics.items() if k.startswith("val/")}
             shown = f" {task.summary(val)}" if val else ""
-            say(f"[raydist] epoch {state.epoch}/{cfg.train.epochs} done: loss {metrics['train/loss']:.4f}{shown}")
+            probe = f" (probe loss {metrics['train/' + PROBE_LOSS]:.4f})" if f"train/{PROBE_LOSS}" in metrics else ""
+            say(f"[raydist] epoch {state.epoch}/{cfg.train.epochs} done: loss {metrics['train/loss']:.4f}{probe}{shown}")
             for note in notes:
                 say(f"[raydist] note: {note}")
             if stop:
                 say(f"[raydist] early stop: val {task.primary_metric} did not improve for "
                     f"{cfg.train.early_stop_patience} epochs")  # fmt: skip
+        state.finished = stop or state.epoch >= cfg.train.epochs
         _report(state, cfg, task, registry, runtime, metrics)
         if stop:
             break
     if rank != 0:
         return None
     return {"history": state.history, "global_step": state.global_step, "resumed_at": state.resumed_at,
-            "first_step_unix": first_step_unix}  # fmt: skip
+            "first_step_unix": first_step_unix, "stopped": stopped}  # fmt: skip
 
 
 def _early_stop(cfg: Config, task: Task, history: list[dict[str, Any]], metrics: dict[str, Any], rank: int) -> bool:
@@ -245,9 +260,17 @@ def _early_stop(cfg: Config, task: Task, history: list[dict[str, Any]], metrics:
         return False
     key = f"val/{task.primary_metric}"
     scores = [m.get(key, float("-inf")) for m in [*history, metrics]]
-    best = max(range(len(scores)), key=lambda i: (scores[i], -i))
-    flag = torch.tensor([float(rank == 0 and len(scores) - 1 - best >= patience)])
+    flag = torch.tensor([float(rank == 0 and epochs_without_improvement(scores) >= patience)])
     return bool(all_reduce_sum(flag).item() > 0)
+
+
+def epochs_without_improvement(scores: Sequence[float]) -> int:
+    """Epochs since the best score of ``scores`` (one per epoch, higher is better; the first of equal bests
+    counts, so a tie is no improvement): ``len(scores) − 1 − argmax``; 0 for no scores."""
+    if not scores:
+        return 0
+    best = max(range(len(scores)), key=lambda i: (scores[i], -i))
+    return len(scores) - 1 - best
 
 
 def train_step(
@@ -261,7 +284,8 @@ def train_step(
     stats: dict[str, float],
     hooks: Sequence[Hook] = (),
 ) -> float:
-    """One optimisation step on this worker's rows; returns this rank's loss value."""
+    """One optimisation step on this worker's rows; returns this rank's training loss (without the part that
+    trains a probe, which the task puts in ``stats[PROBE_LOSS]``)."""
     model, optimizer, scaler = parts.model, parts.optimizer, parts.scaler
     tensors = to_tensors(batch, device)
     ctx = dataclasses.replace(ctx, batch=tensors)
@@ -285,17 +309,19 @@ def train_step(
         nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
     scaler.step(optimizer)
     scaler.update()
-    return float(loss.detach())
+    return float(loss.detach()) - stats.get(PROBE_LOSS, 0.0)  # a probe's loss is reported apart (stats)
 
 
-def _restore(path: str | Path, cfg: Config, task: Task, registry: StateRegistry) -> LoopState:
+def _restore(path: str | Path, cfg: Config, task: Task, registry: StateRegistry, rank: int) -> LoopState:
     state, saved_cfg, folder = load_checkpoint(path)
     check_resume(state, saved_cfg, folder, cfg, task.info)
     registry.load_state_dict(state)
     set_rng_state(state["rng"])
     loop = LoopState(**state["loop"])
     loop.resumed_at.append(loop.global_step)
-    say(f"[raydist] resumed from {folder} at epoch {loop.epoch + 1}, step {loop.global_step}")
+    loop.finished = False  # until this attempt's last epoch is done
+    if rank == 0:
+        say(f"[raydist] resumed from {folder} at epoch {loop.epoch + 1}, step {loop.global_step}")
     return loop
 
 

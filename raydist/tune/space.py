@@ -1,5 +1,6 @@
-"""Search-space files (``tune_spaces/*.yaml``): parse and check them against the config before any
-Ray work starts. Ray-free; ``raydist.tune.sweep`` turns a ``SweepSpace`` into a Tuner."""
+"""Search-space files (``tune_spaces/*.yaml``, installed as ``raydist.tune_spaces``): find them by path or
+name, parse and check them against the config before any Ray work starts. Ray-free; ``raydist.tune.sweep``
+turns a ``SweepSpace`` into a Tuner."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,10 +36,13 @@ from raydist.config import (
     valid_keys,
     validate,
 )
+from raydist.data.manifest import dataset_task
 
 DISTRIBUTIONS = ("choice", "grid", "uniform", "loguniform", "randint")
 # Keys the sweep itself sets for every trial: never swept.
 SWEEP_OWNED = {"data.path": "--data", "train.storage_path": "--storage", "train.run_name": "the trial folder"}
+# The repository's tune_spaces/ folder, installed as this package (setup.py maps it).
+SHIPPED_SPACES = "raydist.tune_spaces"
 
 
 @dataclass(frozen=True)
@@ -139,9 +144,44 @@ class SweepSpace:
         return [p.key for p in self.params]
 
 
-def load_space(path: str | Path) -> SweepSpace:
-    """Read and check a space file; the space is named after the file."""
-    path = Path(path)
+def space_names() -> list[str]:
+    """Names of the space files shipped with raydist (the repository's ``tune_spaces/``)."""
+    try:
+        files = resources.files(SHIPPED_SPACES).iterdir()
+    except ModuleNotFoundError as e:
+        raise ConfigError(
+            f"the shipped spaces ({SHIPPED_SPACES}) are not installed with this raydist: install raydist, "
+            "or re-run `pip install -e .` in a checkout; or give a space file's path"
+        ) from e
+    return sorted(p.name[: -len(".yaml")] for p in files if p.name.endswith(".yaml"))
+
+
+def shipped_space_file(name: str) -> Path:
+    """The shipped space file called ``name`` (``margin`` or ``margin.yaml``)."""
+    stem = name.removesuffix(".yaml")
+    if stem not in space_names():
+        raise ConfigError(f"unknown space {name!r}; shipped spaces: {', '.join(space_names())}")
+    return Path(resources.files(SHIPPED_SPACES) / f"{stem}.yaml")
+
+
+def find_space_file(spec: str | Path) -> Path:
+    """The file a space argument names: an existing file wins; otherwise a bare name (``margin`` or
+    ``margin.yaml``, no folder) is a shipped space; any other path is returned as given."""
+    path = Path(spec)
+    if path.is_file() or path.name != str(spec):
+        return path
+    if path.name.removesuffix(".yaml") not in space_names():
+        raise ConfigError(
+            f"no space file {str(spec)!r} in {Path.cwd()} and no shipped space of that name; "
+            f"shipped spaces: {', '.join(space_names())}"
+        )
+    return shipped_space_file(path.name)
+
+
+def load_space(spec: str | Path) -> SweepSpace:
+    """Read and check a space file, given by path or as a shipped space's name (``find_space_file``); the
+    space is named after the file."""
+    path = find_space_file(spec)
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as e:
@@ -203,7 +243,8 @@ def resolve_base_config(
     swept = sorted(set(overrides) & set(space.keys))
     if swept:
         raise ConfigError(f"space {space.name!r} sweeps {', '.join(swept)}: drop the override(s)")
-    cfg = load_config(preset=preset, preset_file=preset_file, overrides={**space.base, **overrides})
+    cfg = load_config(preset=preset, preset_file=preset_file, overrides={**space.base, **overrides},
+                      task_of=dataset_task)  # fmt: skip
     sched = space.scheduler
     if sched.kind == "asha" and sched.grace_period > (sched.max_t or cfg.train.epochs):
         raise ConfigError(
