@@ -17,10 +17,10 @@ from raydist.experiments.datasets import experiment_dataset
 from raydist.experiments.mh_vs_sh import collapse_value, stalled_epochs
 from raydist.experiments.negatives import steps_per_epoch
 from raydist.experiments.records import TrialRecord
-from raydist.experiments.runner import space_path, sweep_space
+from raydist.experiments.runner import sweep_space
 from raydist.experiments.spec import Setup
 from raydist.experiments.tables import clearly_above, spread
-from raydist.tune.space import load_space, resolve_base_config
+from raydist.tune.space import load_space, resolve_base_config, shipped_space_file
 from raydist.tune.sweep import sweep_cpus
 
 NAMES = ["gather", "gc-variance", "label-noise", "matryoshka", "mh-vs-sh", "negatives"]
@@ -32,7 +32,7 @@ TEST_CPUS = 4  # the session's Ray (tests/conftest.py); a local `raydist` Ray ha
 def _setup(name: str, quick: bool) -> Setup:
     """A Setup as run_experiment builds it, for the embedded dataset's size (pairs) or 10 classes (labels)."""
     experiment = get_experiment(name)
-    base = load_config(preset=experiment.preset, overrides={**load_space(space_path(experiment.space)).base,
+    base = load_config(preset=experiment.preset, overrides={**load_space(shipped_space_file(experiment.space)).base,
                                                             **(experiment.quick if quick else {})})  # fmt: skip
     rows, classes = (15000, None) if experiment.task == "pairs" else (1000, 10)
     seeds = experiment.seeds[:1] if quick else experiment.seeds

@@ -7,7 +7,14 @@ import pytest
 import yaml
 
 from raydist.config import ConfigError, load_config
-from raydist.tune.space import Param, load_space, parse_space, resolve_base_config, trial_configs
+from raydist.tune.space import (
+    Param,
+    load_space,
+    parse_space,
+    resolve_base_config,
+    shipped_space_file,
+    trial_configs,
+)
 from raydist.tune.sweep import tune_param_space
 
 SHIPPED = sorted(Path(__file__).resolve().parents[1].joinpath("tune_spaces").glob("*.yaml"))
@@ -249,3 +256,37 @@ def test_unreadable_files(tmp_path):
     bad.write_text("space: {loss.margin: [unclosed")
     with pytest.raises(ConfigError, match="cannot read space file"):
         load_space(bad)
+
+
+def test_a_bare_name_is_a_shipped_space(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no space files here
+    margin = yaml.safe_load(SHIPPED[[p.stem for p in SHIPPED].index("margin")].read_text())
+    for spec in ("margin", "margin.yaml"):
+        s = load_space(spec)
+        assert (s.name, s.source) == ("margin", margin)
+
+
+def test_a_file_that_exists_wins_over_a_shipped_space(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    own = space({"train.lr": {"choice": [0.01]}})
+    Path("margin.yaml").write_text(yaml.safe_dump(own))
+    assert load_space("margin.yaml").source == own
+    assert load_space("margin").keys == ["loss.margin"]  # no file called "margin": the shipped space
+
+
+def test_an_unknown_name_lists_the_shipped_spaces(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    listed = ", ".join(p.stem for p in SHIPPED)
+    with pytest.raises(ConfigError, match=f"no space file 'nope.yaml' in .*; shipped spaces: {listed}$"):
+        load_space("nope.yaml")
+    with pytest.raises(ConfigError, match=f"unknown space 'nope'; shipped spaces: {listed}$"):
+        shipped_space_file("nope")
+    with pytest.raises(ConfigError, match="cannot read space file"):  # a path with a folder is never a name
+        load_space("somewhere/margin.yaml")
+
+
+def test_a_missing_shipped_package_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("raydist.tune.space.SHIPPED_SPACES", "raydist.no_such_spaces")
+    with pytest.raises(ConfigError, match=r"shipped spaces \(raydist.no_such_spaces\) are not installed"):
+        load_space("margin")
