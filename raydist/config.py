@@ -20,6 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from raydist.choices import DISTANCES, MINER_STRATEGIES, REDUCTIONS, SIMILARITIES
+from raydist.dataset_task import dataset_task
 from raydist.nesting import check_embedding_dim, check_nesting, check_weights
 
 AMP_MODES = ("none", "bf16", "fp16")
@@ -400,11 +401,11 @@ def load_config(
     preset_file: str | Path | None = None,
     overrides: Mapping[str, Any] | None = None,
     *,
-    task_of: Callable[[str], str | None] | None = None,
+    task_of: Callable[[str], str | None] = dataset_task,
 ) -> Config:
     """Defaults ← shipped preset ← preset file ← overrides, then validated. A preset's ``tasks.<task>`` block
-    applies for the dataset's task: ``task_of`` maps the merged ``data.path`` to it (e.g.
-    ``raydist.data.dataset_task``); without it, or when it answers None, the task is :data:`DEFAULT_TASK`."""
+    applies for the dataset's task: ``task_of`` maps the merged ``data.path`` to it (default: the task its
+    manifest names); when it answers None (no dataset there yet), the task is :data:`DEFAULT_TASK`."""
     files = []
     if preset:
         if preset not in preset_names():
@@ -414,7 +415,7 @@ def load_config(
         files.append(read_preset_file(preset_file))
     common = {k: v for part, _ in files for k, v in part.items()}
     path = str({**common, **(overrides or {})}.get("data.path") or "")
-    task = (task_of(path) if task_of else None) or DEFAULT_TASK
+    task = task_of(path) or DEFAULT_TASK
     values: dict[str, Any] = {}
     for part, blocks in files:
         values.update({**part, **blocks.get(task, {})})

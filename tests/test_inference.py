@@ -67,10 +67,10 @@ def test_data_that_does_not_fit_is_refused_naming_both_sides(labels_dataset, tmp
 def test_resume_changing_nesting_of_a_labels_model_exits_2_naming_the_key(labels_dataset, tmp_path, capsys):
     folder = _checkpoint(tmp_path / "c", labels_dataset)
     code = main(["train", "--resume", str(folder), "--storage", str(tmp_path / "runs"),
-                 "model.nesting=[16,64]", "loss.margin=0.3"])  # fmt: skip
+                 "model.nesting=[16,64]", "train.lr=0.01"])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 2
-    assert "cannot change model.nesting when resuming" in err and "loss.margin" not in err.split("\n")[0]
+    assert "cannot change model.nesting when resuming" in err and "train.lr" not in err.split("\n")[0]
     assert "model.nesting: checkpoint=[] run=[16, 64]" in err
 
 

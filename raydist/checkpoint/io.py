@@ -78,13 +78,19 @@ def save_checkpoint(
     return folder
 
 
-def newest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint folder (one with ``state.pt``) in a run folder, None when there is none.
+def run_checkpoints(run_dir: str | Path) -> list[Path]:
+    """The complete checkpoint folders (those with ``state.pt``) of a run folder, oldest first.
 
-    Newest is the last by name, never by mtime (a copy or a sync changes mtimes): Ray Train names its folders
+    Order is by name, never by mtime (a copy or a sync changes mtimes): Ray Train names its folders
     ``checkpoint_<YYYY-mm-dd_HH-MM-SS.ffffff>`` (the time of the report) and :class:`raydist.train.local.
     LocalRuntime` names them ``checkpoint_<global step, 8 digits>``; both sort by name in the order written."""
-    found = sorted(p for p in Path(run_dir).glob(CHECKPOINT_GLOB) if (p / STATE_FILE).is_file())
+    return sorted(p for p in Path(run_dir).glob(CHECKPOINT_GLOB) if (p / STATE_FILE).is_file())
+
+
+def newest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint folder in a run folder (the last of :func:`run_checkpoints`), None when
+    there is none."""
+    found = run_checkpoints(run_dir)
     return found[-1] if found else None
 
 
@@ -193,7 +199,17 @@ def resumed_config(checkpoint: str | Path, overrides: dict[str, Any]) -> tuple[C
     saved = read_config(find_checkpoint(checkpoint))
     cfg = apply_overrides(saved, overrides)
     validate(cfg)
-    return cfg, [f"{k}: {old!r} -> {new!r}" for k, (old, new) in config_changes(saved, cfg).items()]
+    return cfg, change_lines(saved, cfg)
+
+
+def change_lines(saved: Config, current: Config) -> list[str]:
+    """One ``key: old -> new`` line per key whose value differs (:func:`config_changes`)."""
+    return [f"{k}: {old!r} -> {new!r}" for k, (old, new) in config_changes(saved, current).items()]
+
+
+def format_changes(lines: list[str]) -> str:
+    """``changed: a: 1 -> 2, b: ...`` (or ``changed: nothing``): how a resumed run reports :func:`change_lines`."""
+    return f"changed: {', '.join(lines) if lines else 'nothing'}"
 
 
 def recorded_dataset(checkpoint: str | Path, data_dir: str | Path | None = None) -> Path:

@@ -5,7 +5,6 @@ from raydist.data.manifest import (
     Manifest,
     ShardInfo,
     SplitInfo,
-    dataset_task,
     load_manifest,
     sha256_file,
     write_manifest,
@@ -22,6 +21,7 @@ from raydist.data.shards import (
 from raydist.data.synthetic import default_dataset_dir, ensure_default_dataset, make_synthetic
 from raydist.data.validate import Problem, ValidationReport, check_split_size, validate_dataset
 from raydist.data.vocab import Vocab, tokenize
+from raydist.dataset_task import dataset_task
 
 __all__ = [
     "DatasetWriter",

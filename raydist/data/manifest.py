@@ -178,18 +178,6 @@ def load_manifest(dataset_dir: str | Path) -> Manifest:
     return manifest_from_dict(raw, where=str(path))
 
 
-def dataset_task(dataset_dir: str | Path) -> str | None:
-    """The task a dataset folder's manifest names, or None when there is no folder ("" = the default dataset)
-    or no readable manifest (the dataset's full check, later, says what is wrong)."""
-    path = Path(dataset_dir).expanduser() / MANIFEST_NAME if str(dataset_dir) else None
-    try:
-        raw = json.loads(path.read_text()) if path and path.is_file() else None
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-        return None
-    task = raw.get("task") if isinstance(raw, dict) else None
-    return task if isinstance(task, str) else None
-
-
 _MANIFEST = TypeAdapter(Manifest)
 
 

@@ -13,7 +13,8 @@ import pyarrow as pa
 FORMAT_VERSION = 1
 TASKS = ("pairs", "labels")  # the shipped tasks; any other registered task uses the labelled layout
 SPLITS = ("train", "val", "test")
-MANIFEST_NAME = "manifest.json"
+from raydist.dataset_task import MANIFEST_NAME  # noqa: F401  (re-exported: the data layer's name for it)
+
 VOCAB_NAME = "vocab.json"
 SHARD_PATTERN = "part-{index:05d}.parquet"
 DEFAULT_ROWS_PER_SHARD = 4096

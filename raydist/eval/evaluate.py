@@ -3,6 +3,7 @@ checkpoint (loading a checkpoint for evaluation is :mod:`raydist.inference`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,17 +46,40 @@ def embed_split(
     device: torch.device | str = "cpu",
 ) -> SplitEmbeddings:
     """Embed every caption and each image once; ``model`` is a :class:`raydist.models.VSEModel`."""
+    first, cap_to_img = image_rows(image_ids)
+    images = embed_images(model, features[first], batch_size=batch_size, device=device)
+    texts = embed_captions(model, vocab, captions, max_len=max_len, batch_size=batch_size, device=device)
+    return SplitEmbeddings(images, texts, cap_to_img)
+
+
+@torch.no_grad()
+def embed_images(
+    model: nn.Module, features: np.ndarray, *, batch_size: int = 512, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """``model.image`` of feature rows [N, D] in eval mode, in batches: [N, embed_dim] on the CPU."""
     was_training = model.training
     model.eval()
-    first, cap_to_img = image_rows(image_ids)
-    img_feats = torch.as_tensor(features[first], dtype=torch.float32)
-    imgs = [model.image(img_feats[s : s + batch_size].to(device)).cpu() for s in range(0, len(first), batch_size)]
-    caps = []
+    feats = torch.as_tensor(np.asarray(features), dtype=torch.float32)
+    out = [model.image(feats[s : s + batch_size].to(device)).cpu() for s in range(0, len(feats), batch_size)]
+    model.train(was_training)
+    return torch.cat(out)
+
+
+@torch.no_grad()
+def embed_captions(
+    model: nn.Module, vocab: Vocab, captions: Sequence[str], *, max_len: int, batch_size: int = 512,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:  # fmt: skip
+    """``model.text`` of raw captions in eval mode, tokenised by ``vocab.encode_batch`` (the ids the data
+    pipeline's :class:`raydist.data.transforms.CaptionTransform` feeds training), in batches: [N, embed_dim]."""
+    was_training = model.training
+    model.eval()
+    out = []
     for s in range(0, len(captions), batch_size):
         tokens, lengths = vocab.encode_batch(captions[s : s + batch_size], max_len)
-        caps.append(model.text(torch.as_tensor(tokens).to(device), torch.as_tensor(lengths)).cpu())
+        out.append(model.text(torch.as_tensor(tokens).to(device), torch.as_tensor(lengths)).cpu())
     model.train(was_training)
-    return SplitEmbeddings(torch.cat(imgs), torch.cat(caps), cap_to_img)
+    return torch.cat(out)
 
 
 def evaluate_arrays(

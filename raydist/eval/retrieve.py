@@ -84,6 +84,23 @@ class RetrievalSet:
                               database_ids=self.query_ids, query_ids=self.database_ids)]  # fmt: skip
 
 
+def concat_sets(sets: Sequence[RetrievalSet]) -> RetrievalSet:
+    """Several splits' sets of one task and direction as one (rows in the given order, ``split`` joined by
+    "+"). Two-way sets key queries by database row, so each set's keys are offset by the database rows before
+    it; one-way sets key by label, kept as they are."""
+    if not sets or len({(s.task, s.direction, s.two_way, s.exclude_self) for s in sets}) != 1:
+        raise ValueError("concat_sets: expected one or more sets of the same task and direction")
+    offsets = np.cumsum([0] + [len(s.database) for s in sets[:-1]]) if sets[0].two_way else [0] * len(sets)
+
+    def joined(name: str, offset: bool = False) -> np.ndarray:
+        return np.concatenate([getattr(s, name) + (o if offset else 0) for s, o in zip(sets, offsets)])
+
+    return replace(sets[0], database=joined("database"), queries=joined("queries"),
+                   database_keys=joined("database_keys", True), query_keys=joined("query_keys", True),
+                   database_ids=joined("database_ids"), query_ids=joined("query_ids"),
+                   split="+".join(s.split for s in sets))  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Cascade:
     """A funnel: search all of the database at ``dims[0]`` keeping ``shortlists[0]``, re-rank that list at

@@ -36,7 +36,7 @@ from raydist.config import (
     valid_keys,
     validate,
 )
-from raydist.data.manifest import dataset_task
+from raydist.dataset_task import dataset_task
 
 DISTRIBUTIONS = ("choice", "grid", "uniform", "loguniform", "randint")
 # Keys the sweep itself sets for every trial: never swept.
