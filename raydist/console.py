@@ -15,6 +15,7 @@ PREFIX = "[raydist]"  # lines the workers print for the user start with this
 _state = {"verbose": False}
 _lock = threading.Lock()  # console writes
 _file_lock = threading.Lock()  # log file appends
+_ray_print: dict[str, Any] = {}  # Ray's own print_to_stdstream, before route_ray_output replaced it
 
 
 def configure_console(verbose: bool) -> None:
@@ -87,21 +88,23 @@ def is_verbose() -> bool:
 
 
 def route_ray_output(log_file: str | Path) -> None:
-    """Send every line that Ray forwards from workers and actors to ``log_file``; on the console keep only
-    lines starting with ``[raydist]`` (everything with ``-v``). Call after Ray is initialised."""
+    """Send every line that Ray forwards from workers and actors, and the raylet's warnings, to ``log_file``; on
+    the console keep only lines starting with ``[raydist]`` (everything with ``-v``). Call after Ray is
+    initialised; a later call moves the output to its own file."""
     from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
     from ray._private.worker import print_to_stdstream
 
     path = Path(log_file)
     path.parent.mkdir(parents=True, exist_ok=True)
     verbose = is_verbose()
+    ray_print = _ray_print.setdefault("original", print_to_stdstream)
 
     def handle(data: dict[str, Any]) -> None:
         source = data.get("actor_name") or data.get("task_name") or f"pid={data.get('pid')}"
         with _file_lock, open(path, "a") as f:
             f.writelines(f"({source}) {line}\n" for line in data.get("lines", []))
         if verbose:
-            print_to_stdstream(data, ignore_prefix=False)
+            ray_print(data, ignore_prefix=False)
             return
         ours = [line for line in data.get("lines", []) if line.startswith(PREFIX)]
         if ours:
@@ -110,8 +113,24 @@ def route_ray_output(log_file: str | Path) -> None:
     dispatcher.remove_handler("ray_print_logs")
     dispatcher.remove_handler("raydist")
     dispatcher.add_handler("raydist", handle)
+    _route_raylet_messages(handle, ray_print)
     root = logging.getLogger("ray")
     if not any(getattr(h, "baseFilename", None) == str(path.resolve()) for h in root.handlers):
         handler = logging.FileHandler(path)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         root.addHandler(handler)
+
+
+def _route_raylet_messages(handle: Any, ray_print: Any) -> None:
+    """The raylet's warnings (too many worker processes, memory pressure ...) reach the driver on another path
+    than worker output: ``ray._private.worker.listen_error_messages`` prints them with the module's
+    ``print_to_stdstream`` (source ``pid=raylet``). Send those to ``handle`` too; others print as before."""
+    import ray._private.worker as ray_worker
+
+    def print_or_route(data: dict[str, Any], **kwargs: Any) -> None:
+        if data.get("pid") == "raylet":
+            handle(data)
+        else:
+            ray_print(data, **kwargs)
+
+    ray_worker.print_to_stdstream = print_or_route

@@ -16,6 +16,8 @@ from raydist.runfiles import HISTORY_FILE, PLOTS_DIR, STEPS_FILE, SWEEP_FILE
 from raydist.tune.space import SweepSpace, parse_space
 
 NEGATIVE_STATS = ("neg/hardest_sim", "neg/remote_hardest_frac")
+NEGATIVE_STAT_UNITS = {"neg/hardest_sim": "mean score of the hardest negatives",
+                       "neg/remote_hardest_frac": "fraction of hardest negatives on another rank"}
 SWITCH_LABEL = "SH → MH"
 Series = tuple[list[float], list[float]]
 
@@ -50,14 +52,20 @@ def _series(history: list[dict[str, Any]], steps: list[dict[str, Any]], stat: st
     return [float(x) for x, _ in points], [float(y) for _, y in points]
 
 
-def _figure(panels: int, height: float = 3.5) -> tuple[Any, list[Any]]:
-    """A Figure on an Agg canvas with ``panels`` side-by-side axes."""
+def _figure(panels: int, height: float = 3.5, columns: int | None = None) -> tuple[Any, list[Any]]:
+    """A Figure on an Agg canvas with ``panels`` axes side by side, ``columns`` a row at most (default: one
+    row); axes of an unfilled last row are removed."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(5 * panels, height), layout="constrained")
+    cols = min(panels, columns or panels)
+    rows = -(-panels // cols)
+    fig = Figure(figsize=(5 * cols, height * rows), layout="constrained")
     FigureCanvasAgg(fig)
-    return fig, list(fig.subplots(1, panels, squeeze=False)[0])
+    axes = list(fig.subplots(rows, cols, squeeze=False).ravel())
+    for spare in axes[panels:]:
+        spare.remove()
+    return fig, axes[:panels]
 
 
 def _mark_switch(ax: Any, x: float | None) -> None:
@@ -84,15 +92,26 @@ def loss_figure(history: list[dict[str, Any]], steps: list[dict[str, Any]]) -> A
     return fig
 
 
-def _val_group(name: str) -> tuple[int, str]:
-    """Panel of a validation metric, as (position, title): rsum first, then by direction prefix
-    (``i2t_r1`` → "i2t"; unprefixed label metrics such as top1, r1, nmi share "metrics"), ranks last."""
-    if name == "rsum":
-        return 0, "rsum"
-    if name.endswith(("medr", "meanr")):
-        return 2, "rank (lower is better)"
-    direction, _, _ = name.rpartition("_")
-    return 1, direction or "metrics"
+VAL_FAMILIES = {  # metric name without its direction prefix and K → (panel position, title, y-axis label)
+    "rsum": (0, "rsum", "sum of R@1, R@5, R@10 (both directions)"),
+    "top": (1, "top-1 accuracy", "top-1 accuracy (%)"),
+    "r": (2, "recall@K", "recall@K (%)"),
+    "p": (3, "precision@k", "precision@k (%)"),
+    "map": (4, "mAP@k", "mAP@k (%)"),
+    "nmi": (5, "NMI", "NMI (%)"),
+    "nn": (6, "1-NN accuracy", "1-NN accuracy (%)"),
+    "medr": (7, "median rank (lower is better)", "median rank"),
+    "meanr": (8, "mean rank (lower is better)", "mean rank"),
+}
+
+
+def _val_family(name: str) -> tuple[int, str, str]:
+    """Panel of a validation metric, as (position, title, y-axis label): one metric family per panel, whatever
+    the direction or prefix (``i2t_r1``, ``t2i_r5`` and ``r8`` are recall@K; ``min_dim_rsum`` is rsum); an
+    unknown metric gets a panel of its own."""
+    metric = name.rpartition("_")[2]
+    family = re.sub(r"\d+$", "", metric)
+    return VAL_FAMILIES.get(family, (len(VAL_FAMILIES), metric, metric))
 
 
 def _natural(name: str) -> list[Any]:
@@ -101,24 +120,25 @@ def _natural(name: str) -> list[Any]:
 
 
 def val_figure(history: list[dict[str, Any]]) -> Any:
-    """Every ``val/*`` metric per epoch, one panel per group (:func:`_val_group`); the first MH epoch is
-    marked half an epoch before its point. None without validation metrics."""
+    """Every ``val/*`` metric per epoch, one metric family per panel (:func:`_val_family`; at most three panels
+    a row), each series in the legend; the first MH epoch is marked half an epoch before its point. None
+    without validation metrics."""
     names = {k[4:] for h in history for k, v in h.items() if k.startswith("val/") and is_finite_number(v)}
     if not names:
         return None
-    groups: dict[tuple[int, str], list[str]] = {}
+    groups: dict[tuple[int, str, str], list[str]] = {}
     for name in sorted(names, key=_natural):
-        groups.setdefault(_val_group(name), []).append(name)
+        groups.setdefault(_val_family(name), []).append(name)
     switch = phase_switch_step(history)
     first_mh = next(h["epoch"] for h in history if h["step"] >= switch) if switch else None
-    fig, axes = _figure(len(groups))
+    fig, axes = _figure(len(groups), columns=3)
     for ax, group in zip(axes, sorted(groups)):
         for name in groups[group]:
             points = [(h["epoch"], h[f"val/{name}"]) for h in history if is_finite_number(h.get(f"val/{name}"))]
             ax.plot([e for e, _ in points], [v for _, v in points], "o-", label=name)
         _mark_switch(ax, None if first_mh is None else first_mh - 0.5)
         ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.set(xlabel="epoch", title=f"val {group[1]}")
+        ax.set(xlabel="epoch", ylabel=group[2], title=f"val {group[1]}")
         ax.legend(fontsize="small")
     return fig
 
@@ -132,9 +152,10 @@ def negatives_figure(history: list[dict[str, Any]], steps: list[dict[str, Any]])
         return None
     fig, axes = _figure(len(series))
     for ax, (stat, (x, y)) in zip(axes, series.items()):
-        ax.plot(x, y, linewidth=1)
+        ax.plot(x, y, linewidth=1, label=f"{stat} ({'logged steps' if steps else 'epoch mean'})")
         _mark_switch(ax, phase_switch_step(history))
-        ax.set(xlabel="global step", title=stat)
+        ax.set(xlabel="global step", ylabel=NEGATIVE_STAT_UNITS[stat], title=stat)
+        ax.legend(fontsize="small")
     return fig
 
 
@@ -148,10 +169,12 @@ def gradient_variance_figure(history: list[dict[str, Any]]) -> Any:
     x = [m["step"] for m in rows]
     for key, label in (("gvar/sgd_nvar", "SGD"), ("gvar/gc_nvar", "GC (stratified)")):
         axes[0].plot(x, [m[key] for m in rows], marker="o", label=label)
-    axes[0].set(xlabel="global step", title="normalized gradient variance", yscale="log")
+    axes[0].set(xlabel="global step", ylabel="normalized variance", title="normalized gradient variance",
+                yscale="log")
     axes[0].legend()
-    axes[1].plot(x, [m.get("gvar/gc_distortion", float("nan")) for m in rows], marker="o")
-    axes[1].set(xlabel="global step", title="GC total distortion")
+    axes[1].plot(x, [m.get("gvar/gc_distortion", float("nan")) for m in rows], marker="o", label="GC (stratified)")
+    axes[1].set(xlabel="global step", ylabel="total distortion", title="GC total distortion")
+    axes[1].legend()
     return fig
 
 
@@ -258,14 +281,16 @@ def plot_sweep(
         points = [(values[key], best) for values, best in rows if key in values]
         fig, (ax,) = _figure(1, height=4)
         xs = [x for x, _ in points]
+        label = f"trial (best {metric})"
         if all(is_finite_number(x) for x in xs):
-            ax.scatter(xs, [y for _, y in points])
+            ax.scatter(xs, [y for _, y in points], label=label)
             if min(xs) > 0 and max(xs) >= 100 * min(xs):
                 ax.set_xscale("log")
         else:
             labels = sorted({str(x) for x in xs})
-            ax.scatter([labels.index(str(x)) for x in xs], [y for _, y in points])
+            ax.scatter([labels.index(str(x)) for x in xs], [y for _, y in points], label=label)
             ax.set_xticks(range(len(labels)), labels)
         ax.set(xlabel=key, ylabel=f"best {metric}", title=f"{metric} by {key} ({len(points)} trials)")
+        ax.legend(fontsize="small")
         figures[f"sweep-{re.sub(r'[^A-Za-z0-9_.-]+', '_', key)}.png"] = fig
     return _save(figures, Path(out_dir) if out_dir else Path(experiment_dir) / PLOTS_DIR)

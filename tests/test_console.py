@@ -51,3 +51,46 @@ def test_warn_writes_one_prefixed_line_to_stderr_after_closing_a_bar(monkeypatch
     console.warn("data.npz:", "scales differ")
     assert err.getvalue() == "raydist: warning: data.npz: scales differ\n"
     assert out.getvalue().endswith("\n") and "scales differ" not in out.getvalue()
+
+
+class _OneRayletMessage:
+    """The parts of a Ray driver worker that ``listen_error_messages`` reads: its error subscription yields one
+    raylet message, then the listener is told to stop."""
+
+    def __init__(self, message: str, stop) -> None:
+        self.message, self.stop = message, stop
+        self.current_job_id = type("JobId", (), {"binary": lambda self: b"job"})()
+        self.gcs_error_subscriber = self
+
+    def subscribe(self) -> None:
+        pass
+
+    def poll(self):
+        self.stop.set()
+        return None, {"job_id": None, "error_message": self.message}
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_raylet_warnings_go_to_the_log_file_and_only_with_v_to_the_console(verbose, monkeypatch, tmp_path, capsys):
+    import threading
+
+    import ray._private.worker as ray_worker
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+    monkeypatch.setattr(ray_worker, "print_to_stdstream", ray_worker.print_to_stdstream)  # restored afterwards
+    monkeypatch.setattr(dispatcher, "handlers", list(dispatcher.handlers))
+    monkeypatch.setitem(console._state, "verbose", verbose)
+    # Ray drops a line like one it printed recently (numbers aside): each case words its own.
+    warning = f"WARNING: 9 PYTHON worker processes have been started ({'verbose' if verbose else 'quiet'} console)"
+    stop = threading.Event()
+    ray_worker.listen_error_messages(_OneRayletMessage(warning, stop), stop)
+    assert warning in capsys.readouterr().out  # Ray itself prints it on the console
+
+    console.route_ray_output(tmp_path / "raydist.log")
+    console.route_ray_output(tmp_path / "raydist.log")  # a second sweep re-routes: still one copy per line
+    later = warning.replace("have been", "were")
+    stop = threading.Event()
+    ray_worker.listen_error_messages(_OneRayletMessage(later, stop), stop)
+    shown = capsys.readouterr()
+    assert (later in shown.out + shown.err) == verbose
+    assert (tmp_path / "raydist.log").read_text() == f"(pid=raylet) {later}\n"

@@ -96,6 +96,19 @@ def test_ivf_prefix_lists_follow_prefix_clusters():
     np.testing.assert_array_equal(ids[0], 2 * np.argsort(-scores[0]))
 
 
+def test_an_ivf_build_on_few_points_per_list_prints_nothing(capfd):
+    """faiss's C++ warns on stderr when k-means gets fewer than 39 points per centroid (it does here with its
+    defaults); building the index on those points prints nothing."""
+    import faiss
+
+    db = np.random.default_rng(3).standard_normal((64, 8))
+    faiss.Kmeans(4, 16, niter=2).train(unit_rows(db[:, :4]))
+    assert "WARNING clustering 64 points to 16 centroids" in capfd.readouterr().err
+    index = build_index(db, "ivf-prefix", ivf_lists=16, prefix_dim=4)
+    assert sum(len(lst) for lst in index.lists) == 64
+    assert capfd.readouterr() == ("", "")
+
+
 def test_missing_results_have_id_minus_one():
     db = np.eye(4)[:3]
     for kind in ("flat", "ivf-prefix"):

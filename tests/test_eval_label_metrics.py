@@ -117,6 +117,20 @@ def test_kmeans_nmi_on_planted_clusters_and_lazy_faiss():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_nmi_on_few_points_per_class_prints_nothing(capfd):
+    """faiss's C++ warns on stderr about fewer than 39 points per centroid (here with its defaults); NMI's
+    k-means on 5 points per class prints nothing."""
+    import faiss
+
+    rng = np.random.default_rng(4)
+    labels = np.repeat(np.arange(8), 5)
+    emb = np.eye(16)[labels] * 5.0 + rng.normal(size=(40, 16)) * 0.1
+    faiss.Kmeans(16, 8, niter=2).train(emb.astype(np.float32))
+    assert "WARNING clustering 40 points to 8 centroids" in capfd.readouterr().err
+    assert nmi(emb, labels) == pytest.approx(100.0)
+    assert capfd.readouterr() == ("", "")
+
+
 def test_label_metrics_keys_and_consistency():
     rng = np.random.default_rng(4)
     labels = rng.integers(0, 4, 200)

@@ -10,8 +10,11 @@ import yaml
 
 from raydist.config import load_config
 from raydist.plots import (
+    NEGATIVE_STATS,
     SWITCH_LABEL,
+    gradient_variance_figure,
     loss_figure,
+    negatives_figure,
     phase_switch_step,
     plot_run,
     plot_sweep,
@@ -21,6 +24,20 @@ from raydist.plots import (
 from raydist.train.trainer import run_training
 
 PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _legend(ax):
+    """The labels in the legend drawn on ``ax`` ([] without a legend)."""
+    legend = ax.get_legend()
+    return [text.get_text() for text in legend.get_texts()] if legend else []
+
+
+def _assert_labelled(fig):
+    """Every panel has both axis labels and a legend naming each of its plotted series."""
+    for ax in fig.axes:
+        assert ax.get_xlabel() and ax.get_ylabel(), ax.get_title()
+        series = [line.get_label() for line in ax.get_lines()] + [c.get_label() for c in ax.collections]
+        assert series and set(series) <= set(_legend(ax)), (ax.get_title(), series, _legend(ax))
 
 
 def _switch_lines(fig):
@@ -47,8 +64,16 @@ def test_a_finished_run_is_plotted_and_marks_the_switch_at_the_first_mh_step(tin
     assert list(line.get_xdata()) == [first_mh, first_mh]
     logged = {e: [s["step"] for s in steps if s["epoch"] == e] for e in (1, 2)}
     assert max(logged[1]) < first_mh <= min(logged[2])
-    titles = [ax.get_title() for ax in val_figure(history).axes]
-    assert titles == ["val rsum", "val i2t", "val t2i", "val rank (lower is better)"]
+    val = val_figure(history)
+    titles = [ax.get_title() for ax in val.axes]
+    assert titles == ["val rsum", "val recall@K", "val median rank (lower is better)",
+                      "val mean rank (lower is better)"]  # fmt: skip
+    assert _legend(val.axes[1]) == ["i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", SWITCH_LABEL]
+    for fig in (loss_figure(history, steps), val, negatives_figure(history, steps)):
+        _assert_labelled(fig)
+    negatives = negatives_figure(history, steps)
+    assert [ax.get_title() for ax in negatives.axes] == list(NEGATIVE_STATS)
+    assert all(_legend(ax)[0].startswith(ax.get_title()) and SWITCH_LABEL in _legend(ax) for ax in negatives.axes)
 
 
 def test_phase_switch_step():
@@ -63,14 +88,17 @@ def test_phase_switch_step():
 def test_labels_history_without_steps(tmp_path):
     history = [
         {"epoch": e, "step": 50 * e, "phase": None, "train/loss": 2.0 / e, "val/top1": 40.0 + e, "val/r1": 30.0 + e,
-         "val/nmi": 20.0 + e, "val/map10": 10.0 + e}
+         "val/nmi": 20.0 + e, "val/map10": 10.0 + e, "val/r2": 35.0 + e}
         for e in (1, 2, 3)
     ]  # fmt: skip
     (tmp_path / "history.json").write_text(json.dumps(history))
     assert [p.name for p in plot_run(tmp_path, tmp_path / "out")] == ["loss.png", "val.png"]
     fig = val_figure(history)
-    (ax,) = fig.axes
-    assert [line.get_label() for line in ax.get_lines()] == ["map10", "nmi", "r1", "top1"]
+    assert [(ax.get_title(), _legend(ax)) for ax in fig.axes] == [
+        ("val top-1 accuracy", ["top1"]), ("val recall@K", ["r1", "r2"]), ("val mAP@k", ["map10"]),
+        ("val NMI", ["nmi"]),
+    ]  # fmt: skip
+    _assert_labelled(fig)
     assert not _switch_lines(fig) and not _switch_lines(loss_figure(history, []))
     with pytest.raises(FileNotFoundError, match="neither history.json nor steps.jsonl"):
         plot_run(tmp_path / "empty")
@@ -132,3 +160,11 @@ def test_plot_sweep_categorical_values(tmp_path):
         (tmp_path / name / "result.json").write_text(json.dumps({"val/r1": rsum}) + "\n")
     (path,) = plot_sweep(tmp_path, "val/r1", out_dir=tmp_path / "out")  # no sweep file: mode max
     assert path == tmp_path / "out" / "sweep-loss.kind.png" and path.read_bytes().startswith(PNG)
+
+
+def test_gradient_variance_panels_are_labelled():
+    history = [{"epoch": e, "step": 10 * e, "gvar/sgd_nvar": 1.0 / e, "gvar/gc_nvar": 0.5 / e,
+                "gvar/gc_distortion": 2.0 + e} for e in (1, 2)]  # fmt: skip
+    fig = gradient_variance_figure(history)
+    _assert_labelled(fig)
+    assert [_legend(ax) for ax in fig.axes] == [["SGD", "GC (stratified)"], ["GC (stratified)"]]

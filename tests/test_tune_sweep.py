@@ -2,6 +2,8 @@
 sweeps of the `tiny` preset on the session's 4-CPU Ray: a trial that fails is reported as ERROR while
 the sweep goes on, the best config is a preset `raydist train` accepts, and `--resume` re-runs it."""
 
+import contextlib
+import io
 from pathlib import Path
 
 import pytest
@@ -131,13 +133,16 @@ def test_results_table():
 def failing_sweep(ray_cluster, tiny_dataset, tmp_path_factory):
     space = parse_space(FAILING_SPACE, name="failing")
     cfg = resolve_base_config(space, preset="tiny", overrides={"data.path": str(tiny_dataset)})
-    return cfg, run_sweep(space, cfg, storage_path=str(tmp_path_factory.mktemp("tune")))
+    console = io.StringIO()  # what the user's console shows of the sweep (capsys is per test)
+    with contextlib.redirect_stdout(console):
+        outcome = run_sweep(space, cfg, storage_path=str(tmp_path_factory.mktemp("tune")))
+    return cfg, outcome, console.getvalue()
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_failed_trial_is_reported_and_the_sweep_goes_on(failing_sweep, capsys):
-    cfg, outcome = failing_sweep
+    cfg, outcome, console = failing_sweep
     rows = {r.values["debug.fail_at_step"]: r for r in outcome.rows}
     assert set(rows) == {0, -1}
     failed, ok = rows[0], rows[-1]
@@ -149,6 +154,20 @@ def test_failed_trial_is_reported_and_the_sweep_goes_on(failing_sweep, capsys):
     assert "ERROR" in table and "stopped early" in table and f"{failed.trial} failed:" in table
     assert outcome.best_trial == ok.trial
     assert outcome.best_checkpoint and outcome.best_checkpoint.startswith(outcome.experiment_path)
+
+    # The console: our lines only (Tune's trial table needs -v), one line per trial start and end.
+    lines = [line for line in console.splitlines() if line.strip()]
+    assert lines and all(line.startswith("[raydist] ") for line in lines), [
+        line for line in lines if not line.startswith("[raydist] ")][:5]  # fmt: skip
+    assert "Trial status" not in console and "╭" not in console
+    for row in (failed, ok):
+        values = f"debug.fail_at_step={row.values['debug.fail_at_step']} loss.margin={row.values['loss.margin']:.4g}"
+        assert [line for line in lines if line.startswith(f"[raydist] trial {row.trial} started:")] == [
+            f"[raydist] trial {row.trial} started: {values}"]  # fmt: skip
+    (ended,) = [line for line in lines if line.startswith(f"[raydist] trial {ok.trial} finished:")]
+    assert ended.endswith(f", 1 epochs, val/rsum {ok.metric:.4g} (best {ok.metric:.4g})")
+    (error,) = [line for line in lines if line.startswith(f"[raydist] trial {failed.trial} failed:")]
+    assert len(error) > len(f"[raydist] trial {failed.trial} failed: ")
 
     best = load_config(preset_file=outcome.best_config_path)
     assert best.loss.margin == pytest.approx(ok.values["loss.margin"])
@@ -162,7 +181,7 @@ def test_failed_trial_is_reported_and_the_sweep_goes_on(failing_sweep, capsys):
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_resume_reruns_the_errored_trial(failing_sweep):
-    _, first = failing_sweep
+    _, first, _ = failing_sweep
     failed = next(r for r in first.rows if r.status == "ERROR")
     outcome = resume_sweep(first.experiment_path, resume_errored=True)
     rerun = next(r for r in outcome.rows if r.trial == failed.trial)
@@ -182,3 +201,5 @@ def test_cli_refuses_bad_invocations(capsys, tmp_path):
     assert "must divide evenly" in capsys.readouterr().err
     assert main(["tune", "--resume", str(tmp_path)]) == 2
     assert "not a raydist sweep folder" in capsys.readouterr().err
+    assert main(["tune", "nope"]) == 2
+    assert "no shipped space of that name; shipped spaces: gather," in capsys.readouterr().err

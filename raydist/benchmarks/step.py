@@ -26,6 +26,7 @@ from raydist.distributed.spawn import free_port, spawn
 from raydist.tasks import DataInfo, StepContext, build_task
 from raydist.train.hooks import Hook
 from raydist.train.loop import Trainables, train_step
+from raydist.train.loop import step_rate as progress_step_rate
 from raydist.train.malloc import tune_malloc
 
 # (train images, captions per image, feature dim): 5600 × 5 = 28000 rows = 218 steps of the default global
@@ -65,7 +66,9 @@ def per_step(totals: list[float]) -> float:
 
 
 def steps_per_s(times: list[float]) -> float:
-    return 1.0 / per_step(times)
+    """Steps/s over the steps after :data:`WARM_STEPS`, by the rate of the progress lines
+    (:func:`raydist.train.loop.step_rate`); × rows per step it is their samples/s."""
+    return progress_step_rate(times[WARM_STEPS - 1 :])
 
 
 def thread_report() -> dict[str, Any]:

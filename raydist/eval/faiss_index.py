@@ -8,6 +8,9 @@ from __future__ import annotations
 import numpy as np
 
 INDEX_KINDS = ("flat", "hnsw", "ivf-prefix")
+# faiss prints "WARNING clustering N points to K centroids" on stderr (from C++, whatever its verbose flag) when
+# there are fewer than 39 points per centroid; few points per list or per class are what we ask for.
+QUIET_MIN_POINTS_PER_CENTROID = 1
 
 
 def unit_rows(x: np.ndarray, eps: float = 1e-12) -> np.ndarray:
@@ -85,7 +88,8 @@ class PrefixIVFIndex:
         self.nlist = nlist
         self.nprobe = nprobe
         gpu = _gpu_wanted(use_gpu)
-        kmeans = faiss.Kmeans(prefix_dim, nlist, niter=20, seed=1234, spherical=True, gpu=gpu)
+        kmeans = faiss.Kmeans(prefix_dim, nlist, niter=20, seed=1234, spherical=True, gpu=gpu,
+                              min_points_per_centroid=QUIET_MIN_POINTS_PER_CENTROID)
         kmeans.train(unit_rows(vectors[:, :prefix_dim]))
         self.coarse = build_index(kmeans.centroids, "flat", use_gpu=use_gpu)
         self.device = self.coarse.device

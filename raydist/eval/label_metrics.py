@@ -12,6 +12,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from raydist.eval.faiss_index import QUIET_MIN_POINTS_PER_CENTROID
+
 NMI_KMEANS_ITERS = 20
 
 
@@ -134,7 +136,7 @@ def nmi(emb: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor, num_c
         raise ValueError(f"num_clusters={k} must lie in [1, N={len(x)}]")
     init = _kmeans_pp_init(x, k, np.random.default_rng(seed))
     kmeans = faiss.Kmeans(x.shape[1], k, niter=NMI_KMEANS_ITERS, seed=seed, verbose=False,
-                          max_points_per_centroid=max(256, len(x)))
+                          min_points_per_centroid=QUIET_MIN_POINTS_PER_CENTROID, max_points_per_centroid=max(256, len(x)))
     kmeans.train(x, init_centroids=init)
     _, assignment = kmeans.index.search(x, 1)
     return normalized_mutual_information(labels, assignment[:, 0])

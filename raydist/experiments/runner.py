@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from raydist.config import Config, ConfigError, from_dict, load_config
+from raydist.console import route_ray_output
 from raydist.data import dataset_task, load_manifest
 from raydist.experiments.catalog import get_experiment
 from raydist.experiments.datasets import experiment_dataset
@@ -25,6 +26,7 @@ from raydist.experiments.records import (
     save_records,
 )
 from raydist.experiments.spec import Experiment, Setup, Summary, Sweep
+from raydist.runfiles import LOG_FILE
 from raydist.tune.space import (
     SweepSpace,
     load_space,
@@ -95,6 +97,7 @@ def run_experiment(
                                   overrides={**base_overrides, **sweep.overrides})  # fmt: skip
         planned.append((sweep, space, cfg))
     init_ray(max(sweep_cpus(space, cfg) for _, space, cfg in planned), address)
+    route_ray_output(out / LOG_FILE)  # until each sweep sends Ray's output to its own folder's log
     storage = storage or (None if base.train.storage_path else str(out / "runs"))
     records: list[TrialRecord] = []
     folders = []

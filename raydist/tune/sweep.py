@@ -3,10 +3,13 @@ function trainable), ASHA acts on per-epoch metrics; results table, best-config 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import math
+import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +17,7 @@ from typing import Any
 import yaml
 
 from raydist.config import Config, ConfigError, dump_yaml, from_dict
-from raydist.console import route_ray_output
+from raydist.console import is_verbose, route_ray_output, say
 from raydist.runfiles import BEST_CONFIG_FILE, LOG_FILE, SWEEP_FILE
 from raydist.runtime import DATA_CPUS, init_ray, run_cpus
 from raydist.train.trainer import build_trainer, checked_data_dir, resolve_schedule
@@ -104,6 +107,86 @@ def trial_driver(
     trainer.fit()
 
 
+def tune_verbosity() -> int:
+    """Tune's console output: its live trial table only with ``-v`` (1), else none (0); :class:`TrialLines`
+    prints one line per trial event either way."""
+    return 1 if is_verbose() else 0
+
+
+@contextlib.contextmanager
+def quiet_tune_console() -> Iterator[None]:
+    """Without ``-v``: Tune's older console output for the ``fit`` inside, which at verbosity 0 prints nothing
+    (the default one prints its experiment table at any verbosity)."""
+    if is_verbose() or "RAY_AIR_NEW_OUTPUT" in os.environ:
+        yield
+        return
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    try:
+        yield
+    finally:
+        os.environ.pop("RAY_AIR_NEW_OUTPUT", None)
+
+
+class TrialLines:
+    """Our console lines of a sweep, one per trial event: started (its swept values), finished (epochs, last and
+    best ``metric``), failed (the error's last line). :func:`trial_lines_callback` calls it from Tune."""
+
+    def __init__(self, space: SweepSpace) -> None:
+        self.keys, self.metric, self.mode = space.keys, space.metric, space.mode
+        self.best: dict[str, float] = {}
+
+    def _values(self, trial: Any) -> str:
+        config = trial.config or {}
+        return " ".join(f"{k}={_fmt(config[k])}" for k in self.keys if k in config)
+
+    def started(self, trial: Any) -> None:
+        """``[raydist] trial trial_ab12 started: loss.margin=0.2``."""
+        say(f"[raydist] trial {trial_dirname(trial)} started: {self._values(trial)}")
+
+    def result(self, trial: Any, result: dict[str, Any]) -> None:
+        """Keep the trial's best finite ``metric`` (per ``mode``)."""
+        value = result.get(self.metric)
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            old = self.best.get(trial.trial_id)
+            better = old is None or (value > old if self.mode == "max" else value < old)
+            self.best[trial.trial_id] = float(value) if better else old
+
+    def finished(self, trial: Any) -> None:
+        """``[raydist] trial trial_ab12 finished: loss.margin=0.2, 2 epochs, val/rsum 123.4 (best 130.2)``."""
+        last = trial.last_result or {}
+        value, best = last.get(self.metric), self.best.get(trial.trial_id)
+        shown = f"{self.metric} {'-' if value is None else _fmt(value)}" + ("" if best is None else f" (best {_fmt(best)})")
+        say(f"[raydist] trial {trial_dirname(trial)} finished: {self._values(trial)}, {last.get('epoch', 0)} epochs, "
+            f"{shown}")  # fmt: skip
+
+    def failed(self, trial: Any) -> None:
+        """``[raydist] trial trial_ab12 failed: loss.margin=0.2: <the error's last line>``."""
+        say(f"[raydist] trial {trial_dirname(trial)} failed: {self._values(trial)}: "
+            f"{_error_line(trial.get_error()) or 'error'}")  # fmt: skip
+
+
+def trial_lines_callback(space: SweepSpace) -> Any:
+    """A ``ray.tune.Callback`` that prints :class:`TrialLines` as trials start, finish and fail."""
+    from ray.tune import Callback
+
+    lines = TrialLines(space)
+
+    class PrintTrialLines(Callback):
+        def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+            lines.started(trial)
+
+        def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+            lines.result(trial, result)
+
+        def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+            lines.finished(trial)
+
+        def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+            lines.failed(trial)
+
+    return PrintTrialLines()
+
+
 def trial_dirname(trial: Any) -> str:
     """Short, stable trial folder names (Tune's default embeds every value and a timestamp)."""
     return f"trial_{trial.trial_id}"
@@ -142,10 +225,16 @@ def run_sweep(
             trial_dirname_creator=trial_dirname,
         ),
         run_config=tune.RunConfig(
-            name=name, storage_path=storage, failure_config=tune.FailureConfig(max_failures=0)
+            name=name,
+            storage_path=storage,
+            failure_config=tune.FailureConfig(max_failures=0),
+            callbacks=[trial_lines_callback(space)],
+            verbose=tune_verbosity(),
         ),
     )
-    return summarise(tuner.fit(), space, cfg, experiment_path, data_dir)
+    with quiet_tune_console():
+        grid = tuner.fit()
+    return summarise(grid, space, cfg, experiment_path, data_dir)
 
 
 def resume_sweep(path: str, *, resume_errored: bool = False, address: str | None = None) -> SweepOutcome:
@@ -167,7 +256,11 @@ def resume_sweep(path: str, *, resume_errored: bool = False, address: str | None
         trainable=_trainable(space, cfg, Path(saved["data_dir"]), experiment_path),
         resume_errored=resume_errored,
     )
-    return summarise(tuner.fit(), space, cfg, experiment_path, Path(saved["data_dir"]))
+    run_config = tuner._local_tuner.get_run_config()  # restored from the first run: this console's settings instead
+    run_config.callbacks, run_config.verbose = [trial_lines_callback(space)], tune_verbosity()
+    with quiet_tune_console():
+        grid = tuner.fit()
+    return summarise(grid, space, cfg, experiment_path, Path(saved["data_dir"]))
 
 
 def summarise(
