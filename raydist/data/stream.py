@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import torch
 
 from raydist.data.manifest import load_manifest
@@ -23,18 +24,38 @@ Batch = dict[str, np.ndarray]
 Transform = Callable[[Batch], Batch]
 
 
-def fits_in_memory(data_dir: str | Path, split: str, max_mb: int) -> bool:
-    """Whether the split's float32 features take at most ``max_mb`` MiB (0 = never)."""
+def memory_mb(data_dir: str | Path, split: str) -> float:
+    """MiB an in-memory split takes: float32 features, or for encoded images their decoded uint8 pixels
+    (rows × the manifest's median height × width × channels)."""
     manifest = load_manifest(data_dir)
-    size = manifest.splits[split].rows * manifest.feature_dim * 4 / 2**20
-    return max_mb > 0 and size <= max_mb
+    rows = manifest.splits[split].rows
+    if manifest.image_format == "encoded":
+        height, width = manifest.image_size
+        return rows * height * width * manifest.image_channels / 2**20
+    return rows * manifest.feature_dim * 4 / 2**20
+
+
+def fits_in_memory(data_dir: str | Path, split: str, max_mb: int) -> bool:
+    """Whether the split takes at most ``max_mb`` MiB in memory (:func:`memory_mb`; 0 = never)."""
+    return max_mb > 0 and memory_mb(data_dir, split) <= max_mb
 
 
 def split_columns(data_dir: str | Path, split: str, columns: Sequence[str], *, verify: bool = False) -> Batch:
-    """Columns of a split as numpy arrays (``image`` as float32 [N, D])."""
+    """Columns of a split as numpy arrays: ``image`` as float32 [N, D] (features) or an object array of bytes
+    (encoded images), ``captions`` as an object array of lists of strings, the rest as they are."""
     table = read_split(data_dir, split, verify=verify)
-    return {c: feature_matrix(table.column(c)) if c == IMAGE else table.column(c).to_numpy(zero_copy_only=False)
-            for c in columns}  # fmt: skip
+    out = {}
+    for c in columns:
+        column = table.column(c)
+        if c == IMAGE and pa.types.is_fixed_size_list(column.type):
+            out[c] = feature_matrix(column)
+        elif pa.types.is_list(column.type):
+            out[c] = np.empty(len(column), dtype=object)
+            for i, value in enumerate(column.to_pylist()):  # row by row: equal-length lists stay lists
+                out[c][i] = value
+        else:
+            out[c] = column.to_numpy(zero_copy_only=False)
+    return out
 
 
 def train_arrays(data_dir: str | Path, columns: Sequence[str], transform: Transform, *, fraction: float = 1.0,
@@ -43,16 +64,23 @@ def train_arrays(data_dir: str | Path, columns: Sequence[str], transform: Transf
     return train_transform(transform, fraction, seed)(split_columns(data_dir, "train", columns))
 
 
+EpochTransform = Callable[[Batch, int], Batch]
+
+
 class InMemoryBatches:
     """Equal-size batches of a transformed in-memory split for rank ``rank`` of ``world``.
 
     Epoch e draws one permutation of all N rows from ``(seed, e)`` (the same on every rank); step s gives
     rank r the rows ``perm[s·W·m + r·m : s·W·m + (r+1)·m]`` (m = rows per worker); the remainder of
-    N mod (W·m) rows is left out of that epoch, a different remainder each epoch.
+    N mod (W·m) rows is left out of that epoch, a different remainder each epoch. ``epoch_transform(batch, e)``,
+    when given, runs on each of epoch e's batches (encoded images: that epoch's random views of the decoded
+    pixels, so augmentation is drawn anew every epoch rather than once).
     """
 
-    def __init__(self, arrays: Batch, *, rows: int, rank: int, world: int, seed: int) -> None:
+    def __init__(self, arrays: Batch, *, rows: int, rank: int, world: int, seed: int,
+                 epoch_transform: EpochTransform | None = None) -> None:  # fmt: skip
         self.arrays, self.rows, self.rank, self.world, self.seed = arrays, rows, rank, world, seed
+        self.epoch_transform = epoch_transform
         self.num_rows = len(next(iter(arrays.values())))
 
     def steps_per_epoch(self) -> int:
@@ -67,7 +95,8 @@ class InMemoryBatches:
         for s in range(self.steps_per_epoch()):
             start = s * step_rows + self.rank * self.rows
             idx = perm[start : start + self.rows]
-            yield {k: v[idx] for k, v in self.arrays.items()}
+            batch = {k: v[idx] for k, v in self.arrays.items()}
+            yield batch if self.epoch_transform is None else self.epoch_transform(batch, epoch)
 
 
 # Features per Ray Data read task (and block) of the train stream. Each epoch's new executor in Ray 2.60 starts

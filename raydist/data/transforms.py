@@ -4,13 +4,14 @@ worker does not import it either (about 1.4 s and a few hundred MB per worker pr
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
 
 from raydist.data.hashing import uniform_by_id
+from raydist.data.image_transforms import ImageTransform, decode_images
 from raydist.data.labels_io import flip_labels
 from raydist.data.shards import feature_matrix
 from raydist.data.vocab import Vocab
@@ -46,14 +47,17 @@ class CaptionTransform:
     vocab: Vocab
     max_len: int
 
-    def __call__(self, batch: Batch) -> Batch:
-        tokens, lengths = self.vocab.encode_batch(batch["caption"], self.max_len)  # vectorised for ASCII
+    def tokens(self, captions: Sequence[str] | np.ndarray) -> Batch:
+        """``tokens`` int64 [B, max_len] (right-padded with 0) and ``lengths`` int64 [B] of raw captions."""
+        tokens, lengths = self.vocab.encode_batch(captions, self.max_len)  # vectorised for ASCII
         padded = np.zeros((len(lengths), self.max_len), dtype=np.int64)
         padded[:, : tokens.shape[1]] = tokens
+        return {"tokens": padded, "lengths": lengths}
+
+    def __call__(self, batch: Batch) -> Batch:
         return {
             "image": feature_matrix(batch["image"]),
-            "tokens": padded,
-            "lengths": lengths,
+            **self.tokens(batch["caption"]),
             "image_id": np.asarray(batch["image_id"], dtype=np.int64),
             "sample_id": np.asarray(batch["sample_id"], dtype=np.int64),
         }
@@ -68,10 +72,82 @@ class LabelTransform:
     num_classes: int
     noise_seed: int
 
-    def __call__(self, batch: Batch) -> Batch:
-        sample_ids = np.asarray(batch["sample_id"], dtype=np.int64)
+    def labels(self, batch: Batch) -> np.ndarray:
+        """The batch's train labels (int64), noise applied."""
         labels = np.asarray(batch["label"], dtype=np.int64)
         if self.label_noise > 0:
-            labels = flip_labels(labels, sample_ids, p=self.label_noise, num_classes=self.num_classes,
-                                 seed=self.noise_seed)  # fmt: skip
-        return {"image": feature_matrix(batch["image"]), "label": labels, "sample_id": sample_ids}
+            labels = flip_labels(labels, np.asarray(batch["sample_id"], dtype=np.int64), p=self.label_noise,
+                                 num_classes=self.num_classes, seed=self.noise_seed)  # fmt: skip
+        return labels
+
+    def __call__(self, batch: Batch) -> Batch:
+        return {"image": feature_matrix(batch["image"]), "label": self.labels(batch),
+                "sample_id": np.asarray(batch["sample_id"], dtype=np.int64)}  # fmt: skip
+
+
+CAPTION_STREAM = 1  # the last seed word of an image's caption draws (its crop and flip draw from view_rng)
+
+
+def epoch_caption_index(seed: int, epoch: int, sample_id: int, count: int) -> int:
+    """Which of an image's ``count`` captions training uses in ``epoch``: the image's captions are visited in
+    cycles of ``count`` epochs, cycle c = epoch // count in the order of
+    ``np.random.default_rng([seed, c, sample_id, CAPTION_STREAM]).permutation(count)``, and ``epoch`` takes its
+    position ``epoch % count``. So every caption is used once in each cycle, and the draw is a pure function
+    of (seed, epoch, sample_id): a resumed run, any worker and any batch split agree."""
+    if count < 1:
+        raise ValueError(f"sample_id {sample_id}: an image needs at least one caption, got {count}")
+    if count == 1:
+        return 0
+    order = np.random.default_rng([seed, epoch // count, sample_id, CAPTION_STREAM]).permutation(count)
+    return int(order[epoch % count])
+
+
+@dataclass(frozen=True)
+class DecodeImages:
+    """The once-only part of an in-memory split of encoded images: the ``image`` column's bytes → decoded
+    H×W×C uint8 pixels (an object array, :func:`decode_images`); the other columns pass through."""
+
+    channels: int
+
+    def __call__(self, batch: Batch) -> Batch:
+        return {**batch, "image": decode_images(batch["image"], self.channels)}
+
+
+@dataclass(frozen=True)
+class EpochViews:
+    """The per-epoch part for encoded images, ``(batch, epoch) → batch``: the ``image`` column (bytes or decoded
+    pixels) → this epoch's float32 [B, C, S, S] views (:class:`ImageTransform`, seeded by (seed, epoch,
+    sample_id)); with ``captions`` (task pairs) one caption per image chosen by :func:`epoch_caption_index`
+    and tokenised; with ``labels`` (task labels) the labels, noise applied. Ids as int64."""
+
+    images: ImageTransform
+    captions: CaptionTransform | None = None
+    labels: LabelTransform | None = None
+
+    def __call__(self, batch: Batch, epoch: int) -> Batch:
+        sample_ids = np.asarray(batch["sample_id"], dtype=np.int64)
+        out = {"image": self.images(batch, epoch)["image"], "sample_id": sample_ids}
+        if self.captions is not None:
+            seed = self.images.seed
+            chosen = [caps[epoch_caption_index(seed, epoch, int(sid), len(caps))]
+                      for caps, sid in zip(batch["captions"], sample_ids)]  # fmt: skip
+            out.update(self.captions.tokens(np.array(chosen, dtype=object)))
+            out["image_id"] = np.asarray(batch["image_id"], dtype=np.int64)
+        if self.labels is not None:
+            out["label"] = self.labels.labels(batch)
+        return out
+
+
+class ImageViews:
+    """Eval views of an image column made on demand: ``views[a:b]`` is float32 [b − a, C, S, S] from
+    ``transform`` (an eval :class:`ImageTransform`), so a split is never held as floats all at once."""
+
+    def __init__(self, images: np.ndarray, transform: ImageTransform) -> None:
+        self.images, self.transform = images, transform
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        chunk = self.images[rows]
+        return self.transform({"image": chunk, "sample_id": np.zeros(len(chunk), np.int64)})["image"]

@@ -13,6 +13,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from raydist.config import ModelSection
+from raydist.losses.similarity import l2_normalize
 from raydist.models.cnn import SmallCNN
 
 
@@ -85,6 +87,28 @@ def build_image_encoder(
     if weights is not None:
         load_backbone_weights(backbone.module, weights, backbone.head_keys)
     return BackboneEncoder(backbone.module, backbone.dim, out_dim)
+
+
+class UnitImageEncoder(nn.Module):
+    """``normalize(encoder(x))`` (``normalize=False``: the raw output, VSE0's ``no_imgnorm``): an image encoder's
+    embeddings on the unit sphere, as the feature encoders give them."""
+
+    def __init__(self, encoder: BackboneEncoder, normalize: bool = True) -> None:
+        super().__init__()
+        self.encoder, self.normalize = encoder, normalize
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        out = self.encoder(images)
+        return l2_normalize(out) if self.normalize else out
+
+
+def image_encoder_from_config(model: ModelSection, *, channels: int, image_size: int,
+                              normalize: bool = True) -> UnitImageEncoder:  # fmt: skip
+    """``model.image_encoder`` for images of ``channels`` × ``image_size``², ending in a Linear to
+    ``model.embed_dim``, its backbone loaded from ``model.image_weights`` when set."""
+    encoder = build_image_encoder(model.image_encoder, model.embed_dim, channels=channels, image_size=image_size,
+                                  weights=model.image_weights or None)  # fmt: skip
+    return UnitImageEncoder(encoder, normalize)
 
 
 def backbone_parameters(model: nn.Module) -> list[nn.Parameter]:

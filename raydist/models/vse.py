@@ -13,6 +13,7 @@ from torch.nn.utils.rnn import pack_padded_sequence
 
 from raydist.config import Config, ModelSection
 from raydist.losses import l2_normalize
+from raydist.models.image_encoders import image_encoder_from_config
 
 
 class ImageEncoder(nn.Module):
@@ -51,9 +52,11 @@ class TextEncoder(nn.Module):
 class VSEModel(nn.Module):
     """Image and caption encoders into one joint space."""
 
-    def __init__(self, feature_dim: int, vocab_size: int, cfg: ModelSection) -> None:
+    def __init__(self, feature_dim: int | None, vocab_size: int, cfg: ModelSection,
+                 image: nn.Module | None = None) -> None:  # fmt: skip
+        """``image``: the image side (e.g. a CNN over pixels); default the linear projection of features."""
         super().__init__()
-        self.image = ImageEncoder(feature_dim, cfg.embed_dim, cfg.no_imgnorm)
+        self.image = image if image is not None else ImageEncoder(feature_dim, cfg.embed_dim, cfg.no_imgnorm)
         self.text = TextEncoder(vocab_size, cfg.word_dim, cfg.embed_dim, cfg.num_layers)
 
     def forward(
@@ -62,6 +65,15 @@ class VSEModel(nn.Module):
         return self.image(features), self.text(tokens, lengths)
 
 
-def build_model(cfg: Config, feature_dim: int, vocab_size: int) -> VSEModel:
-    """The model a run config describes, for a dataset's feature dim and vocabulary size."""
-    return VSEModel(feature_dim, vocab_size, cfg.model)
+def build_model(cfg: Config, feature_dim: int | None, vocab_size: int, *, channels: int | None = None,
+                image_size: int | None = None) -> VSEModel:  # fmt: skip
+    """The model a run config describes, for a dataset's feature dim and vocabulary size; with
+    ``model.image_encoder`` other than ``linear``, its image side is that encoder over ``channels`` ×
+    ``image_size``² images."""
+    if cfg.model.image_encoder == "linear":
+        return VSEModel(feature_dim, vocab_size, cfg.model)
+    if channels is None or image_size is None:
+        raise ValueError(f"model.image_encoder={cfg.model.image_encoder} needs the images' channels and size")
+    image = image_encoder_from_config(cfg.model, channels=channels, image_size=image_size,
+                                      normalize=not cfg.model.no_imgnorm)  # fmt: skip
+    return VSEModel(feature_dim, vocab_size, cfg.model, image)

@@ -37,7 +37,8 @@ class LocalRuntime:
         self.plan = plan
         arrays = self.arrays = train_arrays(task.info.data_dir, task.columns, task.transform,
                                   fraction=cfg.data.train_fraction, seed=cfg.train.seed)
-        self.batches = InMemoryBatches(arrays, rows=plan.rows_per_worker, rank=0, world=1, seed=cfg.train.seed)
+        self.batches = InMemoryBatches(arrays, rows=plan.rows_per_worker, rank=0, world=1, seed=cfg.train.seed,
+                                       epoch_transform=task.epoch_transform())  # fmt: skip
         self.reports: list[dict[str, Any]] = []
         self.checkpoints: list[Path] = []  # kept checkpoint folders, oldest first
         self.scores: dict[Path, float] = {}

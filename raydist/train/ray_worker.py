@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.fs
 import ray.train
 import ray.train.torch
 from torch import nn
@@ -19,6 +20,11 @@ from raydist.distributed import StepPlan
 from raydist.tasks import DataInfo, Task, build_task
 from raydist.train.loop import run_loop
 from raydist.train.wiring import build_hooks
+
+# The score of a checkpoint without validation (mid-epoch, or a stop on request) as Ray Train gets it. The loop
+# reports -inf, but Ray's checkpoint list is saved as JSON in which -inf becomes null, and a run resumed from
+# that list then fails to rank its next checkpoint; a finite floor below every real metric ranks the same.
+UNSCORED = -1e30
 
 
 class RayRuntime:
@@ -35,9 +41,8 @@ class RayRuntime:
         if source == "memory":
             arrays = self.arrays = train_arrays(task.info.data_dir, task.columns, task.transform,
                                                 fraction=cfg.data.train_fraction, seed=cfg.train.seed)
-            self._memory = InMemoryBatches(
-                arrays, rows=plan.rows_per_worker, rank=self.rank, world=self.world, seed=cfg.train.seed
-            )
+            self._memory = InMemoryBatches(arrays, rows=plan.rows_per_worker, rank=self.rank, world=self.world,
+                                           seed=cfg.train.seed, epoch_transform=task.epoch_transform())  # fmt: skip
         else:
             self._stream = StreamedEpochs(
                 [ray.train.get_dataset_shard(name) for name in train_splits(cfg.train.epochs)], rows=plan.rows_per_worker,
@@ -59,11 +64,18 @@ class RayRuntime:
         return self._stream.epoch(epoch)
 
     def checkpoint_to_restore(self) -> str | None:
+        """The run's latest checkpoint: its own folder when the storage is a local (or mounted) path, so the
+        resume line names it; otherwise a downloaded copy."""
         ckpt = ray.train.get_checkpoint()
-        return ckpt.to_directory() if ckpt is not None else None
+        if ckpt is None:
+            return None
+        if isinstance(ckpt.filesystem, pyarrow.fs.LocalFileSystem) and Path(ckpt.path).is_dir():
+            return ckpt.path
+        return ckpt.to_directory()
 
     def report(self, metrics: dict[str, Any], checkpoint_dir: str | None) -> None:
         checkpoint = ray.train.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
+        metrics = {k: UNSCORED if v == float("-inf") else v for k, v in metrics.items()}
         ray.train.report(metrics, checkpoint=checkpoint)
 
 

@@ -5,21 +5,26 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raydist.config import Config
+from raydist.checkpoint import change_lines, format_changes, load_checkpoint, newest_checkpoint
+from raydist.config import Config, ConfigError
 from raydist.console import route_ray_output
 from raydist.data import check_split_size, ensure_default_dataset, load_manifest, validate_dataset
 from raydist.data.stream import fits_in_memory, train_dataset, train_splits, train_transform
 from raydist.distributed import StepPlan
-from raydist.runfiles import HISTORY_FILE, LOG_FILE
+from raydist.runfiles import HISTORY_FILE, LOG_FILE, STOP_FILE
 from raydist.runtime import check_cluster_fits, init_ray, is_uri, run_cpus, run_name, storage_root
-from raydist.tasks import DataInfo, build_task, task_names
+from raydist.tasks import DataInfo, build_task, check_task_config, get_task, task_names
+from raydist.tasks.images import check_image_config
 from raydist.train.malloc import worker_env
+from raydist.train.stopping import stop_on_signals
 
 
 @dataclass
@@ -36,6 +41,8 @@ class TrainOutcome:
     columns: list[tuple[str, str]] = field(default_factory=list)  # the task's (val metric, header) columns
     data_dir: str | None = None  # the dataset the run trained on
     first_step_unix: float | None = None  # time.time() when the first optimizer step finished (rank 0)
+    best_by: str | None = None  # the val metric that picks the best checkpoint, e.g. "val/rsum"
+    stopped: bool = False  # SIGINT/SIGTERM ended the run early; latest_checkpoint holds its last step
 
 
 def resolve_data_dir(cfg: Config) -> Path:
@@ -47,9 +54,17 @@ def resolve_data_dir(cfg: Config) -> Path:
 
 def checked_data_dir(cfg: Config, configs: Iterable[Config] = ()) -> Path:
     """The dataset folder, fully validated, with a train split big enough for one step of ``cfg`` and of
-    every config in ``configs`` (e.g. all trials of a sweep)."""
+    every config in ``configs`` (e.g. all trials of a sweep); every config fits the dataset's task
+    (:func:`raydist.tasks.check_task_config`; those of ``configs`` with any loss kind the task trains)."""
     data_dir = resolve_data_dir(cfg)
     validate_dataset(data_dir, tasks=task_names()).raise_if_problems()
+    configs = tuple(configs)
+    info = DataInfo.from_dataset(data_dir)
+    check_task_config(cfg, info)
+    for c in configs:
+        check_task_config(c, info, any_loss_kind=True)
+    for c in (cfg, *configs):  # an image encoder that fits the data's image format, memory for encoded images
+        check_image_config(c, info)
     check_split_size(data_dir, "train", max(StepPlan.from_config(c).rows_per_step for c in (cfg, *configs)))
     return data_dir
 
@@ -57,16 +72,21 @@ def checked_data_dir(cfg: Config, configs: Iterable[Config] = ()) -> Path:
 def resolve_schedule(cfg: Config, data_dir: Path) -> tuple[Config, str]:
     """Epochs from steps: ``train.epochs`` is raised until the run has ``train.min_steps`` optimizer steps
     and ``loss.warmup_sh_epochs`` until SH runs ``loss.warmup_sh_steps`` steps (small datasets have few
-    steps per epoch). When the epochs are raised, ``train.lr_decay_epoch`` is scaled by the same factor, so
-    the LR still drops at the same fraction of the run. Returns the config to run and a one-line
-    description of the schedule."""
+    steps per epoch; only for a task that has an SH warm-up). When the epochs are raised,
+    ``train.lr_decay_epoch`` is scaled by the same factor, so the LR still drops at the same fraction of the
+    run. A null ``train.early_stop_patience`` becomes the task's default (``Task.early_stop_patience``).
+    Returns the config to run and a one-line description of the schedule."""
     import math
 
-    rows = load_manifest(data_dir).splits["train"].rows * cfg.data.train_fraction
+    manifest = load_manifest(data_dir)
+    task = get_task(manifest.task)
+    rows = manifest.splits["train"].rows * cfg.data.train_fraction
     steps = max(int(rows) // StepPlan.from_config(cfg).rows_per_step, 1)
     t, lo = cfg.train, cfg.loss
     epochs = max(t.epochs, math.ceil(t.min_steps / steps))
-    warmup = max(lo.warmup_sh_epochs, math.ceil(lo.warmup_sh_steps / steps)) if lo.hardest else 0
+    has_warmup = lo.hardest and task.reads("loss.warmup_sh_epochs", task.loss_kind(cfg))
+    warmup = max(lo.warmup_sh_epochs, math.ceil(lo.warmup_sh_steps / steps)) if has_warmup else 0
+    patience = task.early_stop_patience(cfg)
     decay = max(1, round(t.lr_decay_epoch * epochs / t.epochs)) if epochs != t.epochs else t.lr_decay_epoch
     note = f"schedule: {epochs} epochs × {steps} steps = {epochs * steps} steps"
     if epochs != t.epochs:
@@ -78,9 +98,12 @@ def resolve_schedule(cfg: Config, data_dir: Path) -> tuple[Config, str]:
         note += f"; SH warm-up {warmup} epochs" + (
             f" (raised for loss.warmup_sh_steps={lo.warmup_sh_steps})" if warmup != lo.warmup_sh_epochs else ""
         )
+    if patience and t.early_stop_patience is None:
+        note += (f"; early stop after {patience} epochs without a better val metric (data.label_noise="
+                 f"{cfg.data.label_noise}; train.early_stop_patience=0 turns it off)")  # fmt: skip
     resolved = cfg.model_copy(deep=True)
     resolved.train.epochs, resolved.loss.warmup_sh_epochs = epochs, max(warmup, lo.warmup_sh_epochs)
-    resolved.train.lr_decay_epoch = decay
+    resolved.train.lr_decay_epoch, resolved.train.early_stop_patience = decay, patience
     return resolved, note
 
 
@@ -146,18 +169,27 @@ def run_training(
     resume_from: str | None = None,
     evaluate_test: bool = True,
     address: str | None = None,
+    force: bool = False,
 ) -> TrainOutcome:
     """Validate data, fit the TorchTrainer, evaluate the best checkpoint on the test split. Joins the Ray
-    cluster at ``address`` (or ``RAY_ADDRESS``) when given, else starts a private local instance."""
+    cluster at ``address`` (or ``RAY_ADDRESS``) when given, else starts a private local instance.
+
+    A ``train.run_name`` that names an existing run continues it only when that run is unfinished and has
+    this config (:func:`named_run_decision`; ``force`` starts it over). SIGINT/SIGTERM while training stops
+    the run at the next step boundary with a checkpoint (``TrainOutcome.stopped``); a second one raises
+    KeyboardInterrupt at once (:func:`raydist.train.stopping.stop_on_signals`)."""
     from ray.train import TrainingFailedError
 
     from raydist.inference import resume_checkpoint
+    from raydist.train.ray_worker import UNSCORED
 
     data_dir = checked_data_dir(cfg)
     cfg, schedule = resolve_schedule(cfg, data_dir)
     print(f"[raydist] {schedule}", flush=True)
     if resume_from:
         resume_from = str(resume_checkpoint(resume_from, cfg, data_dir))
+    else:
+        _continue_or_start_named_run(cfg, data_dir, force=force)
     if cfg.train.num_workers == 0:
         outcome = train_in_process(cfg, data_dir, resume_from=resume_from)
         return _finish(outcome, data_dir, evaluate_test)
@@ -175,7 +207,8 @@ def run_training(
         route_ray_output(Path(storage) / name / LOG_FILE)
     trainer = build_trainer(cfg, data_dir, resume_from=resume_from, run_name_override=name)
     try:
-        result = trainer.fit()
+        with stop_on_signals(None if is_uri(storage) else Path(storage) / name / STOP_FILE):
+            result = _fit_off_main_thread(trainer)
     except TrainingFailedError as e:
         raise training_failure(e) from e
     returned = result.return_value if isinstance(result.return_value, dict) else {}
@@ -183,6 +216,8 @@ def run_training(
     metric = f"val/{task.primary_metric}"
     best_ckpt = result.get_best_checkpoint(metric, "max") if result.best_checkpoints else None
     best_metrics = next((m for c, m in result.best_checkpoints if best_ckpt and c.path == best_ckpt.path), None)
+    if best_metrics is not None and best_metrics.get(metric, UNSCORED) <= UNSCORED:  # no validated checkpoint yet
+        best_ckpt = best_metrics = None
     outcome = TrainOutcome(
         run_dir=str(result.path),
         best_checkpoint=best_ckpt.path if best_ckpt else None,
@@ -192,15 +227,117 @@ def run_training(
         resumed_at=returned.get("resumed_at", []),
         columns=task.history_columns(),
         first_step_unix=returned.get("first_step_unix"),
+        best_by=metric,
+        stopped=bool(returned.get("stopped")),
     )
     return _finish(outcome, data_dir, evaluate_test)
+
+
+def _fit_off_main_thread(trainer: Any) -> Any:
+    """``trainer.fit()`` in a helper thread while the main thread waits. On the main thread, Ray Train's fit
+    replaces the SIGINT handler with its own (abort the run, no checkpoint, exit 1); off it, the handler of
+    :func:`raydist.train.stopping.stop_on_signals` stays in charge, and the main thread's short waits let it
+    run as soon as a signal comes."""
+    box: dict[str, Any] = {}
+
+    def fit() -> None:
+        try:
+            box["result"] = trainer.fit()
+        except Exception as e:  # noqa: BLE001  (re-raised on the main thread)
+            box["error"] = e
+
+    thread = threading.Thread(target=fit, name="raydist-fit", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.2)
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
+@dataclass
+class ExistingRun:
+    """A run folder that a new run's ``train.run_name`` names, as its newest checkpoint describes it."""
+
+    run_dir: Path
+    checkpoint: Path  # the newest checkpoint
+    epoch: int  # epochs done
+    step: int  # global steps done
+    finished: bool  # its last epoch (or its early stop) is done
+    changes: list[str]  # ``key: saved -> new`` for each key whose value the new config changes
+
+
+def existing_run(cfg: Config) -> ExistingRun | None:
+    """The run that ``cfg``'s ``train.run_name`` names under local storage, compared with ``cfg`` (resolved,
+    as :func:`run_training` runs it); None for an unnamed run, remote storage (not read here) or a folder
+    without a checkpoint. ``train.storage_path`` is not compared: it is how the folder was found."""
+    storage = storage_root(cfg)
+    if not cfg.train.run_name or is_uri(storage):
+        return None
+    run_dir = Path(storage) / cfg.train.run_name
+    checkpoint = newest_checkpoint(run_dir)
+    if checkpoint is None:
+        return None
+    state, saved, folder = load_checkpoint(checkpoint)
+    saved = saved.model_copy(deep=True)
+    saved.train.storage_path = cfg.train.storage_path
+    loop = state.get("loop", {})
+    epoch, step = int(loop.get("epoch", 0)), int(loop.get("global_step", 0))
+    finished = bool(loop.get("finished")) or epoch >= saved.train.epochs
+    return ExistingRun(run_dir, folder, epoch, step, finished, change_lines(saved, cfg))
+
+
+def named_run_decision(cfg: Config, *, force: bool = False) -> tuple[str, ExistingRun | None]:
+    """What a new run named ``train.run_name`` does with the run already there (checked before Ray starts):
+    ``("new", None)`` when there is none, ``("resume", run)`` when it is unfinished and has exactly this
+    config, ``("restart", run)`` with ``force``. Anything else is refused with a ConfigError: a finished run
+    (``--force`` starts it over, or choose a new name) and a changed config (its ``changed:`` line as
+    ``--resume`` prints it; continue it with ``--resume RUN key=value ...``, or choose a new name)."""
+    run = existing_run(cfg)
+    if run is None:
+        return "new", None
+    if force:
+        return "restart", run
+    name = cfg.train.run_name
+    if run.finished:
+        raise ConfigError(
+            f"run {name!r} ({run.run_dir}) is finished ({run.epoch} epochs, {run.step} steps): use --force to "
+            "start it over, or choose a new --name"
+        )
+    if run.changes:
+        raise ConfigError(
+            f"run {name!r} ({run.run_dir}) was started with another config; {format_changes(run.changes)}\n"
+            f"to continue it with these changes: raydist train --resume {run.run_dir} key=value ...; or choose "
+            "a new --name (or --force to start it over)"
+        )
+    return "resume", run
+
+
+def _continue_or_start_named_run(cfg: Config, data_dir: Path, *, force: bool) -> None:
+    """Act on :func:`named_run_decision`: say which run continues (after the data-fit check of
+    :func:`raydist.inference.resume_checkpoint`), or remove the folder of a run ``force`` starts over."""
+    from raydist.inference import resume_checkpoint
+
+    action, run = named_run_decision(cfg, force=force)
+    if run is None:
+        return
+    name = cfg.train.run_name
+    if action == "resume":
+        resume_checkpoint(run.checkpoint, cfg, data_dir)
+        print(f"[raydist] resuming {name} at epoch {run.epoch + 1} (step {run.step}) from {run.checkpoint}",
+              flush=True)  # fmt: skip
+        return
+    storage = Path(storage_root(cfg)).resolve()
+    if storage not in run.run_dir.resolve().parents:
+        raise ConfigError(f"--force: {run.run_dir} is not a run folder inside {storage}; remove it by hand")
+    shutil.rmtree(run.run_dir)
+    print(f"[raydist] --force: starting {name} over (removed {run.run_dir})", flush=True)
 
 
 def training_failure(error: Exception) -> Exception:
     """One line for the user from a failed fit: the first worker's error (its last line), where the full
     log is, and the kind: a ConfigError (bad input, exit 2) when a worker refused its config or data,
     otherwise a RuntimeError (a failed run, exit 1)."""
-    from raydist.config import ConfigError
     from raydist.data import RaydistDataError
 
     failures = getattr(error, "worker_failures", None) or {}
@@ -240,8 +377,9 @@ def train_in_process(cfg: Config, data_dir: Path, *, resume_from: str | None = N
     run_dir = Path(storage) / run_name(cfg)
     device = "cuda" if cfg.train.use_gpu and torch.cuda.is_available() else "cpu"
     runtime = LocalRuntime(cfg, task, plan, run_dir, device, keep=cfg.train.keep_checkpoints)
-    result = run_loop(cfg, task, runtime, plan, hooks=build_hooks(cfg, task, runtime, str(run_dir)),
-                      resume_from=resume_from)  # fmt: skip
+    with stop_on_signals(run_dir / STOP_FILE):
+        result = run_loop(cfg, task, runtime, plan, hooks=build_hooks(cfg, task, runtime, str(run_dir)),
+                          resume_from=resume_from)  # fmt: skip
     best = runtime.best_checkpoint()
     return TrainOutcome(
         run_dir=str(run_dir),
@@ -252,20 +390,26 @@ def train_in_process(cfg: Config, data_dir: Path, *, resume_from: str | None = N
         resumed_at=result["resumed_at"],
         columns=task.history_columns(),
         first_step_unix=result["first_step_unix"],
+        best_by=f"val/{task.primary_metric}",
+        stopped=result["stopped"],
     )
 
 
 def _finish(outcome: TrainOutcome, data_dir: Path, evaluate_test: bool) -> TrainOutcome:
-    """Evaluate the best checkpoint on the test split; write ``history.json`` and the plots
-    (raydist.plots.plot_run) into a local run folder."""
-    from raydist.inference import evaluate_checkpoint
+    """Evaluate the best checkpoint on the test split; write ``history.json``, ``best_checkpoint.json``
+    (:func:`raydist.inference.record_best_checkpoint`) and the plots (raydist.plots.plot_run) into a local
+    run folder."""
+    from raydist.inference import evaluate_checkpoint, record_best_checkpoint
     from raydist.plots import plot_run
 
     outcome.data_dir = str(data_dir)
-    if evaluate_test and outcome.best_checkpoint and "test" in load_manifest(data_dir).splits:
+    if evaluate_test and not outcome.stopped and outcome.best_checkpoint and "test" in load_manifest(data_dir).splits:
         outcome.test_metrics = evaluate_checkpoint(outcome.best_checkpoint, data_dir, "test")
     if not is_uri(outcome.run_dir):  # per-epoch metrics next to the checkpoints
         Path(outcome.run_dir, HISTORY_FILE).write_text(json.dumps(outcome.history, indent=1))
+        if outcome.best_checkpoint and outcome.best_by:
+            record_best_checkpoint(outcome.run_dir, outcome.best_checkpoint, outcome.best_by,
+                                   (outcome.best_metrics or {}).get(outcome.best_by))  # fmt: skip
         plot_run(outcome.run_dir)
     return outcome
 

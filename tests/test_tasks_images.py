@@ -1,0 +1,258 @@
+"""Training on encoded images (raydist/tasks/images.py and the tasks' encoded paths): coloured shapes written as
+16×16 PNGs with captions naming colour and shape, converted with `convert_karpathy`. One caption per image per
+epoch, drawn by the documented rule; per-epoch augmentation of the in-memory split; one eval query per caption;
+a small CNN that learns in-process; the image-encoder / data-format refusals; 2 Ray workers end to end."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from raydist.config import ConfigError, load_config
+from raydist.data import Vocab, dataset_task, read_split
+from raydist.data.convert_images import convert_image_folder, convert_karpathy
+from raydist.data.image_transforms import decode_image, default_mean_std, eval_view, train_view, view_rng
+from raydist.data.stream import InMemoryBatches, train_arrays
+from raydist.distributed import StepPlan
+from raydist.eval.metrics import retrieval_metrics
+from raydist.tasks import DataInfo, build_task
+from raydist.tasks.images import check_image_config, crop_size
+from raydist.train.hooks import ValidationHook
+from raydist.train.local import LocalRuntime
+from raydist.train.loop import run_loop
+from raydist.train.trainer import run_training
+
+COLOURS = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (40, 60, 230)}
+SHAPES = ("square", "disc", "bar")
+SIZE = 16
+
+
+def shape_image(colour: str, shape: str, rng: np.random.Generator) -> np.ndarray:
+    """A 16×16 RGB picture: a grey noisy background and one coloured shape at a random place."""
+    img = rng.integers(90, 150, (SIZE, SIZE, 3)).astype(np.uint8)
+    yy, xx = np.mgrid[:SIZE, :SIZE]
+    cy, cx = rng.integers(6, 10, 2)
+    if shape == "square":
+        mask = (abs(yy - cy) <= 4) & (abs(xx - cx) <= 4)
+    elif shape == "disc":
+        mask = (yy - cy) ** 2 + (xx - cx) ** 2 <= 20
+    else:
+        mask = (abs(yy - cy) <= 1) & (abs(xx - cx) <= 6)
+    img[mask] = COLOURS[colour]
+    return img
+
+
+def write_shapes(root, *, per_class: dict[str, int], seed: int = 0):
+    """A Karpathy JSON + PNGs: per split, ``per_class[split]`` images of each colour × shape with 2 or 3
+    captions naming both (so images hold different numbers of captions). Returns the JSON's path."""
+    rng = np.random.default_rng(seed)
+    entries, k = [], 0
+    for split, n in per_class.items():
+        for colour in COLOURS:
+            for shape in SHAPES:
+                for _ in range(n):
+                    name = f"{k:04d}.png"
+                    Image.fromarray(shape_image(colour, shape, rng)).save(root / name)
+                    captions = [f"a {colour} {shape}", f"{shape} in {colour}", f"the {colour} {shape} here"]
+                    count = 2 + k % 2
+                    entries.append({"filename": name, "split": split, "imgid": k,
+                                    "sentences": [{"raw": c} for c in captions[:count]]})  # fmt: skip
+                    k += 1
+    src = root / "dataset.json"
+    src.write_text(json.dumps({"images": entries}))
+    return src
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory):
+    """An encoded pairs dataset: 9 colour × shape classes; train 12 images each, val and test 4 each."""
+    root = tmp_path_factory.mktemp("shapes")
+    (root / "images").mkdir()
+    src = write_shapes(root / "images", per_class={"train": 12, "val": 4, "test": 4})
+    return convert_karpathy(src, root / "images", root / "data", min_count=1, rows_per_shard=40)
+
+
+def pairs_config(data, **overrides):
+    return load_config("tiny", overrides={"data.path": str(data), "model.image_encoder": "small-cnn",
+                                          "train.num_workers": 0, **overrides})  # fmt: skip
+
+
+def expected_caption(seed: int, epoch: int, sample_id: int, count: int) -> int:
+    """The rule stated in epoch_caption_index's docstring, written out again."""
+    cycle, position = divmod(epoch, count)
+    return int(np.random.default_rng([seed, cycle, sample_id, 1]).permutation(count)[position])
+
+
+def one_batch_epochs(cfg, task):
+    """The in-memory split as one batch per epoch (all rows, world 1), as the runtimes build it."""
+    arrays = train_arrays(task.info.data_dir, task.columns, task.transform)
+    n = len(arrays["sample_id"])
+    return InMemoryBatches(arrays, rows=n, rank=0, world=1, seed=cfg.train.seed,
+                           epoch_transform=task.epoch_transform())  # fmt: skip
+
+
+def the_batch(batches, epoch):
+    """The one batch of ``epoch``."""
+    (batch,) = batches.epoch(epoch)
+    return batch
+
+
+def test_one_caption_per_image_per_epoch_follows_the_seeded_rule(shapes):
+    cfg = pairs_config(shapes, **{"train.seed": 5})
+    task = build_task(cfg, DataInfo.from_dataset(shapes))
+    table = read_split(shapes, "train")
+    captions = dict(zip(table.column("sample_id").to_pylist(), table.column("captions").to_pylist()))
+    vocab = Vocab.load(shapes / "vocab.json")
+    batches = one_batch_epochs(cfg, task)
+    used: dict[int, set[str]] = {sid: set() for sid in captions}
+    for epoch in range(6):  # two full cycles of 3 captions, three of 2
+        batch = the_batch(batches, epoch)
+        want = [captions[sid][expected_caption(5, epoch, sid, len(captions[sid]))] for sid in batch["sample_id"]]
+        tokens, lengths = vocab.encode_batch(want, cfg.data.max_caption_len)
+        assert np.array_equal(batch["lengths"], lengths)
+        assert np.array_equal(batch["tokens"][:, : tokens.shape[1]], tokens)
+        for sid, text in zip(batch["sample_id"], want):
+            used[int(sid)].add(text)
+        if epoch in (1, 5):  # after each full cycle every caption of every image has been used
+            assert all(used[sid] == set(captions[sid]) for sid in captions if epoch == 5 or len(captions[sid]) == 2)
+    # a new run (another runtime, e.g. after a restart) draws the same captions for the same epoch
+    again = the_batch(one_batch_epochs(cfg, task), 4)
+    assert np.array_equal(again["tokens"], the_batch(batches, 4)["tokens"])
+
+
+def test_every_epoch_draws_new_views_and_a_rerun_the_same_pixels(shapes):
+    cfg = pairs_config(shapes, **{"train.seed": 2})
+    task = build_task(cfg, DataInfo.from_dataset(shapes))
+    table = read_split(shapes, "train")
+    raw = dict(zip(table.column("sample_id").to_pylist(), table.column("image").to_pylist()))
+    first = one_batch_epochs(cfg, task)
+    e0, e1 = the_batch(first, 0), the_batch(first, 1)
+    rerun = the_batch(one_batch_epochs(cfg, task), 1)
+    size = crop_size(cfg, task.info)
+    assert e0["image"].shape == (len(raw), 3, size, size) == (len(raw), 3, SIZE, SIZE)
+    mean, std = default_mean_std(3)
+    for epoch, batch in ((0, e0), (1, e1)):
+        for row in (0, 7, len(raw) - 1):
+            sid = int(batch["sample_id"][row])
+            want = train_view(decode_image(raw[sid], 3), size, view_rng(2, epoch, sid), flip=True, mean=mean, std=std)
+            np.testing.assert_array_equal(batch["image"][row], want)
+    by_id = [{int(s): img for s, img in zip(b["sample_id"], b["image"])} for b in (e0, e1, rerun)]
+    changed = [not np.array_equal(by_id[0][s], by_id[1][s]) for s in raw]
+    assert sum(changed) > 0.9 * len(raw), "epoch 1 must not reuse epoch 0's crops"
+    assert all(np.array_equal(by_id[1][s], by_id[2][s]) for s in raw)
+
+
+def test_encoded_eval_has_one_query_per_caption_and_exact_metrics(shapes):
+    cfg = pairs_config(shapes, **{"eval.folds": 2})
+    task = build_task(cfg, DataInfo.from_dataset(shapes))
+    torch.manual_seed(0)
+    model = task.build_model()
+    table = read_split(shapes, "test")
+    captions = table.column("captions").to_pylist()
+    found = task.embed(model, "test")
+    assert len(found.database) == table.num_rows == 36
+    assert len(found.queries) == sum(len(c) for c in captions)
+    assert found.query_keys.tolist() == [i for i, c in enumerate(captions) for _ in c]
+    assert found.database_ids.tolist() == table.column("image_id").to_pylist()
+    # the database rows are the eval views' embeddings; the metrics are those of the embeddings (5-fold protocol
+    # with 2 folds here), and the t2i R@1 a brute-force count over the scores
+    metrics = task.evaluate(model, "test")
+    want = retrieval_metrics(torch.as_tensor(found.database), torch.as_tensor(found.queries), found.query_keys,
+                             folds=2)  # fmt: skip
+    assert metrics == pytest.approx(want)
+    half = 18
+    hits = []
+    for q, key in enumerate(found.query_keys):
+        fold = key // half
+        scores = found.database[fold * half : (fold + 1) * half] @ found.queries[q]
+        hits.append(int(np.argmax(scores)) == key - fold * half)
+    assert metrics["t2i_r1"] == pytest.approx(100 * np.mean(hits))
+
+
+def test_a_small_cnn_learns_shapes_and_colours_in_process(shapes, tmp_path):
+    cfg = pairs_config(shapes, **{"train.epochs": 1, "train.batch_size": 27, "train.lr": 0.003,
+                                  "data.flip": False})  # fmt: skip
+    task = build_task(cfg, DataInfo.from_dataset(shapes))
+    torch.manual_seed(cfg.train.seed)
+    before = task.evaluate(task.build_model(), "val")["rsum"]
+    plan = StepPlan.from_config(cfg)
+    runtime = LocalRuntime(cfg, task, plan, tmp_path / "run")
+    started = time.perf_counter()
+    out = run_loop(cfg, task, runtime, plan, hooks=[ValidationHook(task)])
+    print(f"1 epoch in {time.perf_counter() - started:.1f} s; val rsum {before:.1f} → "
+          f"{[round(m['val/rsum'], 1) for m in out['history']]}")
+    assert out["history"][-1]["val/rsum"] > before + 60
+
+
+@pytest.fixture(scope="module")
+def colour_folders(tmp_path_factory):
+    """An encoded labels dataset from an ImageFolder tree: 3 colour classes of 16×16 PNG shapes, 24 images each."""
+    root = tmp_path_factory.mktemp("colours")
+    rng = np.random.default_rng(1)
+    for colour in COLOURS:
+        (root / "src" / colour).mkdir(parents=True)
+        for k in range(24):
+            Image.fromarray(shape_image(colour, SHAPES[k % 3], rng)).save(root / "src" / colour / f"{k}.png")
+    return convert_image_folder(root / "src", root / "data", split_by="image", val_fraction=0.25,
+                                test_fraction=0.25)  # fmt: skip
+
+
+def test_labels_on_encoded_images_train_and_evaluate_eval_views(colour_folders, tmp_path):
+    cfg = load_config("tiny", overrides={"data.path": str(colour_folders), "model.image_encoder": "small-cnn",
+                                         "train.num_workers": 0, "train.epochs": 1, "train.batch_size": 12,
+                                         "train.lr": 0.003, "eval.recall_at": [1, 2]}, task_of=dataset_task)  # fmt: skip
+    info = DataInfo.from_dataset(colour_folders)
+    check_image_config(cfg, info)
+    task = build_task(cfg, info)
+    plan = StepPlan.from_config(cfg)
+    runtime = LocalRuntime(cfg, task, plan, tmp_path / "run")
+    batch = next(iter(runtime.train_batches(0)))
+    assert batch["image"].shape == (12, 3, SIZE, SIZE) and batch["label"].dtype == np.int64
+    out = run_loop(cfg, task, runtime, plan, hooks=[ValidationHook(task)])
+    assert out["history"][-1]["val/top1"] > 33.3 + 30, out["history"]  # 3 classes: chance 33 %
+    # evaluation embeds each image's eval view (resize + centre crop), computed here from the pixels
+    model = task.build_model()
+    table = read_split(colour_folders, "val")
+    emb, _, labels = task.embed_split(model, "val")
+    mean, std = default_mean_std(3)
+    views = np.stack([eval_view(decode_image(b, 3), SIZE, mean=mean, std=std) for b in table.column("image").to_pylist()])
+    with torch.no_grad():
+        want, _ = model.eval()(torch.as_tensor(views))
+    torch.testing.assert_close(emb, want)
+    assert labels.tolist() == table.column("label").to_pylist()
+
+
+def test_an_image_encoder_must_fit_the_data(shapes, tiny_dataset):
+    encoded, features = DataInfo.from_dataset(shapes), DataInfo.from_dataset(tiny_dataset)
+    check_image_config(pairs_config(shapes), encoded)
+    with pytest.raises(ConfigError, match=r"model.image_encoder=linear: .*encoded images.*small-cnn"):
+        check_image_config(pairs_config(shapes, **{"model.image_encoder": "linear"}), encoded)
+    with pytest.raises(ConfigError, match=r"model.image_encoder=small-cnn: .*feature vectors.*feature_dim 32"):
+        check_image_config(pairs_config(tiny_dataset), features)
+    with pytest.raises(ConfigError, match=r"model.image_encoder=resnet: unknown image encoder; known: .*small-cnn"):
+        check_image_config(pairs_config(shapes, **{"model.image_encoder": "resnet"}), encoded)
+    with pytest.raises(ConfigError, match=r"data.in_memory_max_mb=0: .* set data.in_memory_max_mb to at least 1"):
+        check_image_config(pairs_config(shapes, **{"data.in_memory_max_mb": 0}), encoded)
+    with pytest.raises(ConfigError, match=r"model.image_weights=.*nope.pt: no such file"):
+        check_image_config(pairs_config(shapes, **{"model.image_weights": str(shapes / "nope.pt")}), encoded)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_two_ray_workers_train_on_encoded_images(ray_cluster, shapes, tmp_path):
+    """`run_training` with 2 Ray Train workers, each decoding the in-memory split once and augmenting per epoch,
+    for one epoch: it learns, and the best checkpoint's test metrics come back."""
+    cfg = pairs_config(shapes, **{"train.num_workers": 2, "train.epochs": 1, "train.batch_size": 26,
+                                  "train.lr": 0.003, "train.storage_path": str(tmp_path)})  # fmt: skip
+    task = build_task(cfg, DataInfo.from_dataset(shapes))
+    torch.manual_seed(cfg.train.seed)
+    before = task.evaluate(task.build_model(), "val")["rsum"]
+    outcome = run_training(cfg)
+    assert [(m["epoch"], m["step"]) for m in outcome.history] == [(1, 108 // 26)]
+    assert set(outcome.test_metrics) >= {"rsum", "i2t_r1", "t2i_r1"}
+    assert outcome.history[-1]["val/rsum"] > before + 40, (before, outcome.history)
