@@ -9,6 +9,7 @@ STARTED = time.time()  # before the other imports: the CLI's start, for "first o
 import argparse
 import dataclasses
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -29,27 +30,30 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", help=f"shipped preset: {', '.join(preset_names())}")
     p.add_argument("--preset-file", help="a preset YAML file (e.g. the best config a Tune sweep wrote)")
     p.add_argument("--storage", help="train.storage_path: local folder, or s3:// gs:// NFS on clusters")
-    p.add_argument("--name", help="train.run_name: a stable name resumes that run")
+    p.add_argument("--name", help="train.run_name: an existing run of this name continues if it is unfinished "
+                   "and has the same config")
     p.add_argument("--address", help="join this Ray cluster (default: RAY_ADDRESS, else a private local Ray)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides, e.g. loss.margin=0.1")
 
 
 def config_from_args(args: argparse.Namespace):
     """The run Config an argparse namespace describes (preset, preset file, --data, overrides)."""
+    from raydist.data import dataset_task
+
     overrides = run_overrides(args.overrides, data=args.data, storage=args.storage, name=args.name)
     return load_config(preset=chosen_preset(args.preset, args.preset_file), preset_file=args.preset_file,
-                       overrides=overrides)  # fmt: skip
+                       overrides=overrides, task_of=dataset_task)  # fmt: skip
 
 
 def resume_config_from_args(args: argparse.Namespace):
     """``--resume``: the checkpoint's own config with this command line's overrides (architecture keys
     refused); prints what changed."""
-    from raydist.checkpoint import resumed_config
+    from raydist.checkpoint import format_changes, resumed_config
 
     if args.preset or args.preset_file:
         raise ConfigError("--resume continues with the checkpoint's config: drop --preset/--preset-file")
     cfg, changes = resumed_config(args.resume, run_overrides(args.overrides, data=args.data))
-    print(f"resuming with the checkpoint's config; changed: {', '.join(changes) if changes else 'nothing'}")
+    print(f"resuming with the checkpoint's config; {format_changes(changes)}")
     return cfg
 
 
@@ -61,7 +65,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.print_config:
         print(dump_yaml(cfg))
         return 0
-    outcome = run_training(cfg, resume_from=args.resume, address=args.address)
+    outcome = run_training(cfg, resume_from=args.resume, address=args.address, force=args.force)
+    if outcome.stopped:
+        resume = f"raydist train --resume {shlex.quote(str(outcome.latest_checkpoint))}"
+        print(f"\nstopped on request; run folder: {outcome.run_dir}")
+        print(f"checkpoint:        {outcome.latest_checkpoint}")
+        print(f"resume with:       {resume}" + (f" --address {shlex.quote(args.address)}" if args.address else ""))
+        return 130
     if outcome.first_step_unix is not None:
         print(f"[raydist] first optimizer step {outcome.first_step_unix - STARTED:.1f} s after `raydist` started "
               "(Python's own start-up not counted)")  # fmt: skip
@@ -83,10 +93,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from raydist.eval.metrics import format_metrics
-    from raydist.inference import evaluate_checkpoint
+    from raydist.inference import choose_checkpoint, evaluate_checkpoint
 
-    metrics = evaluate_checkpoint(args.checkpoint, args.data, args.split, folds=args.folds)
-    print(f"{args.split} split, checkpoint {args.checkpoint}" + (f", {args.folds} folds" if args.folds else ""))
+    chosen = choose_checkpoint(args.checkpoint, latest=args.latest)
+    metrics = evaluate_checkpoint(chosen.path, args.data, args.split, folds=args.folds)
+    print(f"{args.split} split, checkpoint {chosen}" + (f", {args.folds} folds" if args.folds else ""))
     print(format_metrics(metrics))
     if args.json:
         Path(args.json).write_text(json.dumps(metrics, indent=2))
@@ -137,22 +148,43 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 
 
 def cmd_index(args: argparse.Namespace) -> int:
-    from raydist.inference import write_checkpoint_indexes
+    from raydist.inference import choose_checkpoint, write_checkpoint_indexes
 
-    rset, dims = write_checkpoint_indexes(args.checkpoint, args.out, args.data, split=args.split,
+    chosen = choose_checkpoint(args.checkpoint, latest=args.latest)
+    print(f"checkpoint {chosen}")
+    rset, dims = write_checkpoint_indexes(chosen.path, args.out, args.data, split=args.split,
                                           dims=_dims(args.dims), kind=args.kind, hnsw_m=args.hnsw_m)  # fmt: skip
-    print(f"wrote {args.kind} indexes at dims {dims} of {rset.database.shape[0]} vectors to {args.out}")
+    print(f"wrote {args.kind} indexes at dims {dims} of {rset.database.shape[0]} vectors ({rset.split}) to {args.out}")
+    return 0
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from raydist.inference import read_queries, search_index
+
+    if (args.query is None) == (args.queries is None):
+        raise ValueError("give one of --query TEXT or --queries FILE")
+    queries = [args.query] if args.query is not None else read_queries(args.queries)
+    result = search_index(args.index, queries, k=args.k, dim=args.dim, checkpoint=args.checkpoint)
+    meta = result.meta
+    print(f"index {args.index}: {len(meta['database_ids'])} {meta['task']} vectors of {meta['split']}, dim {result.dim}; "
+          f"queries embedded by {result.checkpoint.path}")  # fmt: skip
+    for q, (ids, scores) in enumerate(zip(result.ids, result.scores)):
+        print(f"query {q}: {queries[q]!r}" if isinstance(queries, list) else f"query {q}")
+        for rank, (i, score) in enumerate(zip(ids, scores), 1):
+            print(f"  {rank:>3}  id {int(i):>10}  score {float(score):.4f}")
     return 0
 
 
 def cmd_retrieve(args: argparse.Namespace) -> int:
-    from raydist.inference import checkpoint_retrieval_report
+    from raydist.inference import checkpoint_retrieval_report, choose_checkpoint
 
+    chosen = choose_checkpoint(args.checkpoint, latest=args.latest)
+    print(f"checkpoint {chosen}")
     funnel = None
     if args.funnel:
         stages, _, sizes = args.funnel.partition(":")
         funnel = (_dims(stages), _dims(sizes))
-    report = checkpoint_retrieval_report(args.checkpoint, args.data, split=args.split, dims=_dims(args.dims),
+    report = checkpoint_retrieval_report(chosen.path, args.data, split=args.split, dims=_dims(args.dims),
                                          kind=args.kind, baseline_checkpoint=args.baseline, out_dir=args.out,
                                          shortlist=args.shortlist, funnel=funnel, k=args.k)  # fmt: skip
     print(report["table"])
@@ -238,7 +270,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
                                   overwrite=args.overwrite)
     elif args.format == "npz":
         out = convert_npz(args.src, args.out, val_fraction=args.val_fraction, test_fraction=args.test_fraction,
-                          seed=args.seed, overwrite=args.overwrite)  # fmt: skip
+                          seed=args.seed, overwrite=args.overwrite, standardize=args.standardize)  # fmt: skip
     elif args.format == "vsepp-precomp":
         out = convert_vsepp_precomp(
             args.src,
@@ -273,6 +305,23 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 1 if report.problems else 0
 
 
+def cmd_tokenizer(args: argparse.Namespace) -> int:
+    from raydist.data.tokenizer import set_dataset_tokenizer, train_dataset_tokenizer
+
+    if args.action == "train":
+        if not args.vocab_size:
+            raise ValueError("tokenizer train: give --vocab-size N")
+        tokenizer = train_dataset_tokenizer(args.data, args.vocab_size, args.kind)
+        done = f"trained a {args.kind} tokenizer on the train captions"
+    else:
+        if not args.tokenizer:
+            raise ValueError("tokenizer set: give --tokenizer FILE (a tokenizer.json)")
+        tokenizer = set_dataset_tokenizer(args.data, args.tokenizer)
+        done = f"copied {args.tokenizer}"
+    print(f"{done}: {len(tokenizer)} tokens, saved as {Path(args.data) / 'tokenizer.json'}")
+    return 0
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     from raydist.tune import load_space, resolve_base_config
 
@@ -280,7 +329,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.resume and started:
         raise ConfigError("--resume continues a sweep as it was started: drop the other arguments")
     if not args.resume and not args.space:
-        raise ConfigError("give a space file (e.g. tune_spaces/margin.yaml) or --resume EXPERIMENT_FOLDER")
+        raise ConfigError("give a space file or a shipped space's name (e.g. margin) or --resume EXPERIMENT_FOLDER")
     from raydist.tune.sweep import format_results, resume_sweep, run_sweep
 
     if args.resume:
@@ -328,10 +377,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", help="checkpoint folder (or run folder) to resume from")
     p.add_argument("--json", help="also write the outcome (history, checkpoints, test metrics) as JSON")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--force", action="store_true",
+                   help="--name of an existing run: delete that run folder and start the run over")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("eval", help="evaluate a checkpoint with the VSE++ retrieval protocol")
-    p.add_argument("--checkpoint", required=True, help="checkpoint folder or run folder (newest checkpoint)")
+    p.add_argument("--checkpoint", required=True, help="checkpoint folder or run folder (its best checkpoint)")
+    p.add_argument("--latest", action="store_true", help="a run folder means its newest checkpoint, not its best")
     p.add_argument("--data", help="dataset folder (default: the dataset the checkpoint was trained on)")
     p.add_argument("--split", default="test", help="split to evaluate: train, val or test")
     p.add_argument("--folds", type=int, default=None, help="5 = COCO 1K protocol (default: checkpoint config)")
@@ -367,17 +419,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_experiment)
 
     p = sub.add_parser("index", help="build FAISS indexes of a checkpoint's embeddings at nested dims")
-    p.add_argument("--checkpoint", required=True, help="checkpoint folder or run folder (newest checkpoint)")
+    p.add_argument("--checkpoint", required=True, help="checkpoint folder or run folder (its best checkpoint)")
+    p.add_argument("--latest", action="store_true", help="a run folder means its newest checkpoint, not its best")
     p.add_argument("--data", help="dataset folder (default: the dataset the checkpoint was trained on)")
-    p.add_argument("--split", default="test")
+    p.add_argument("--split", default="test", help="train, val, test, or all (every split, one index)")
     p.add_argument("--dims", help="comma-separated prefix dims (default: the trained model.nesting, else 8,16,…,D)")
     p.add_argument("--kind", default="flat", choices=["flat", "hnsw"], help="index type (inner product)")
     p.add_argument("--hnsw-m", type=int, default=32, help="HNSW graph degree M")
     p.add_argument("--out", required=True, help="folder for the index files and indexes.json")
     p.set_defaults(func=cmd_index)
 
+    p = sub.add_parser("search", help="search an index built by `raydist index` with texts or feature vectors")
+    p.add_argument("--index", required=True, help="folder `raydist index --out` wrote")
+    p.add_argument("--query", help="one text query (pairs: a caption; its top-k images)")
+    p.add_argument("--queries", help="a file of queries: one text per line, or a .npy of feature vectors [N, D]")
+    p.add_argument("--k", type=int, default=10, help="results per query")
+    p.add_argument("--dim", type=int, help="search the index at this prefix dim (default: its largest)")
+    p.add_argument("--checkpoint", help="embed the queries with this checkpoint (default: the one the index records)")
+    p.set_defaults(func=cmd_search)
+
     p = sub.add_parser("retrieve", help="retrieval per dim, adaptive and funnel retrieval, cost, baselines")
-    p.add_argument("--checkpoint", required=True, help="checkpoint folder or run folder (newest checkpoint)")
+    p.add_argument("--checkpoint", required=True, help="checkpoint folder or run folder (its best checkpoint)")
+    p.add_argument("--latest", action="store_true", help="a run folder means its newest checkpoint, not its best")
     p.add_argument("--data", help="dataset folder (default: the dataset the checkpoint was trained on)")
     p.add_argument("--split", default="test")
     p.add_argument("--dims", help="comma-separated prefix dims (default: the trained model.nesting, else 8,16,…,D)")
@@ -423,6 +486,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--test-fraction", type=float, default=0.2,
                    help="npz without split, image-folder: test share (of each class's rows, or of the classes)")
     p.add_argument("--seed", type=int, default=0, help="npz without split, image-folder: seed of the split")
+    p.add_argument("--standardize", action="store_true",
+                   help="npz: scale each feature to (x - mean) / std with the train split's mean and std (saved "
+                   "in the dataset as standardization.json, for new query vectors)")
     p.add_argument("--captions", help="coco-json: captions JSON file")
     p.add_argument("--features", help="coco-json: .npy feature matrix, one row per image")
     p.add_argument("--feature-ids", help="coco-json: .npy/.json image id of each feature row")
@@ -452,6 +518,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="encoded images: decode N per split, drawn with a fixed seed (default: every image)")
     p.set_defaults(func=cmd_validate)
 
+    p = sub.add_parser("tokenizer", help="train a subword tokenizer on a dataset's train captions, or set a given "
+                       "tokenizer.json, as the dataset's tokenizer (model.text_encoder=transformer|hf:PATH use it)")
+    p.add_argument("action", choices=["train", "set"])
+    p.add_argument("--data", required=True, help="the dataset folder (task pairs)")
+    p.add_argument("--vocab-size", type=int, help="train: at most this many tokens")
+    p.add_argument("--kind", choices=["wordpiece", "bpe"], default="wordpiece", help="train: the subword model")
+    p.add_argument("--tokenizer", help="set: a tokenizer.json file (e.g. a pretrained model folder's)")
+    p.set_defaults(func=cmd_tokenizer)
+
     p = sub.add_parser("tune", help="Ray Tune sweep: one training run per trial, results table, best config")
     p.add_argument("--data", help="dataset folder (default: the embedded synthetic dataset, cached)")
     p.add_argument("--preset", help=f"trials' base preset: {', '.join(preset_names())} (default: default)")
@@ -461,7 +536,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", metavar="EXPERIMENT_FOLDER", help="continue an interrupted sweep")
     p.add_argument("--resume-errored", action="store_true", help="with --resume: also re-run failed trials")
     p.add_argument("--address", help="join this Ray cluster (default: RAY_ADDRESS, else a private local Ray)")
-    p.add_argument("space", nargs="?", help="space file, e.g. tune_spaces/margin.yaml")
+    p.add_argument("space", nargs="?", help="space file, or a shipped space by name, e.g. margin")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides every trial shares")
     p.set_defaults(func=cmd_tune)
     for command in sub.choices.values():  # every option's help shows its default
@@ -508,6 +583,9 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as e:  # a run that started and failed
         print(f"raydist: error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # a second Ctrl-C (raydist.train.stopping), or one outside training
+        print("raydist: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

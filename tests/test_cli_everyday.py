@@ -12,7 +12,7 @@ import pytest
 
 from raydist.cli import main
 from raydist.data import make_synthetic
-from raydist.train.loop import Progress
+from raydist.train.loop import Progress, samples_per_s
 
 
 def _train(tmp_path: Path, data: Path, *extra: str) -> tuple[int, dict]:
@@ -76,6 +76,23 @@ def test_progress_line_counts_and_eta():
     p.times = [0.0, 1.0, 2.0]  # 2 steps in 2 s → 1 step/s
     line = p.line(epoch=0, step_in_epoch=5)
     assert line.startswith("epoch 1/2 step 5/10 (50%)") and "samples/s 64" in line and "ETA 0m15s" in line
+
+
+def test_samples_per_s_is_one_definition_for_progress_lines_epochs_and_the_step_benchmark():
+    from raydist.benchmarks.step import WARM_STEPS, steps_per_s
+
+    ends = [10.0, 10.5, 11.0, 12.0]  # the first step ends at 10 s; 3 more steps take 2 s
+    assert samples_per_s(ends, 64) == pytest.approx(64 * 3 / 2)
+    p = Progress(epochs=1, steps_per_epoch=4, rows_per_step=64, window=2)
+    for t in ends:
+        p.times.append(t)
+    assert p.epoch_samples_per_s() == pytest.approx(96.0)
+    assert "samples/s 85 " in p.line(epoch=0, step_in_epoch=4)  # last 2 steps: 64 × 2 / 1.5 s
+    p.start_epoch()  # validation between epochs is not training time
+    assert p.epoch_samples_per_s() == 0.0 and p.times == []
+    bench_ends = [0.0, 3.0, 5.0, 5.5, 6.0, 7.0]  # the benchmark leaves out the first WARM_STEPS steps
+    assert steps_per_s(bench_ends) * 64 == pytest.approx(samples_per_s(bench_ends[WARM_STEPS - 1:], 64))
+    assert steps_per_s(bench_ends) == pytest.approx((len(bench_ends) - WARM_STEPS) / (7.0 - bench_ends[WARM_STEPS - 1]))
 
 
 def test_every_help_shows_real_defaults_once_and_no_empty_ones():

@@ -1,4 +1,4 @@
-"""Faults: a worker that dies mid-epoch, exact resume, resume by path and by run name."""
+"""Faults: a worker that dies mid-epoch, exact resume, resume by path and of a named run."""
 
 import json
 import os
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from raydist.checkpoint import load_checkpoint
-from raydist.config import load_config
+from raydist.config import ConfigError, load_config
 from raydist.train.trainer import run_training
 
 
@@ -114,8 +114,11 @@ def test_worker_killed_from_outside_run_completes(ray_cluster, tiny_dataset, tmp
 def test_resume_by_path_and_by_run_name(ray_cluster, tiny_dataset, tmp_path):
     first = run_training(tiny(tiny_dataset, tmp_path, **{"train.epochs": 1, "train.run_name": "same"}),
                          evaluate_test=False)
-    again = run_training(tiny(tiny_dataset, tmp_path, **{"train.epochs": 2, "train.run_name": "same"}),
-                         evaluate_test=False)
+    longer = tiny(tiny_dataset, tmp_path, **{"train.epochs": 2, "train.run_name": "same"})
+    with pytest.raises(ConfigError, match="is finished"):  # the name alone never extends a finished run
+        run_training(longer, evaluate_test=False)
+    again = run_training(longer, resume_from=first.run_dir, evaluate_test=False)  # --resume RUN continues it
+    assert again.run_dir == first.run_dir
     assert [m["epoch"] for m in again.history] == [1, 2]
     assert again.resumed_at == [first.history[-1]["step"]]
     by_path = run_training(tiny(tiny_dataset, tmp_path, **{"train.epochs": 2}),

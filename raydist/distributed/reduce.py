@@ -1,10 +1,12 @@
 """Sum-all-reduce over the default process group, for statistics that every worker must hold identically.
 
-Without an initialised process group (one worker) it is the identity.
+Without an initialised process group (one worker) it is the identity. Under NCCL, which reduces only CUDA
+tensors, a CPU tensor makes a round trip through the current CUDA device, so callers need not care.
 """
 
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 from torch import Tensor
 
@@ -17,5 +19,10 @@ def all_reduce_sum(t: Tensor) -> Tensor:
     Every rank must call it with a tensor of the same shape and dtype, in the same order. No autograd.
     """
     if world_size() > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        if t.device.type == "cpu" and dist.get_backend() == "nccl":
+            on_device = t.to(torch.device("cuda", torch.cuda.current_device()))
+            dist.all_reduce(on_device, op=dist.ReduceOp.SUM)
+            t.copy_(on_device)
+        else:
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t

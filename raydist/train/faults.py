@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 from raydist.tasks import StepContext
@@ -28,3 +29,13 @@ class FailAtStep(Hook):
         sys.stdout.write(f"[raydist] fault injection: rank {ctx.rank} exits hard at step {ctx.global_step}\n")
         sys.stdout.flush()
         os._exit(1)
+
+
+class SlowSteps(Hook):
+    """Every rank sleeps ``seconds`` before each step: a run slow enough to be stopped or killed mid-epoch."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def before_step(self, ctx: StepContext) -> None:
+        time.sleep(self.seconds)

@@ -40,6 +40,11 @@ class Hook:
     def after_step(self, ctx: StepContext, loss: float, stats: dict[str, float]) -> None:
         """Called after the optimizer step with this rank's loss value and the step's statistics."""
 
+    def stop_requested(self, ctx: StepContext) -> bool:
+        """Called after each step (and its periodic checkpoint): True makes the loop checkpoint this step and
+        end the run. Every rank must return the same answer (default: never)."""
+        return False
+
     def end_of_epoch(self, ctx: StepContext, model: nn.Module, metrics: dict[str, Any]) -> None:
         """Called after each epoch on every rank; may add entries to ``metrics``."""
 

@@ -79,24 +79,47 @@ def autocast(amp: str, device: torch.device) -> torch.autocast:
     return torch.autocast(device.type, dtype=dtype, enabled=amp != "none")
 
 
+def step_rate(step_ends: Sequence[float]) -> float:
+    """Steps per second from the clock readings at the ends of consecutive steps:
+    ``(n − 1) / (t_last − t_first)``; 0 with fewer than two readings. The interval before the first end (the
+    epoch's first batch, warm-up) is not counted."""
+    if len(step_ends) < 2:
+        return 0.0
+    return (len(step_ends) - 1) / max(step_ends[-1] - step_ends[0], 1e-9)
+
+
+def samples_per_s(step_ends: Sequence[float], rows_per_step: int) -> float:
+    """Global samples/s, the one definition of the progress lines, the per-epoch ``train/samples_per_s`` and
+    the benchmarks: rows every step embeds over all workers × :func:`step_rate` (wall time between step ends:
+    data, forward, backward, optimizer and hooks; validation and checkpoints between epochs are not counted)."""
+    return rows_per_step * step_rate(step_ends)
+
+
 class Progress:
-    """Steps done of the epoch and of the run, samples/s over the last ``window`` steps, and the ETA."""
+    """Steps done of the epoch and of the run, samples/s (:func:`samples_per_s`) over the last ``window``
+    steps of the epoch, and the ETA."""
 
     def __init__(self, epochs: int, steps_per_epoch: int, rows_per_step: int, window: int = 50) -> None:
         self.epochs, self.steps, self.rows, self.window = epochs, steps_per_epoch, rows_per_step, window
-        self.times: list[float] = []
+        self.times: list[float] = []  # clock at the end of each step of this epoch
         self.done = 0
+
+    def start_epoch(self) -> None:
+        """Forget the previous epoch's steps (the gap of validation and checkpoints is no training time)."""
+        self.times = []
 
     def step(self) -> None:
         """Record one finished step."""
-        self.times = [*self.times[-self.window :], time.perf_counter()]
+        self.times.append(time.perf_counter())
         self.done += 1
 
     def rate(self) -> float:
         """Steps per second over the recent window."""
-        if len(self.times) < 2:
-            return 0.0
-        return (len(self.times) - 1) / max(self.times[-1] - self.times[0], 1e-9)
+        return step_rate(self.times[-(self.window + 1) :])
+
+    def epoch_samples_per_s(self) -> float:
+        """Global samples/s over every step of this epoch."""
+        return samples_per_s(self.times, self.rows)
 
     def line(self, epoch: int, step_in_epoch: int) -> str:
         """``epoch 2/5 step 40/117 (34%) samples/s 1234 ETA 3m05s`` (ETA to the end of the run's training)."""
@@ -105,7 +128,7 @@ class Progress:
         eta_text = f"{int(left / rate // 60)}m{int(left / rate % 60):02d}s" if rate > 0 else "?"
         pct = 100 * step_in_epoch / max(self.steps, 1)
         return (f"epoch {epoch + 1}/{self.epochs} step {step_in_epoch}/{self.steps} ({pct:.0f}%) "
-                f"samples/s {rate * self.rows:.0f} ETA {eta_text}")  # fmt: skip
+                f"samples/s {samples_per_s(self.times[-(self.window + 1) :], self.rows):.0f} ETA {eta_text}")  # fmt: skip
 
 
 @dataclass
@@ -174,7 +197,8 @@ def run_loop(
         phase = task.phase(epoch)
         if rank == 0 and phase and (epoch == 0 or phase != task.phase(epoch - 1)):
             say(f"[raydist] epoch {epoch + 1}/{cfg.train.epochs}: loss phase {phase}")
-        t0, seen, loss_sum, n_steps = time.perf_counter(), 0, 0.0, 0
+        loss_sum, n_steps = 0.0, 0
+        progress.start_epoch()
         stat_sums: dict[str, float] = {}
         batches = runtime.train_batches(epoch)
         for hook in hooks:  # a hook may replace the epoch's batches (gradient-clustering sampling)
@@ -193,7 +217,6 @@ def run_loop(
                 hook.after_step(ctx, loss, stats)
             state.step_in_epoch += 1
             state.global_step += 1
-            seen += plan.rows_per_step
             loss_sum += loss
             n_steps += 1
             for k, v in stats.items():
@@ -222,7 +245,7 @@ def run_loop(
             "phase": phase,
             "step": state.global_step,
             "train/loss": float(totals[0] / totals[1].clamp(min=1)),  # mean over ranks and steps: the global loss
-            "train/samples_per_s": seen / max(time.perf_counter() - t0, 1e-9),
+            "train/samples_per_s": progress.epoch_samples_per_s(),
             **{f"train/{k}": v / max(n_steps, 1) for k, v in stat_sums.items()},  # epoch means of step stats
             **task.epoch_metrics(epoch),
         }

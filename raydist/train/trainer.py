@@ -186,6 +186,8 @@ def run_training(
     data_dir = checked_data_dir(cfg)
     cfg, schedule = resolve_schedule(cfg, data_dir)
     print(f"[raydist] {schedule}", flush=True)
+    for note in build_task(cfg, DataInfo.from_dataset(data_dir)).data_notes():
+        print(f"[raydist] {note}", flush=True)
     if resume_from:
         resume_from = str(resume_checkpoint(resume_from, cfg, data_dir))
     else:

@@ -1,0 +1,175 @@
+"""Ctrl-C / SIGTERM: the run stops at a step boundary with a checkpoint, says how to resume, exits 130; a
+second signal quits at once; the resumed run loses and repeats no step."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from raydist.checkpoint import load_checkpoint
+from raydist.cli import main
+from raydist.data import make_synthetic
+from raydist.runfiles import LOG_FILE, STEPS_FILE
+from raydist.train.stopping import stop_on_signals
+
+EPOCHS = 2
+STEPS = (80 * 5) // 32  # steps per epoch of `small_dataset` with the tiny preset's global batch of 32
+
+
+def _epoch_of(step: int) -> int:
+    """The 1-based epoch that global step ``step`` (1-based) belongs to."""
+    return (step - 1) // STEPS + 1
+
+
+@pytest.fixture(scope="module")
+def small_dataset(tmp_path_factory):
+    """400 train rows: 12 steps of 32 rows per epoch."""
+    out = tmp_path_factory.mktemp("data") / "small"
+    return make_synthetic(out, images=80, captions_per_image=5, dim=16, seed=1, val_images=24, test_images=24)
+
+
+def _logged_steps(run_dir: Path) -> list[int]:
+    path = run_dir / STEPS_FILE
+    return [json.loads(line)["step"] for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _wait_for_steps(run_dir: Path, steps: int, done: threading.Event | subprocess.Popen, timeout: float) -> None:
+    """Wait until ``steps.jsonl`` has ``steps`` lines, failing if the run ends or ``timeout`` passes first."""
+    deadline = time.time() + timeout
+    while len(_logged_steps(run_dir)) < steps:
+        ended = done.is_set() if isinstance(done, threading.Event) else done.poll() is not None
+        assert not ended, f"the run ended before logging {steps} steps"
+        assert time.time() < deadline, f"no {steps} steps logged in {run_dir} within {timeout} s"
+        time.sleep(0.01)
+
+
+def _printed(text: str, label: str) -> str:
+    lines = [line[len(label):].strip() for line in text.splitlines() if line.startswith(label)]
+    assert len(lines) == 1, f"expected one {label!r} line in:\n{text}"
+    return lines[0]
+
+
+def test_signals_write_the_stop_file_then_quit(tmp_path):
+    stop_file = tmp_path / "run" / "stop-requested"
+    stop_file.parent.mkdir()
+    stop_file.touch()  # left by an earlier stopped attempt: must not stop this one
+    before = signal.getsignal(signal.SIGINT)
+    with stop_on_signals(stop_file) as signals:
+        assert not stop_file.exists() and not signals.requested
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)  # the handler runs on the main thread at its next bytecode
+        assert stop_file.exists() and signals.count == 1
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)
+    assert not stop_file.exists() and signal.getsignal(signal.SIGINT) is before
+    with pytest.raises(KeyboardInterrupt), stop_on_signals(None):  # remote storage: no stop file to write
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.5)
+
+
+def test_ctrl_c_in_process_checkpoints_the_step_and_the_same_name_resumes_exactly(small_dataset, tmp_path, capsys):
+    """``train.num_workers=0``: Ctrl-C mid-run, then the same command again (``--name`` of an unfinished run
+    with the same config resumes); the final parameters equal an uninterrupted run's."""
+    runs = tmp_path / "runs"
+
+    def train(name: str, *extra: str) -> int:
+        return main(["train", "--preset", "tiny", "--data", str(small_dataset), "--storage", str(runs), "--name",
+                     name, "train.num_workers=0", f"train.epochs={EPOCHS}", "train.log_every=1", "train.seed=5",
+                     "train.tensorboard=false", *extra])  # fmt: skip
+
+    ended = threading.Event()
+
+    def interrupt() -> None:
+        _wait_for_steps(runs / "cut", 2, ended, timeout=120)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    watcher = threading.Thread(target=interrupt, daemon=True)
+    watcher.start()
+    slow = "debug.step_delay_s=0.05"  # a run takes at least 1.2 s: the signal lands mid-run
+    code = train("cut", slow)
+    ended.set()
+    watcher.join(5)
+    out = capsys.readouterr().out
+    assert code == 130, out
+    checkpoint = Path(_printed(out, "checkpoint:"))
+    assert checkpoint.parent == runs / "cut" and (checkpoint / "state.pt").is_file()
+    assert _printed(out, "resume with:") == f"raydist train --resume {checkpoint}"
+    stopped_at = load_checkpoint(checkpoint)[0]["loop"]["global_step"]
+    assert 2 <= stopped_at < EPOCHS * STEPS and _logged_steps(runs / "cut") == list(range(1, stopped_at + 1))
+    assert f"stopped on request at epoch {_epoch_of(stopped_at)}/{EPOCHS}, step {stopped_at}: checkpoint saved" in out
+    assert not (runs / "cut" / "stop-requested").exists()
+
+    assert train("cut", slow, "loss.margin=0.5") == 2  # reusing the name with another config is refused
+    assert "changed: loss.margin: 0.2 -> 0.5" in capsys.readouterr().err
+
+    assert train("cut", slow) == 0
+    out = capsys.readouterr().out
+    assert f"resuming cut at epoch {_epoch_of(stopped_at)} (step {stopped_at})" in out
+    assert _logged_steps(runs / "cut") == list(range(1, EPOCHS * STEPS + 1))  # no step lost or repeated
+    assert train("cut", slow) == 2 and "is finished" in capsys.readouterr().err
+
+    assert train("whole") == 0  # the same run, uninterrupted
+    capsys.readouterr()
+    resumed, whole = (load_checkpoint(runs / name)[0]["model"] for name in ("cut", "whole"))
+    for key in whole:
+        torch.testing.assert_close(resumed[key], whole[key], rtol=0, atol=1e-6, msg=key)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_ctrl_c_stops_two_ray_workers_with_a_checkpoint_and_the_printed_command_resumes(small_dataset, tmp_path):
+    """`raydist train` with two Ray Train workers, Ctrl-C (SIGINT to its process group, as a terminal sends it)
+    after a few steps: exit 130, the real checkpoint folder and the resume command printed once; the printed
+    command finishes the run with every step done exactly once."""
+    runs = tmp_path / "runs"
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
+           "RAY_USAGE_STATS_ENABLED": "0", "RAY_DATA_DISABLE_PROGRESS_BARS": "1"}  # fmt: skip
+    env.pop("RAY_ADDRESS", None)
+    log = tmp_path / "first.log"
+    with open(log, "w") as out:
+        first = subprocess.Popen(
+            ["raydist", "train", "--preset", "tiny", "--data", str(small_dataset), "--storage", str(runs), "--name",
+             "cut", f"train.epochs={EPOCHS}", "train.log_every=1", "train.tensorboard=false",
+             "debug.step_delay_s=0.1"],
+            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )  # fmt: skip
+        try:
+            _wait_for_steps(runs / "cut", 3, first, timeout=400)
+            os.killpg(first.pid, signal.SIGINT)
+            code = first.wait(120)
+        finally:
+            if first.poll() is None:
+                os.killpg(first.pid, signal.SIGKILL)
+    text = log.read_text()
+    assert code == 130, text
+    assert "SIGINT: stopping at the next step boundary" in text
+    checkpoint = Path(_printed(text, "checkpoint:"))
+    assert checkpoint.parent == runs / "cut" and checkpoint.name.startswith("checkpoint_2")
+    stopped_at = load_checkpoint(checkpoint)[0]["loop"]["global_step"]
+    assert 3 <= stopped_at < EPOCHS * STEPS
+    assert f"stopped on request at epoch {_epoch_of(stopped_at)}/{EPOCHS}, step {stopped_at}: checkpoint saved" in text
+    assert "stopped on request" in (runs / "cut" / LOG_FILE).read_text()  # the worker's line is in the log too
+    command = _printed(text, "resume with:")
+    assert command == f"raydist train --resume {checkpoint}"
+
+    outcome = tmp_path / "resumed.json"
+    resumed = subprocess.run([*shlex.split(command), "--json", str(outcome), "debug.step_delay_s=0"], env=env,
+                             check=False, capture_output=True, text=True, timeout=400)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    resumed_line = f"resumed from {checkpoint} at epoch {_epoch_of(stopped_at)}, step {stopped_at}"
+    assert resumed.stdout.count(resumed_line) == 1, resumed.stdout
+    assert "checkpoint_tmp" not in resumed.stdout
+    history = json.loads(outcome.read_text())
+    assert history["resumed_at"] == [stopped_at] and history["run_dir"] == str(runs / "cut")
+    assert [(m["epoch"], m["step"]) for m in history["history"]] == [(e, e * STEPS) for e in range(1, EPOCHS + 1)]
+    assert _logged_steps(runs / "cut") == list(range(1, EPOCHS * STEPS + 1))  # no step lost or repeated
