@@ -15,7 +15,7 @@ import torch
 from raydist.checkpoint import save_checkpoint
 from raydist.cli import main
 from raydist.config import load_config
-from raydist.data.manifest import dataset_task
+from raydist.dataset_task import dataset_task
 from raydist.inference import choose_checkpoint, evaluate_checkpoint, record_best_checkpoint
 from raydist.runfiles import BEST_CHECKPOINT_FILE
 from raydist.tasks import DataInfo, build_task

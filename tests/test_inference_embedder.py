@@ -19,7 +19,7 @@ import raydist
 from raydist.checkpoint import TASK_FILE, save_checkpoint
 from raydist.cli import main
 from raydist.config import ConfigError, load_config
-from raydist.data.manifest import dataset_task
+from raydist.dataset_task import dataset_task
 from raydist.inference import Embedder, load_trained, search_index, write_checkpoint_indexes
 from raydist.tasks import DataInfo, build_task
 from raydist.tasks.base import to_tensors
