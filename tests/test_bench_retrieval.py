@@ -9,6 +9,7 @@ import pytest
 from raydist.benchmarks.retrieval import (
     SMOKE,
     Planted,
+    TorchTopkIndex,
     cascade_search,
     embed_data,
     exact_recall,
@@ -53,6 +54,8 @@ def test_cascades_rank_as_the_library(data) -> None:
         got = cascade_search(index, units, queries, Cascade((ds, full), (200,)))
         _, want = adaptive_retrieval(database, queries, shortlist_dim=ds, rerank_dim=full, shortlist=200)
         np.testing.assert_array_equal(got, want)
+        topk = TorchTopkIndex(database[:, :ds], chunk=7)
+        np.testing.assert_array_equal(cascade_search(topk, units, queries, Cascade((ds, full), (200,))), want)
     index = build_index(database[:, : funnel.dims[0]], "flat", use_gpu=False)
     _, want = funnel_retrieval(database, queries, dims=funnel.dims, shortlists=funnel.shortlists)
     np.testing.assert_array_equal(cascade_search(index, units, queries, funnel), want)
@@ -61,5 +64,36 @@ def test_cascades_rank_as_the_library(data) -> None:
 def test_exact_recall_and_missing_candidates() -> None:
     exact = np.array([[1, 2, 3, 4], [5, 6, 7, 8]])
     assert exact_recall(np.array([[4, 3, 9, 9], [5, 6, 7, 8]]), exact) == 75.0
+    eye = np.eye(3, dtype=np.float32)
+    np.testing.assert_array_equal(rerank_unit(eye, eye[:1], np.array([[1, 0, -1]]), 3), [[0, 1, -1]])
     with pytest.raises(ValueError, match="-1"):
-        rerank_unit(np.eye(3, dtype=np.float32), np.eye(3, dtype=np.float32)[:1], np.array([[0, -1]]), 1)
+        rerank_unit(eye, eye[:1], np.array([[0, -1, 1]]), 1)
+
+
+def test_rerank_unit_matches_numpy() -> None:
+    rng = np.random.default_rng(3)
+    units = unit_prefixes(rng.standard_normal((300, 24)), [24])[24]
+    queries = unit_prefixes(rng.standard_normal((9, 24)), [24])[24]
+    candidates = np.stack([rng.choice(300, 40, replace=False) for _ in queries])
+    candidates[::2, 33:] = -1  # a short IVF shortlist, padded at the end
+    got = rerank_unit(units, queries, candidates, 12)
+    for q, cand, row in zip(queries, candidates, got):
+        valid = cand[cand >= 0]
+        want = valid[np.argsort(-(units[valid] @ q), kind="stable")][:12]
+        np.testing.assert_array_equal(row, want)
+
+
+def test_ivf_shortlist_cascade_matches_brute_force(data) -> None:
+    database, queries = data
+    dc, full, nprobe, short = 16, database.shape[1], 4, 50
+    index = build_index(database[:, :dc], "ivf-prefix", ivf_lists=32, nprobe=nprobe, use_gpu=False)
+    got = cascade_search(index, unit_prefixes(database, [full]), queries, Cascade((dc, full), (short,)))
+    centroids = index.coarse.index.reconstruct_n(0, index.nlist)
+    db, qs = unit_prefixes(database, [dc, full]), unit_prefixes(queries, [dc, full])
+    for q_low, q_full, row in zip(qs[dc], qs[full], got):
+        probes = np.argsort(-(centroids @ q_low))[:nprobe]
+        pool = np.concatenate([index.lists[c] for c in probes])
+        shortlist = pool[np.argsort(-(db[dc][pool] @ q_low), kind="stable")][:short]
+        want = shortlist[np.argsort(-(db[full][shortlist] @ q_full), kind="stable")][:10]
+        np.testing.assert_array_equal(row[: len(want)], want)
+        assert (row[len(want) :] == -1).all()
