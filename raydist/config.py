@@ -56,6 +56,9 @@ class DataSection(_Section):
     # manifest's median image size, at most 224
     image_size: int | None = Field(None, ge=1)
     flip: bool = True  # encoded images: random left-right flips in training (false where flipping changes meaning)
+    # captions → token ids: "vocab" (the dataset's word vocabulary), "subword" (the dataset's tokenizer.json,
+    # from `raydist tokenizer train|set`), "auto" = subword when the dataset has one and the text encoder is not gru
+    tokenizer: Literal["auto", "vocab", "subword"] = "auto"
 
 
 class ModelSection(_Section):
@@ -72,6 +75,14 @@ class ModelSection(_Section):
     # "torchvision:<model>", "timm:<model>" (raydist.models.image_encoders)
     image_encoder: str = "linear"
     image_weights: str = ""  # a local state-dict file of the image encoder's backbone ("" = random init)
+    # the caption side: "gru" (VSE++), "transformer" (torch TransformerEncoder, learned positions), or
+    # "hf:<folder or hub name>" (a pretrained HuggingFace AutoModel) (raydist.models.text_encoders)
+    text_encoder: str = "gru"
+    text_layers: int = Field(2, ge=1)  # transformer: encoder layers
+    text_heads: int = Field(4, ge=1)  # transformer: attention heads (text_width must divide by it)
+    text_width: int = Field(256, ge=1)  # transformer: token width (d_model); feed-forward 4× that
+    text_dropout: float = Field(0.1, ge=0, lt=1)  # transformer: dropout in its layers
+    text_pooling: Literal["mean", "cls"] = "mean"  # transformer / hf: masked mean over tokens, or the first token
 
 
 class LossSection(_Section):
@@ -454,6 +465,12 @@ def validate(cfg: Config) -> None:
             problems.append(f"model.nesting={cfg.model.nesting}, loss.nesting_weights={cfg.loss.nesting_weights}: {e}")
     if any(w < 1 for w in cfg.model.mlp_hidden):
         problems.append(f"model.mlp_hidden={cfg.model.mlp_hidden}: widths must be >= 1")
+    m = cfg.model
+    if m.text_encoder == "transformer" and m.text_width % m.text_heads:
+        problems.append(f"model.text_width={m.text_width} must divide by model.text_heads={m.text_heads}")
+    if m.text_encoder != "gru" and (cfg.gc.measure or cfg.gc.sample):
+        problems.append(f"gc.* with model.text_encoder={m.text_encoder}: gradient clustering supports the gru "
+                        "text encoder only (attention projections are not run as Linear modules)")
     if not cfg.eval.recall_at or any(k < 1 for k in cfg.eval.recall_at):
         problems.append(f"eval.recall_at={cfg.eval.recall_at}: need one or more K >= 1")
     if problems:

@@ -71,7 +71,7 @@ def pairs_case(hardest: bool, vocab_dir) -> tuple[Task, dict[str, Tensor]]:
     task = build_task(cfg, DataInfo("pairs", feature_dim=6, files={"vocab.json": path}))
     g = torch.Generator().manual_seed(2)
     lengths = torch.randint(2, 6, (8,), generator=g)
-    tokens = torch.randint(4, len(task.vocab), (8, 6), generator=g)
+    tokens = torch.randint(4, len(task.tokenizer), (8, 6), generator=g)
     tokens[torch.arange(6) >= lengths.unsqueeze(1)] = 0  # padding after each caption
     batch = {
         # 2 captions per image, each row's copy of the image nudged apart: with exact copies, an MH query's

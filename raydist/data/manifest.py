@@ -104,6 +104,7 @@ class Manifest:
     ``class_names`` (optional) the original label of class 0, 1, … when a converter remapped the labels.
     ``standardization`` (optional, features only) names the file with the per-feature train mean and std
     that were applied to every split (``raydist.data.standardize``); datasets without it are unscaled.
+    ``tokenizer`` (optional, pairs) names the subword ``tokenizer.json`` (``raydist.data.tokenizer``).
     ``source`` is free-form provenance (generator arguments, converter inputs ...).
     """
 
@@ -118,6 +119,7 @@ class Manifest:
     num_classes: _Positive | None = None
     class_names: list[str] | None = None
     standardization: Annotated[str, AfterValidator(_inside_dataset)] | None = None
+    tokenizer: Annotated[str, AfterValidator(_inside_dataset)] | None = None
     source: dict[str, Any] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
 
@@ -137,6 +139,8 @@ class Manifest:
             out["class_names"] = self.class_names
         if self.standardization is not None:
             out["standardization"] = self.standardization
+        if self.tokenizer is not None:
+            out["tokenizer"] = self.tokenizer
         out["splits"] = {
             name: {
                 "rows": s.rows,
@@ -235,4 +239,4 @@ def manifest_from_dict(raw: Any, where: str = MANIFEST_NAME) -> Manifest:
         raise RaydistDataError(f"{where}: field '{needed}': missing (task {manifest.task!r} needs it)")
     if needed == "vocab":
         return replace(manifest, num_classes=None, class_names=None)
-    return replace(manifest, vocab=None)
+    return replace(manifest, vocab=None, tokenizer=None)

@@ -14,7 +14,7 @@ from raydist.data.hashing import uniform_by_id
 from raydist.data.image_transforms import ImageTransform, decode_images
 from raydist.data.labels_io import flip_labels
 from raydist.data.shards import feature_matrix
-from raydist.data.vocab import Vocab
+from raydist.data.tokenizer import CaptionTokenizer
 
 Batch = dict[str, np.ndarray]
 Transform = Callable[[Batch], Batch]
@@ -42,15 +42,17 @@ def _subset_then(transform: Transform, fraction: float, seed: int, batch: Batch)
 @dataclass(frozen=True)
 class CaptionTransform:
     """The pairs task's columns: features as float32 [B, D]; captions as token ids padded to ``max_len`` and
-    their lengths; image and sample ids as int64."""
+    their lengths (the word vocab or a subword tokenizer, :mod:`raydist.data.tokenizer`); image and sample ids
+    as int64."""
 
-    vocab: Vocab
+    tokenizer: CaptionTokenizer
     max_len: int
 
     def tokens(self, captions: Sequence[str] | np.ndarray) -> Batch:
-        """``tokens`` int64 [B, max_len] (right-padded with 0) and ``lengths`` int64 [B] of raw captions."""
-        tokens, lengths = self.vocab.encode_batch(captions, self.max_len)  # vectorised for ASCII
-        padded = np.zeros((len(lengths), self.max_len), dtype=np.int64)
+        """``tokens`` int64 [B, max_len] (right-padded with the tokenizer's pad id) and ``lengths`` int64 [B] of
+        raw captions; the attention mask is ``arange(max_len) < lengths``."""
+        tokens, lengths = self.tokenizer.encode_batch(captions, self.max_len)  # the vocab's is vectorised for ASCII
+        padded = np.full((len(lengths), self.max_len), self.tokenizer.pad_id, dtype=np.int64)
         padded[:, : tokens.shape[1]] = tokens
         return {"tokens": padded, "lengths": lengths}
 

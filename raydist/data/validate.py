@@ -35,6 +35,7 @@ from raydist.data.schema import (
     required_columns,
 )
 from raydist.data.standardize import load_standardization
+from raydist.data.tokenizer import SubwordTokenizer
 from raydist.data.vocab import Vocab
 
 ROWS_SHOWN = 5  # per file and check: rows reported one by one before a "... and N more" summary
@@ -431,6 +432,11 @@ def validate_dataset(
             report.vocab_size = len(Vocab.load(path / manifest.vocab))
         except RaydistDataError as e:
             report.problems.append(Problem(manifest.vocab, "vocab", str(e)))
+    if manifest.tokenizer is not None:
+        try:
+            SubwordTokenizer.load(path / manifest.tokenizer)
+        except RaydistDataError as e:
+            report.problems.append(Problem(manifest.tokenizer, "tokenizer", str(e)))
     if manifest.standardization is not None:
         try:
             load_standardization(path)

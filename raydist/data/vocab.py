@@ -68,6 +68,8 @@ def _string_array(captions: Sequence[str] | pa.Array | pa.ChunkedArray) -> pa.Ar
 class Vocab:
     """Word ↔ id table; ``words[i]`` is the word with id ``i`` and the first four are the specials."""
 
+    pad_id = PAD_ID
+
     def __init__(self, words: Sequence[str], min_count: int = 1) -> None:
         if tuple(words[:4]) != SPECIALS:
             raise RaydistDataError(f"vocab must start with {SPECIALS}, got {tuple(words[:4])}")

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from raydist.data import Vocab
+from raydist.data.tokenizer import CaptionTokenizer
 from raydist.eval.metrics import retrieval_metrics
 from raydist.losses.similarity import l2_normalize
 
@@ -36,7 +36,7 @@ def image_rows(image_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 @torch.no_grad()
 def embed_split(
     model: nn.Module,
-    vocab: Vocab,
+    tokenizer: CaptionTokenizer,
     features: np.ndarray,
     captions: list[str],
     image_ids: np.ndarray,
@@ -48,7 +48,7 @@ def embed_split(
     """Embed every caption and each image once; ``model`` is a :class:`raydist.models.VSEModel`."""
     first, cap_to_img = image_rows(image_ids)
     images = embed_images(model, features[first], batch_size=batch_size, device=device)
-    texts = embed_captions(model, vocab, captions, max_len=max_len, batch_size=batch_size, device=device)
+    texts = embed_captions(model, tokenizer, captions, max_len=max_len, batch_size=batch_size, device=device)
     return SplitEmbeddings(images, texts, cap_to_img)
 
 
@@ -67,16 +67,16 @@ def embed_images(
 
 @torch.no_grad()
 def embed_captions(
-    model: nn.Module, vocab: Vocab, captions: Sequence[str], *, max_len: int, batch_size: int = 512,
+    model: nn.Module, tokenizer: CaptionTokenizer, captions: Sequence[str], *, max_len: int, batch_size: int = 512,
     device: torch.device | str = "cpu",
 ) -> torch.Tensor:  # fmt: skip
-    """``model.text`` of raw captions in eval mode, tokenised by ``vocab.encode_batch`` (the ids the data
+    """``model.text`` of raw captions in eval mode, tokenised by ``tokenizer.encode_batch`` (the ids the data
     pipeline's :class:`raydist.data.transforms.CaptionTransform` feeds training), in batches: [N, embed_dim]."""
     was_training = model.training
     model.eval()
     out = []
     for s in range(0, len(captions), batch_size):
-        tokens, lengths = vocab.encode_batch(captions[s : s + batch_size], max_len)
+        tokens, lengths = tokenizer.encode_batch(captions[s : s + batch_size], max_len)
         out.append(model.text(torch.as_tensor(tokens).to(device), torch.as_tensor(lengths)).cpu())
     model.train(was_training)
     return torch.cat(out)
@@ -84,7 +84,7 @@ def embed_captions(
 
 def evaluate_arrays(
     model: nn.Module,
-    vocab: Vocab,
+    tokenizer: CaptionTokenizer,
     arrays: tuple,
     *,
     max_len: int,
@@ -98,7 +98,7 @@ def evaluate_arrays(
     embedding pass serves both)."""
     image_ids, _, features, captions = arrays
     emb = embed_split(
-        model, vocab, features, captions, image_ids, max_len=max_len, batch_size=batch_size, device=device
+        model, tokenizer, features, captions, image_ids, max_len=max_len, batch_size=batch_size, device=device
     )
     metrics = retrieval_metrics(emb.images, emb.captions, emb.cap_to_img, folds=folds)
     if prefix_dim:

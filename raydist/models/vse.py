@@ -1,4 +1,5 @@
-"""VSE++ joint embedding: linear projection of precomputed image features + GRU caption encoder.
+"""VSE++ joint embedding: linear projection of precomputed image features (or an image encoder) + a caption
+encoder (GRU by default, :mod:`raydist.models.text_encoders`).
 
 Both embeddings are L2-normalised (images optionally not, the VSE0 ``no_imgnorm`` option).
 """
@@ -9,11 +10,11 @@ import math
 
 import torch
 from torch import nn
-from torch.nn.utils.rnn import pack_padded_sequence
 
 from raydist.config import Config, ModelSection
 from raydist.losses import l2_normalize
 from raydist.models.image_encoders import image_encoder_from_config
+from raydist.models.text_encoders import TextEncoder, text_encoder_from_config
 
 
 class ImageEncoder(nn.Module):
@@ -32,32 +33,16 @@ class ImageEncoder(nn.Module):
         return out if self.no_imgnorm else l2_normalize(out)
 
 
-class TextEncoder(nn.Module):
-    """``g(C) = normalize(GRU(embed(words))[last valid step])`` over packed sequences."""
-
-    def __init__(self, vocab_size: int, word_dim: int, embed_dim: int, num_layers: int = 1) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(vocab_size, word_dim)
-        self.rnn = nn.GRU(word_dim, embed_dim, num_layers, batch_first=True)
-        nn.init.uniform_(self.embed.weight, -0.1, 0.1)
-
-    def forward(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        packed = pack_padded_sequence(
-            self.embed(tokens), lengths.cpu(), batch_first=True, enforce_sorted=False
-        )
-        _, hidden = self.rnn(packed)  # [num_layers, B, H], already at each sequence's last step
-        return l2_normalize(hidden[-1])
-
-
 class VSEModel(nn.Module):
     """Image and caption encoders into one joint space."""
 
     def __init__(self, feature_dim: int | None, vocab_size: int, cfg: ModelSection,
-                 image: nn.Module | None = None) -> None:  # fmt: skip
-        """``image``: the image side (e.g. a CNN over pixels); default the linear projection of features."""
+                 image: nn.Module | None = None, text: nn.Module | None = None) -> None:  # fmt: skip
+        """``image``: the image side (e.g. a CNN over pixels); default the linear projection of features.
+        ``text``: the caption side (:mod:`raydist.models.text_encoders`); default VSE++'s GRU."""
         super().__init__()
         self.image = image if image is not None else ImageEncoder(feature_dim, cfg.embed_dim, cfg.no_imgnorm)
-        self.text = TextEncoder(vocab_size, cfg.word_dim, cfg.embed_dim, cfg.num_layers)
+        self.text = text if text is not None else TextEncoder(vocab_size, cfg.word_dim, cfg.embed_dim, cfg.num_layers)
 
     def forward(
         self, features: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor
@@ -66,14 +51,16 @@ class VSEModel(nn.Module):
 
 
 def build_model(cfg: Config, feature_dim: int | None, vocab_size: int, *, channels: int | None = None,
-                image_size: int | None = None) -> VSEModel:  # fmt: skip
-    """The model a run config describes, for a dataset's feature dim and vocabulary size; with
-    ``model.image_encoder`` other than ``linear``, its image side is that encoder over ``channels`` ×
-    ``image_size``² images."""
+                image_size: int | None = None, pad_id: int = 0) -> VSEModel:  # fmt: skip
+    """The model a run config describes, for a dataset's feature dim and a tokenizer of ``vocab_size`` ids
+    (padding ``pad_id``); its caption side is ``model.text_encoder``. With ``model.image_encoder`` other than
+    ``linear``, its image side is that encoder over ``channels`` × ``image_size``² images."""
+    text = text_encoder_from_config(cfg.model, vocab_size=vocab_size, max_len=cfg.data.max_caption_len,
+                                    pad_id=pad_id)  # fmt: skip
     if cfg.model.image_encoder == "linear":
-        return VSEModel(feature_dim, vocab_size, cfg.model)
+        return VSEModel(feature_dim, vocab_size, cfg.model, text=text)
     if channels is None or image_size is None:
         raise ValueError(f"model.image_encoder={cfg.model.image_encoder} needs the images' channels and size")
     image = image_encoder_from_config(cfg.model, channels=channels, image_size=image_size,
                                       normalize=not cfg.model.no_imgnorm)  # fmt: skip
-    return VSEModel(feature_dim, vocab_size, cfg.model, image)
+    return VSEModel(feature_dim, vocab_size, cfg.model, image, text)

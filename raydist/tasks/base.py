@@ -28,7 +28,7 @@ class DataInfo:
     feature_dim: int | None  # precomputed features' dim; None for encoded images
     num_classes: int | None = None
     data_dir: Path | None = None  # the dataset folder, when there is one
-    files: dict[str, Path] = field(default_factory=dict)  # extra files (vocab.json, standardization.json)
+    files: dict[str, Path] = field(default_factory=dict)  # extra files (vocab.json, tokenizer.json, ...)
     image_format: str = "features"  # "features" (vectors) or "encoded" (PNG/JPEG bytes, one row per image)
     image_channels: int | None = None  # encoded images: 1 when every image is greyscale, else 3
     image_size: tuple[int, int] | None = None  # encoded images: the train split's median [height, width]
@@ -43,7 +43,7 @@ class DataInfo:
         """From a dataset folder's manifest."""
         data_dir = Path(data_dir)
         m = load_manifest(data_dir)
-        files = {name: data_dir / name for name in (m.vocab, m.standardization) if name}
+        files = {name: data_dir / name for name in (m.vocab, m.standardization, m.tokenizer) if name}
         return cls(m.task, m.feature_dim, m.num_classes, data_dir, files, m.image_format, m.image_channels,
                    tuple(m.image_size) if m.image_size else None)  # fmt: skip
 
@@ -66,7 +66,7 @@ class DataInfo:
 
     def mismatch(self, other: DataInfo) -> list[str]:
         """What differs between a checkpoint's data facts (self) and a dataset's (other), one line each:
-        task, feature dim, classes and the vocabulary."""
+        task, feature dim, classes, the vocabulary and the tokenizer."""
         lines = [f"{name}: checkpoint={getattr(self, name)!r} data={getattr(other, name)!r}"
                  for name in ("task", "image_format", "feature_dim", "num_classes", "image_channels")
                  if getattr(self, name) != getattr(other, name)]
@@ -244,6 +244,11 @@ class Task(ABC):
         1/B for a mean over rows; 1 for losses that are not sums over rows (each row's contribution is then
         the gradient that flows through its activations, and the contributions sum to the batch gradient)."""
         return 1.0
+
+    def data_notes(self) -> list[str]:
+        """Lines about the data as this run reads it (e.g. how many captions are truncated), printed once per run
+        by the driver before training."""
+        return []
 
     def phase(self, epoch: int) -> str | None:
         """The loss phase of an epoch when a task switches losses (shown in progress and history)."""

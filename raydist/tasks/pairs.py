@@ -11,9 +11,17 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from raydist.data import Vocab, split_arrays
+from raydist.config import Config, ConfigError
+from raydist.data import split_arrays
 from raydist.data.schema import CAPTIONS, IMAGE, IMAGE_ID, SAMPLE_ID
 from raydist.data.stream import EpochTransform, split_columns
+from raydist.data.tokenizer import (
+    TOKENIZER_NAME,
+    CaptionTokenizer,
+    count_truncated,
+    load_caption_tokenizer,
+    train_captions,
+)
 from raydist.data.transforms import CaptionTransform, DecodeImages, EpochViews, ImageViews
 from raydist.distributed import GatheredBatch, NegativeSet, rank_ranking_loss
 from raydist.eval.evaluate import (
@@ -28,7 +36,7 @@ from raydist.eval.metrics import retrieval_metrics
 from raydist.eval.retrieve import RetrievalSet
 from raydist.losses import l2_normalize, mh_collapse_value
 from raydist.models import build_model
-from raydist.tasks.base import Encoded, StepContext, Task, nested_sum, smallest_prefix
+from raydist.tasks.base import DataInfo, Encoded, StepContext, Task, nested_sum, smallest_prefix
 from raydist.tasks.images import crop_size, embed_views, image_transform
 
 
@@ -44,12 +52,15 @@ class PairsTask(Task):
     config_keys = dict.fromkeys((
         "data.max_caption_len", "model.word_dim", "model.num_layers", "model.no_imgnorm", "loss.margin",
         "loss.hardest", "loss.warmup_sh_epochs", "loss.warmup_sh_steps", "loss.stall_fallback", "loss.reduction",
-        "loss.similarity", "loss.gather", "loss.negative_set_size", "loss.tile", "eval.folds",
+        "loss.similarity", "loss.gather", "loss.negative_set_size", "loss.tile", "eval.folds", "data.tokenizer",
+        "model.text_encoder", "model.text_layers", "model.text_heads", "model.text_width", "model.text_dropout",
+        "model.text_pooling",
     ))  # fmt: skip
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.vocab = Vocab.load(self.info.files["vocab.json"])
+        self.tokenizer_kind = caption_tokenizer_kind(self.cfg, self.info)
+        self.tokenizer: CaptionTokenizer = load_caption_tokenizer(self.info.files, self.tokenizer_kind)
         self._splits: dict[str, tuple] = {}
         self.fallback_epochs: list[int] = []  # epochs switched back to SH after a stalled MH epoch
         if self.info.encoded:
@@ -63,20 +74,20 @@ class PairsTask(Task):
     def stream_transform(self) -> CaptionTransform | DecodeImages:
         if self.info.encoded:
             return DecodeImages(self.info.image_channels or 3)
-        return CaptionTransform(self.vocab, self.cfg.data.max_caption_len)
+        return CaptionTransform(self.tokenizer, self.cfg.data.max_caption_len)
 
     def epoch_transform(self) -> EpochTransform | None:
         """Encoded images: each epoch's random views and one caption per image, tokenised."""
         if not self.info.encoded:
             return None
         return EpochViews(image_transform(self.cfg, self.info, train=True),
-                          captions=CaptionTransform(self.vocab, self.cfg.data.max_caption_len))  # fmt: skip
+                          captions=CaptionTransform(self.tokenizer, self.cfg.data.max_caption_len))  # fmt: skip
 
     def build_model(self) -> nn.Module:
         if self.info.encoded:
-            return build_model(self.cfg, None, len(self.vocab), channels=self.info.image_channels or 3,
-                               image_size=crop_size(self.cfg, self.info))  # fmt: skip
-        return build_model(self.cfg, self.info.feature_dim, len(self.vocab))
+            return build_model(self.cfg, None, len(self.tokenizer), channels=self.info.image_channels or 3,
+                               image_size=crop_size(self.cfg, self.info), pad_id=self.tokenizer.pad_id)  # fmt: skip
+        return build_model(self.cfg, self.info.feature_dim, len(self.tokenizer), pad_id=self.tokenizer.pad_id)
 
     def encode(self, model: nn.Module, batch: dict[str, Tensor]) -> Encoded:
         lengths = batch["lengths"]
@@ -142,7 +153,7 @@ class PairsTask(Task):
                 metrics.update({f"min_dim_{k}": small[k] for k in ("i2t_r1", "t2i_r1", "rsum")})
             return metrics
         return evaluate_arrays(
-            model, self.vocab, self._arrays(split), max_len=self.cfg.data.max_caption_len,
+            model, self.tokenizer, self._arrays(split), max_len=self.cfg.data.max_caption_len,
             folds=1 if split == "val" else self.cfg.eval.folds, batch_size=self.cfg.eval.batch_size,
             device=device, prefix_dim=smallest_prefix(self.cfg),
         )  # fmt: skip
@@ -155,7 +166,7 @@ class PairsTask(Task):
             return RetrievalSet(self.name, "t2i", emb.images.numpy(), emb.captions.numpy(), np.arange(len(image_ids)),
                                 emb.cap_to_img, image_ids, query_ids, two_way=True, split=split)  # fmt: skip
         image_ids, sample_ids, features, captions = self._arrays(split)
-        emb = embed_split(model, self.vocab, features, captions, image_ids, max_len=self.cfg.data.max_caption_len,
+        emb = embed_split(model, self.tokenizer, features, captions, image_ids, max_len=self.cfg.data.max_caption_len,
                           batch_size=self.cfg.eval.batch_size, device=device)  # fmt: skip
         first, _ = image_rows(image_ids)
         return RetrievalSet(self.name, "t2i", emb.images.numpy(), emb.captions.numpy(), np.arange(len(first)),
@@ -166,9 +177,10 @@ class PairsTask(Task):
         return embed_images(model, features, batch_size=self.cfg.eval.batch_size, device=device)
 
     def embed_texts(self, model: nn.Module, texts: Sequence[str], device: torch.device | str = "cpu") -> Tensor:
-        """The caption side: raw captions tokenised with the checkpoint's vocabulary (lower-cased words,
-        ``<start>``/``<end>``, unknown words as ``<unk>``, cut at ``data.max_caption_len``)."""
-        return embed_captions(model, self.vocab, list(texts), max_len=self.cfg.data.max_caption_len,
+        """The caption side: raw captions tokenised with the checkpoint's tokenizer (its vocabulary: lower-cased
+        words, ``<start>``/``<end>``, unknown words as ``<unk>``; or its tokenizer.json), cut at
+        ``data.max_caption_len``."""
+        return embed_captions(model, self.tokenizer, list(texts), max_len=self.cfg.data.max_caption_len,
                               batch_size=self.cfg.eval.batch_size, device=device)  # fmt: skip
 
     def encoded_embeddings(self, model: nn.Module, split: str,
@@ -184,7 +196,7 @@ class PairsTask(Task):
         images = embed_views(model.image, views, batch_size=bs, device=device)
         counts = np.array([len(c) for c in cols[CAPTIONS]])
         captions = [c for caps in cols[CAPTIONS] for c in caps]
-        texts = embed_captions(model, self.vocab, captions, max_len=self.cfg.data.max_caption_len, batch_size=bs,
+        texts = embed_captions(model, self.tokenizer, captions, max_len=self.cfg.data.max_caption_len, batch_size=bs,
                                device=device)  # fmt: skip
         cap_to_img = np.repeat(np.arange(len(counts)), counts)
         return SplitEmbeddings(images, texts, cap_to_img), cols[IMAGE_ID], np.repeat(cols[SAMPLE_ID], counts)
@@ -194,6 +206,18 @@ class PairsTask(Task):
         if split not in self._splits:
             self._splits[split] = split_arrays(self.info.data_dir, split, verify=False)
         return self._splits[split]
+
+    def data_notes(self) -> list[str]:
+        """The tokenizer and how many train captions it cuts at ``data.max_caption_len``."""
+        if self.info.data_dir is None:
+            return []
+        captions = list(train_captions(self.info.data_dir))
+        limit = self.cfg.data.max_caption_len
+        cut = count_truncated(self.tokenizer, captions, limit)
+        name = "word vocab (vocab.json)" if self.tokenizer_kind == "vocab" else f"subword {TOKENIZER_NAME}"
+        note = (f"captions: {name}, {len(self.tokenizer)} ids; {cut} of {len(captions)} train captions are longer "
+                f"than data.max_caption_len={limit} tokens and are truncated")
+        return [note]
 
     def phase(self, epoch: int) -> str:
         """"SH" (all negatives) or "MH" (hardest negative): the loss scale differs by about the batch size."""
@@ -209,3 +233,17 @@ class PairsTask(Task):
 
     def history_columns(self) -> list[tuple[str, str]]:
         return [("i2t_r1", "i2t R@1"), ("t2i_r1", "t2i R@1"), ("rsum", "rsum")]
+
+
+def caption_tokenizer_kind(cfg: Config, info: DataInfo) -> str:
+    """``data.tokenizer`` resolved: ``auto`` is ``subword`` when the data has a tokenizer.json and the text encoder
+    is not the GRU, else ``vocab``; a pretrained (``hf:``) encoder needs its subword tokenizer."""
+    kind = cfg.data.tokenizer
+    if kind == "auto":
+        kind = "subword" if TOKENIZER_NAME in info.files and cfg.model.text_encoder != "gru" else "vocab"
+    if kind == "vocab" and cfg.model.text_encoder.startswith("hf:"):
+        path = cfg.model.text_encoder[3:]
+        raise ConfigError(f"model.text_encoder={cfg.model.text_encoder} reads its own tokenizer's ids: put it in the "
+                          f"dataset (raydist tokenizer set --data DIR --tokenizer {path}/tokenizer.json) and use "
+                          "data.tokenizer=auto or subword")
+    return kind
