@@ -27,7 +27,8 @@ from raydist.console import configure_console
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", help="dataset folder (default: the embedded synthetic dataset, cached)")
-    p.add_argument("--preset", help=f"shipped preset: {', '.join(preset_names())}")
+    p.add_argument("--preset", help=f"shipped preset: {', '.join(preset_names())} (default: with --data, the one "
+                   "the dataset's size and captions pick, said in one line; else default)")
     p.add_argument("--preset-file", help="a preset YAML file (e.g. the best config a Tune sweep wrote)")
     p.add_argument("--storage", help="train.storage_path: local folder, or s3:// gs:// NFS on clusters")
     p.add_argument("--name", help="train.run_name: an existing run of this name continues if it is unfinished "
@@ -36,12 +37,25 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides, e.g. loss.margin=0.1")
 
 
+def preset_from_args(args: argparse.Namespace) -> str | None:
+    """``--preset``; none for ``--preset-file`` alone; with ``--data`` and neither, the preset the dataset's
+    shape picks (one line says which and why: on stderr under ``--print-config``); else the default."""
+    if args.preset or args.preset_file or not args.data:
+        return chosen_preset(args.preset, args.preset_file)
+    from raydist.data.shape import dataset_shape
+    from raydist.presets import preset_for_data
+
+    choice = preset_for_data(dataset_shape(args.data))
+    print(choice.line(), file=sys.stderr if getattr(args, "print_config", False) else sys.stdout)
+    return choice.name
+
+
 def config_from_args(args: argparse.Namespace):
     """The run Config an argparse namespace describes (preset, preset file, --data, overrides)."""
     from raydist.data import dataset_task
 
     overrides = run_overrides(args.overrides, data=args.data, storage=args.storage, name=args.name)
-    return load_config(preset=chosen_preset(args.preset, args.preset_file), preset_file=args.preset_file,
+    return load_config(preset=preset_from_args(args), preset_file=args.preset_file,
                        overrides=overrides, task_of=dataset_task)  # fmt: skip
 
 

@@ -14,10 +14,12 @@ pytest.importorskip("sklearn")
 
 from raydist.benchmarks.real_cross_view import cca_baseline, least_squares_baseline, split_views
 from raydist.config import ConfigError
-from raydist.data import Vocab, load_manifest, split_arrays, validate_dataset
+from raydist.data import Vocab, load_manifest, split_arrays, tokenize, validate_dataset
+from raydist.data.shape import dataset_shape
 from raydist.eval.metrics import retrieval_metrics
 from raydist.experiments.datasets import experiment_dataset
 from raydist.experiments.digit_halves import caption_of, write_digit_halves
+from raydist.presets import preset_for_data
 
 
 def _chance_rsum(n: int) -> float:
@@ -83,3 +85,13 @@ def test_linear_baselines_beat_chance(subset: Path) -> None:
     assert cca["rsum"] > 3 * chance, cca
     assert lsq["rsum"] > 2 * chance, lsq
     assert cca["t2i_r10"] > 3 * 100 * 10 / 200
+
+
+def test_digit_halves_get_the_small_preset(subset: Path) -> None:
+    """`raydist train --data` with no --preset picks `small` here: one caption per digit, many shared."""
+    _, _, _, captions = split_arrays(subset, "train")
+    _, counts = np.unique([" ".join(tokenize(c)) for c in captions], return_counts=True)
+    shape = dataset_shape(subset)
+    assert shape.shared_caption_images == counts[counts > 1].sum() > 0  # one caption per digit
+    assert (shape.train_images, shape.captions_per_image) == (len(captions), 1.0)
+    assert preset_for_data(shape).name == "small"

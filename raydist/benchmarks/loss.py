@@ -21,7 +21,7 @@ from raydist.losses import TILE_ELEMENTS, ranking_loss
 MARGIN = 0.2
 TIME_SIZES = ((4096, 256), (1024, 1024), (16384, 256))  # (global batch B, dim D)
 MEMORY_BATCHES, MEMORY_DIM = (4096, 8192, 16384, 32768, 65536), 256
-SMOKE_TIME_SIZES, SMOKE_MEMORY_BATCHES, SMOKE_MEMORY_DIM = ((64, 16), (32, 32)), (64, 128), 16
+SMOKE_TIME_SIZES, SMOKE_MEMORY_BATCHES, SMOKE_MEMORY_DIM = ((64, 16), (32, 32)), (64,), 16
 DENSE_CAP_BYTES = 4 << 30  # address space the dense formulation may add in the memory benchmark
 
 
