@@ -77,7 +77,9 @@ def test_raylet_warnings_go_to_the_log_file_and_only_with_v_to_the_console(verbo
     import ray._private.worker as ray_worker
     from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
 
-    monkeypatch.setattr(ray_worker, "print_to_stdstream", ray_worker.print_to_stdstream)  # restored afterwards
+    # Ray's own printer (an earlier in-process run may have routed it), restored afterwards
+    monkeypatch.setattr(ray_worker, "print_to_stdstream", console._ray_print.get("original", ray_worker.print_to_stdstream))
+    monkeypatch.setattr(console, "_ray_print", {})
     monkeypatch.setattr(dispatcher, "handlers", list(dispatcher.handlers))
     monkeypatch.setitem(console._state, "verbose", verbose)
     # Ray drops a line like one it printed recently (numbers aside): each case words its own.
