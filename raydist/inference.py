@@ -297,14 +297,13 @@ class Embedder:
         """Embeddings [N, dim] of feature vectors [N, feature_dim] (image features for ``pairs``, the samples'
         vectors for ``labels``), given as the source data holds them: when the dataset was converted with
         ``--standardize``, its saved train statistics are applied here, as they were to every split."""
-        x = np.asarray(features, dtype=np.float32)
+        x = np.asarray(features, dtype=np.float64)  # standardised before float32, as the converter does
         want = self.trained.data_info.feature_dim
         if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] != want:
             raise ValueError(f"embed_features: expected an array of shape [N >= 1, {want}] (the checkpoint's "
                              f"feature_dim), got {x.shape}")  # fmt: skip
         stats = self.trained.data_info.files.get(STANDARDIZATION_NAME)
-        if stats is not None:
-            x = standardize_features(x, stats)
+        x = standardize_features(x, stats) if stats is not None else x.astype(np.float32)
         return self._cut(self.trained.task.embed_features(self.trained.model, x, self.trained.device))
 
     def _cut(self, emb: torch.Tensor) -> np.ndarray:

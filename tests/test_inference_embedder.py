@@ -202,3 +202,26 @@ def test_importing_raydist_does_not_import_torch():
     code = "import sys, raydist; print('torch' in sys.modules, raydist.__version__ != '')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "True"]
+
+
+def test_the_embedder_standardises_raw_vectors_with_the_train_statistics(tmp_path):
+    """A dataset converted with ``--standardize``: the embedder takes vectors as the source .npz holds them and
+    applies the train split's mean and std (numpy, float64, here) before the model, as every split was."""
+    from raydist.data.labels_io import convert_npz
+
+    rng = np.random.default_rng(0)
+    n, dim = 120, 6
+    x = rng.normal(size=(n, dim)) * np.array([1e-3, 1.0, 10.0, 1e3, 5.0, 0.1]) + 50.0
+    y = rng.integers(0, 3, size=n)
+    split = np.array(["train"] * 80 + ["val"] * 20 + ["test"] * 20)
+    np.savez(tmp_path / "raw.npz", X=x, y=y, split=split)
+    data = convert_npz(tmp_path / "raw.npz", tmp_path / "data", standardize=True)
+    ckpt = _checkpoint(tmp_path / "checkpoint_00000001", data)
+    train = x[:80]
+    expected_in = ((x[100:] - train.mean(0)) / train.std(0)).astype(np.float32)
+    trained = load_trained(ckpt)
+    want = trained.task.embed_features(trained.model, expected_in).numpy()
+    got = Embedder.from_checkpoint(ckpt).embed_features(x[100:])
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    raw = trained.task.embed_features(trained.model, x[100:].astype(np.float32)).numpy()
+    assert np.abs(got - raw).max() > 1e-2  # the statistics were applied (raw vectors embed elsewhere)
