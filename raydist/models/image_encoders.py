@@ -16,6 +16,7 @@ from torch import nn
 from raydist.config import ModelSection
 from raydist.losses.similarity import l2_normalize
 from raydist.models.cnn import SmallCNN
+from raydist.models.registry import BuilderRegistry
 
 
 class Backbone(NamedTuple):
@@ -44,28 +45,19 @@ class BackboneEncoder(nn.Module):
 
 
 Builder = Callable[..., Backbone]
-_BUILDERS: dict[str, Builder] = {}
+_REGISTRY = BuilderRegistry("image encoder")
 
 
 def register_image_encoder(name: str) -> Callable[[Builder], Builder]:
     """Register ``builder(*, in_dim, channels, image_size, **options) -> Backbone`` under ``name`` (a decorator).
     A name ending in ``:`` is a family: ``"fam:"`` builds every ``"fam:<model>"``, its builder taking ``model``
     as its first argument. A name registered twice is an error."""
-
-    def register(builder: Builder) -> Builder:
-        if ":" in name[:-1] or not name.strip(":"):
-            raise ValueError(f"image encoder name {name!r}: a plain name, or a family name ending in ':'")
-        if name in _BUILDERS:
-            raise ValueError(f"image encoder {name!r} is already registered")
-        _BUILDERS[name] = builder
-        return builder
-
-    return register
+    return _REGISTRY.register(name)
 
 
 def image_encoder_names() -> list[str]:
     """The registered names, sorted; a name ending in ``:`` takes a model name after it."""
-    return sorted(_BUILDERS)
+    return _REGISTRY.names()
 
 
 def build_image_encoder(
@@ -77,13 +69,8 @@ def build_image_encoder(
     others ignore it); ``weights``: a local state dict of the backbone (:func:`load_backbone_weights`), loaded
     before the head is added; ``options``: the builder's own (``small-cnn``: width, depth; torchvision/timm:
     keyword arguments of the model's constructor)."""
-    family, sep, model = name.partition(":")
-    key = f"{family}:" if sep else name
-    if key not in _BUILDERS or (sep and not model):
-        known = ", ".join(n + "<model>" if n.endswith(":") else n for n in image_encoder_names())
-        raise ValueError(f"unknown image encoder {name!r}; known: {known}")
-    args = (model,) if sep else ()
-    backbone = _BUILDERS[key](*args, in_dim=in_dim, channels=channels, image_size=image_size, **options)
+    builder, args = _REGISTRY.resolve(name)
+    backbone = builder(*args, in_dim=in_dim, channels=channels, image_size=image_size, **options)
     if weights is not None:
         load_backbone_weights(backbone.module, weights, backbone.head_keys)
     return BackboneEncoder(backbone.module, backbone.dim, out_dim)

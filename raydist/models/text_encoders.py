@@ -16,6 +16,7 @@ from torch.nn.utils.rnn import pack_padded_sequence
 
 from raydist.config import ModelSection
 from raydist.losses.similarity import l2_normalize
+from raydist.models.registry import BuilderRegistry
 
 Pooling = Literal["mean", "cls"]
 
@@ -104,28 +105,19 @@ class PretrainedTextEncoder(nn.Module):
 
 
 Builder = Callable[..., nn.Module]
-_BUILDERS: dict[str, Builder] = {}
+_REGISTRY = BuilderRegistry("text encoder")
 
 
 def register_text_encoder(name: str) -> Callable[[Builder], Builder]:
     """Register ``builder(*, vocab_size, embed_dim, max_len, pad_id, **options) -> nn.Module`` under ``name`` (a
     decorator); the module maps (tokens [B, L], lengths [B]) to unit-norm [B, embed_dim]. A name ending in ``:``
     is a family whose builder takes the text after it as its first argument. A name registered twice is an error."""
-
-    def register(builder: Builder) -> Builder:
-        if ":" in name[:-1] or not name.strip(":"):
-            raise ValueError(f"text encoder name {name!r}: a plain name, or a family name ending in ':'")
-        if name in _BUILDERS:
-            raise ValueError(f"text encoder {name!r} is already registered")
-        _BUILDERS[name] = builder
-        return builder
-
-    return register
+    return _REGISTRY.register(name)
 
 
 def text_encoder_names() -> list[str]:
     """The registered names, sorted; a name ending in ``:`` takes a model after it."""
-    return sorted(_BUILDERS)
+    return _REGISTRY.names()
 
 
 def build_text_encoder(name: str, *, vocab_size: int, embed_dim: int, max_len: int, pad_id: int = 0,
@@ -133,13 +125,8 @@ def build_text_encoder(name: str, *, vocab_size: int, embed_dim: int, max_len: i
     """The text encoder ``name`` for a tokenizer of ``vocab_size`` ids (padding ``pad_id``) and captions of at
     most ``max_len`` tokens; ``options``: the builder's own (gru: word_dim, num_layers; transformer: layers,
     heads, width, dropout, pooling; hf: pooling)."""
-    family, sep, model = name.partition(":")
-    key = f"{family}:" if sep else name
-    if key not in _BUILDERS or (sep and not model):
-        known = ", ".join(n + "<model>" if n.endswith(":") else n for n in text_encoder_names())
-        raise ValueError(f"unknown text encoder {name!r}; known: {known}")
-    args = (model,) if sep else ()
-    return _BUILDERS[key](*args, vocab_size=vocab_size, embed_dim=embed_dim, max_len=max_len, pad_id=pad_id,
+    builder, args = _REGISTRY.resolve(name)
+    return builder(*args, vocab_size=vocab_size, embed_dim=embed_dim, max_len=max_len, pad_id=pad_id,
                           **options)  # fmt: skip
 
 
