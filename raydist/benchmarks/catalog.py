@@ -15,6 +15,7 @@ from raydist.benchmarks.real_cross_view import real_cross_view
 from raydist.benchmarks.retrieval import retrieval
 from raydist.benchmarks.startup import startup
 from raydist.benchmarks.step import step_rate
+from raydist.benchmarks.text import text_encoders, tokenize_rate
 
 
 class BenchmarkFn(Protocol):
@@ -49,6 +50,8 @@ BENCHMARKS: dict[str, Benchmark] = {
         Benchmark("startup", startup),
         Benchmark("retrieval", retrieval),
         Benchmark("real-cross-view", real_cross_view),
+        Benchmark("text-encoders", text_encoders),
+        Benchmark("tokenize", tokenize_rate),
     )
 }
 
