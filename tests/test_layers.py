@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                               "raydist.checkpoint", "raydist.train.malloc", "raydist.tune.space", "raydist.runtime")),
     ("metrics and statistics", ("raydist.eval", "raydist.gradclust", "raydist.plots")),
     ("tasks", ("raydist.tasks",)),
-    ("trained models", ("raydist.inference", ROOT)),
+    ("trained models", ("raydist.inference", "raydist.extract", ROOT)),
     ("loop and hooks", ("raydist.train", "raydist.train.hooks", "raydist.gradclust.hook")),
     ("wiring and Ray Train", ("raydist.train.wiring", "raydist.train.ray_worker", "raydist.train.trainer")),
     ("drivers", ("raydist.tune", "raydist.benchmarks", "raydist.experiments")),
