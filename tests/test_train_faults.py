@@ -112,16 +112,17 @@ def test_worker_killed_from_outside_run_completes(ray_cluster, tiny_dataset, tmp
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_resume_by_path_and_by_run_name(ray_cluster, tiny_dataset, tmp_path):
-    first = run_training(tiny(tiny_dataset, tmp_path, **{"train.epochs": 1, "train.run_name": "same"}),
+    one = {"train.num_workers": 1}  # the claim is about which run and checkpoint resume, not the worker group
+    first = run_training(tiny(tiny_dataset, tmp_path, **one, **{"train.epochs": 1, "train.run_name": "same"}),
                          evaluate_test=False)
-    longer = tiny(tiny_dataset, tmp_path, **{"train.epochs": 2, "train.run_name": "same"})
+    longer = tiny(tiny_dataset, tmp_path, **one, **{"train.epochs": 2, "train.run_name": "same"})
     with pytest.raises(ConfigError, match="is finished"):  # the name alone never extends a finished run
         run_training(longer, evaluate_test=False)
     again = run_training(longer, resume_from=first.run_dir, evaluate_test=False)  # --resume RUN continues it
     assert again.run_dir == first.run_dir
     assert [m["epoch"] for m in again.history] == [1, 2]
     assert again.resumed_at == [first.history[-1]["step"]]
-    by_path = run_training(tiny(tiny_dataset, tmp_path, **{"train.epochs": 2}),
+    by_path = run_training(tiny(tiny_dataset, tmp_path, **one, **{"train.epochs": 2}),
                            resume_from=first.latest_checkpoint, evaluate_test=False)
     assert by_path.resumed_at == [first.history[-1]["step"]]
     assert [m["epoch"] for m in by_path.history] == [1, 2]
