@@ -236,19 +236,20 @@ def test_an_image_encoder_must_fit_the_data(shapes, tiny_dataset):
         check_image_config(pairs_config(tiny_dataset), features)
     with pytest.raises(ConfigError, match=r"model.image_encoder=resnet: unknown image encoder; known: .*small-cnn"):
         check_image_config(pairs_config(shapes, **{"model.image_encoder": "resnet"}), encoded)
-    with pytest.raises(ConfigError, match=r"data.in_memory_max_mb=0: .* set data.in_memory_max_mb to at least 1"):
-        check_image_config(pairs_config(shapes, **{"data.in_memory_max_mb": 0}), encoded)
+    check_image_config(pairs_config(shapes, **{"data.in_memory_max_mb": 0}), encoded)  # streams: no refusal
     with pytest.raises(ConfigError, match=r"model.image_weights=.*nope.pt: no such file"):
         check_image_config(pairs_config(shapes, **{"model.image_weights": str(shapes / "nope.pt")}), encoded)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_two_ray_workers_train_on_encoded_images(ray_cluster, shapes, tmp_path):
-    """`run_training` with 2 Ray Train workers, each decoding the in-memory split once and augmenting per epoch,
-    for one epoch: it learns, and the best checkpoint's test metrics come back."""
+def test_two_ray_workers_train_on_encoded_images_streamed(ray_cluster, shapes, tmp_path):
+    """`run_training` with 2 Ray Train workers on the streamed split (`data.in_memory_max_mb=0`: Ray Data
+    decodes, each worker makes the epoch's views), for one epoch: it learns, and the best checkpoint's test
+    metrics come back. (The in-memory path is the one the in-process tests run.)"""
     cfg = pairs_config(shapes, **{"train.num_workers": 2, "train.epochs": 1, "train.batch_size": 26,
-                                  "train.lr": 0.003, "train.storage_path": str(tmp_path)})  # fmt: skip
+                                  "train.lr": 0.003, "train.storage_path": str(tmp_path),
+                                  "data.in_memory_max_mb": 0, "data.transform_concurrency": 1})  # fmt: skip
     task = build_task(cfg, DataInfo.from_dataset(shapes))
     torch.manual_seed(cfg.train.seed)
     before = task.evaluate(task.build_model(), "val")["rsum"]
@@ -256,3 +257,28 @@ def test_two_ray_workers_train_on_encoded_images(ray_cluster, shapes, tmp_path):
     assert [(m["epoch"], m["step"]) for m in outcome.history] == [(1, 108 // 26)]
     assert set(outcome.test_metrics) >= {"rsum", "i2t_r1", "t2i_r1"}
     assert outcome.history[-1]["val/rsum"] > before + 40, (before, outcome.history)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_streamed_epochs_make_the_same_views_as_the_in_memory_cache(ray_cluster, shapes):
+    """Ray Data decodes and the worker applies the epoch transform: for every row and epoch, the views and the
+    caption drawn equal those the in-memory path makes from its decoded cache (same seed, epoch, sample id)."""
+    from raydist.data.stream import StreamedEpochs, train_dataset
+
+    cfg = pairs_config(shapes, **{"data.shuffle_buffer": 0})
+    task = build_task(cfg, DataInfo.from_dataset(shapes))
+    memory = one_batch_epochs(cfg, task)
+    rows = len(read_split(shapes, "train"))
+    shard = train_dataset(shapes, task.columns, task.stream_transform()).streaming_split(1, equal=True)[0]
+    stream = StreamedEpochs([shard], rows=rows, shuffle_buffer=0, seed=cfg.train.seed, rank=0, epochs=2,
+                            epoch_transform=task.epoch_transform())  # fmt: skip
+    for epoch in (0, 1):
+        (streamed,) = list(stream.epoch(epoch))
+        cached = the_batch(memory, epoch)
+        order = {s: i for i, s in enumerate(cached["sample_id"].tolist())}
+        at = [order[s] for s in streamed["sample_id"].tolist()]
+        assert sorted(at) == list(range(rows))
+        for key in ("image", "tokens", "lengths", "image_id"):
+            np.testing.assert_array_equal(streamed[key], cached[key][at], err_msg=f"{key}, epoch {epoch}")
+    assert not np.array_equal(the_batch(memory, 0)["image"], the_batch(memory, 1)["image"])  # epochs differ

@@ -108,11 +108,9 @@ READ_TASK_MB = 24
 
 
 def read_tasks(data_dir: str | Path, files: int) -> int:
-    """Read tasks for the train split: about :data:`READ_TASK_MB` MiB of float32 features each, whole
-    shards per task, at least ``min(files, 4)`` tasks and at most one per shard."""
-    manifest = load_manifest(data_dir)
-    size_mb = manifest.splits["train"].rows * manifest.feature_dim * 4 / 2**20
-    return max(min(files, 4), min(files, math.ceil(size_mb / READ_TASK_MB)))
+    """Read tasks for the train split: about :data:`READ_TASK_MB` MiB of float32 features (or decoded pixels)
+    each, whole shards per task, at least ``min(files, 4)`` tasks and at most one per shard."""
+    return max(min(files, 4), min(files, math.ceil(memory_mb(data_dir, "train") / READ_TASK_MB)))
 
 
 def train_splits(epochs: int) -> tuple[str, ...]:
@@ -122,9 +120,12 @@ def train_splits(epochs: int) -> tuple[str, ...]:
     return ("train", "train_next") if epochs > 1 else ("train",)
 
 
-def train_dataset(data_dir: str | Path, columns: Sequence[str], transform: Transform) -> Any:
+def train_dataset(data_dir: str | Path, columns: Sequence[str], transform: Transform, *,
+                  num_cpus: float | None = None, concurrency: int | None = None) -> Any:  # fmt: skip
     """The Ray Data stream of the train split: shards → selected columns → the task's transform, read and
-    transformed in one Ray task per :func:`read_tasks` group of consecutive shards, one block each."""
+    transformed in one Ray task per :func:`read_tasks` group of consecutive shards, one block each.
+    ``num_cpus``/``concurrency`` (``data.transform_cpus``/``data.transform_concurrency``): the transform's
+    logical CPUs per task and most tasks at once, when given (else Ray Data's defaults)."""
     import ray.data
 
     ctx = ray.data.DataContext.get_current()
@@ -142,19 +143,24 @@ def train_dataset(data_dir: str | Path, columns: Sequence[str], transform: Trans
         ds = ray.data.read_parquet(files, override_num_blocks=read_tasks(data_dir, len(files)))
     finally:
         ctx.use_datasource_v2 = v2
-    return ds.select_columns(list(columns)).map_batches(transform, batch_format="numpy")
+    resources = {k: v for k, v in (("num_cpus", num_cpus), ("concurrency", concurrency)) if v is not None}
+    return ds.select_columns(list(columns)).map_batches(transform, batch_format="numpy", **resources)
 
 
 def stream_epoch(shard: Any, *, rows: int, shuffle_buffer: int, seed: int, epoch: int, rank: int,
-                 blocks: Iterable[Batch] | None = None) -> Iterator[Batch]:  # fmt: skip
+                 blocks: Iterable[Batch] | None = None,
+                 epoch_transform: EpochTransform | None = None) -> Iterator[Batch]:  # fmt: skip
     """This worker's full batches of ``rows`` rows of a streamed epoch: Ray Data hands over whole blocks and
     :func:`local_batches` cuts them, shuffled with a generator seeded by (seed, epoch, rank) when
     ``shuffle_buffer`` > 0. (Ray's own ``iter_batches(batch_size=rows, local_shuffle_buffer_size=…)`` took
-    about 5× the worker's CPU per row.) ``blocks``: the epoch's blocks when already opened (else opened here)."""
+    about 5× the worker's CPU per row.) ``blocks``: the epoch's blocks when already opened (else opened here).
+    ``epoch_transform(batch, epoch)`` is applied to each batch here, in the worker (encoded images: Ray Data
+    decodes, the worker makes the epoch's crops, flips and caption draws, as from the in-memory cache)."""
     rng = np.random.default_rng((seed * 7919 + epoch) * 131 + rank) if shuffle_buffer > 0 else None
     if blocks is None:
         blocks = _open_blocks(shard)
-    return local_batches(blocks, rows=rows, shuffle_buffer=shuffle_buffer, rng=rng)
+    batches = local_batches(blocks, rows=rows, shuffle_buffer=shuffle_buffer, rng=rng)
+    return batches if epoch_transform is None else (epoch_transform(b, epoch) for b in batches)
 
 
 def _open_blocks(shard: Any) -> Iterator[Batch]:
@@ -176,11 +182,11 @@ class StreamedEpochs:
     those of a pass opened on the spot. No pass is opened beyond ``epochs``."""
 
     def __init__(self, shards: Sequence[Any], *, rows: int, shuffle_buffer: int, seed: int, rank: int,
-                 epochs: int) -> None:  # fmt: skip
+                 epochs: int, epoch_transform: EpochTransform | None = None) -> None:  # fmt: skip
         if len(shards) not in (1, 2):
             raise ValueError(f"StreamedEpochs takes one split or two, got {len(shards)}")
         self.shards, self.rows, self.shuffle_buffer, self.seed, self.rank = list(shards), rows, shuffle_buffer, seed, rank
-        self.epochs = epochs
+        self.epochs, self.epoch_transform = epochs, epoch_transform
         self._ahead: tuple[int, Future[Iterator[Batch]]] | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="raydist-next-epoch")
 
@@ -194,7 +200,7 @@ class StreamedEpochs:
         else:
             blocks = self._then_open(blocks, epoch + 1)
         return stream_epoch(shard, rows=self.rows, shuffle_buffer=self.shuffle_buffer, seed=self.seed, epoch=epoch,
-                            rank=self.rank, blocks=blocks)  # fmt: skip
+                            rank=self.rank, blocks=blocks, epoch_transform=self.epoch_transform)  # fmt: skip
 
     def _then_open(self, blocks: Iterator[Batch], epoch: int) -> Iterator[Batch]:
         yield from blocks

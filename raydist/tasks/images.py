@@ -5,13 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
 from raydist.config import Config, ConfigError
 from raydist.data.image_transforms import ImageTransform
-from raydist.data.stream import fits_in_memory, memory_mb
 from raydist.data.transforms import ImageViews
 from raydist.models import image_encoder_names
 from raydist.tasks.base import DataInfo
@@ -65,11 +63,6 @@ def image_config_problems(cfg: Config, info: DataInfo) -> list[str]:
         problems.append(f"model.image_encoder=linear: {where} holds encoded images (manifest image_format "
                         "'encoded') and 'linear' takes precomputed feature vectors; choose an image encoder: "
                         "small-cnn (small images), torchvision:<model> or timm:<model>")  # fmt: skip
-    if info.data_dir is not None and not fits_in_memory(info.data_dir, "train", d.in_memory_max_mb):
-        need = int(np.ceil(memory_mb(info.data_dir, "train")))
-        problems.append(f"data.in_memory_max_mb={d.in_memory_max_mb}: the train split of {where} takes about "
-                        f"{need} MiB decoded; encoded images train from memory only (their per-epoch augmentation "
-                        f"is not streamed through Ray Data yet): set data.in_memory_max_mb to at least {need}")  # fmt: skip
     if cfg.gc.measure or cfg.gc.sample:
         problems.append("gc.measure/gc.sample: gradient clustering reads feature vectors; it does not run on "
                         f"encoded images ({where})")  # fmt: skip

@@ -47,6 +47,7 @@ class RayRuntime:
             self._stream = StreamedEpochs(
                 [ray.train.get_dataset_shard(name) for name in train_splits(cfg.train.epochs)], rows=plan.rows_per_worker,
                 shuffle_buffer=cfg.data.shuffle_buffer, seed=cfg.train.seed, rank=self.rank, epochs=cfg.train.epochs,
+                epoch_transform=task.epoch_transform(),
             )  # fmt: skip
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
