@@ -31,6 +31,9 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
                    "the dataset's size and captions pick, said in one line; else default)")
     p.add_argument("--preset-file", help="a preset YAML file (e.g. the best config a Tune sweep wrote)")
     p.add_argument("--storage", help="train.storage_path: local folder, or s3:// gs:// NFS on clusters")
+    p.add_argument("--storage-shared", action="store_true",
+                   help="train.storage_shared: the local --storage folder is mounted on every node (NFS), so a "
+                   "multi-node cluster may use it")
     p.add_argument("--name", help="train.run_name: an existing run of this name continues if it is unfinished "
                    "and has the same config")
     p.add_argument("--address", help="join this Ray cluster (default: RAY_ADDRESS, else a private local Ray)")
@@ -54,9 +57,35 @@ def config_from_args(args: argparse.Namespace):
     """The run Config an argparse namespace describes (preset, preset file, --data, overrides)."""
     from raydist.data import dataset_task
 
-    overrides = run_overrides(args.overrides, data=args.data, storage=args.storage, name=args.name)
-    return load_config(preset=preset_from_args(args), preset_file=args.preset_file,
-                       overrides=overrides, task_of=dataset_task)  # fmt: skip
+    overrides = run_overrides(args.overrides, data=args.data, storage=args.storage, name=args.name,
+                              storage_shared=args.storage_shared)  # fmt: skip
+    preset = preset_from_args(args)
+    cfg = load_config(preset=preset, preset_file=args.preset_file, overrides=overrides, task_of=dataset_task)
+    picked = image_defaults(args, cfg, overrides)
+    if picked:
+        cfg = load_config(preset=preset, preset_file=args.preset_file, overrides={**picked, **overrides},
+                          task_of=dataset_task)  # fmt: skip
+    return cfg
+
+
+def image_defaults(args: argparse.Namespace, cfg, overrides: dict) -> dict:
+    """On encoded images with no image encoder named (``linear``, which takes feature vectors): the encoder
+    and crop :func:`raydist.presets.image_encoder_for_data` picks from the images, printed in one line; keys
+    the command line sets stay the user's. ``{}`` otherwise."""
+    if not args.data or cfg.model.image_encoder != "linear" or "model.image_encoder" in overrides:
+        return {}
+    from importlib.util import find_spec
+
+    from raydist.data import load_manifest
+    from raydist.presets import image_encoder_for_data
+
+    manifest = load_manifest(args.data)
+    if manifest.image_format != "encoded":
+        return {}
+    choice = image_encoder_for_data(manifest.image_size, manifest.image_channels or 3,
+                                    torchvision=find_spec("torchvision") is not None)  # fmt: skip
+    print(choice.line(), file=sys.stderr if getattr(args, "print_config", False) else sys.stdout)
+    return {k: v for k, v in choice.overrides.items() if k not in overrides}
 
 
 def resume_config_from_args(args: argparse.Namespace):
@@ -66,7 +95,8 @@ def resume_config_from_args(args: argparse.Namespace):
 
     if args.preset or args.preset_file:
         raise ConfigError("--resume continues with the checkpoint's config: drop --preset/--preset-file")
-    cfg, changes = resumed_config(args.resume, run_overrides(args.overrides, data=args.data))
+    overrides = run_overrides(args.overrides, data=args.data, storage_shared=args.storage_shared)
+    cfg, changes = resumed_config(args.resume, overrides)
     print(f"resuming with the checkpoint's config; {format_changes(changes)}")
     return cfg
 
@@ -91,6 +121,8 @@ def cmd_train(args: argparse.Namespace) -> int:
               "(Python's own start-up not counted)")  # fmt: skip
     print("\n== per-epoch metrics ==")
     print(format_history(outcome.history, outcome.columns))
+    if outcome.resumed_at:
+        print(f"resumed from a checkpoint at step {', '.join(map(str, outcome.resumed_at))}")
     if outcome.test_metrics:
         print("\n== test split, best checkpoint ==")
         print(format_metrics(outcome.test_metrics))
@@ -310,6 +342,32 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_embed(args: argparse.Namespace) -> int:
+    from raydist.data import load_manifest
+    from raydist.extract import checkpoint_encoder, extract_features, pretrained_encoder
+
+    if (args.checkpoint is None) == (args.image_encoder is None):
+        raise ValueError("give one of --checkpoint RUN (a trained image encoder) or --image-encoder NAME "
+                         "(a pretrained, not fine-tuned one)")
+    if args.checkpoint is not None:
+        if args.image_weights or args.image_size:
+            raise ValueError("--image-weights/--image-size go with --image-encoder; a checkpoint has its own")
+        encoder = checkpoint_encoder(args.checkpoint, args.data, output=args.output, latest=args.latest)
+        print(f"[raydist] embed: the image encoder of checkpoint {encoder.source['checkpoint']} ({args.output})")
+    else:
+        if args.output != "backbone":
+            raise ValueError("--output head needs --checkpoint: a pretrained encoder's projection head is untrained")
+        encoder = pretrained_encoder(args.image_encoder, load_manifest(args.data), weights=args.image_weights,
+                                     image_size=args.image_size)  # fmt: skip
+        print(f"[raydist] embed: {args.image_encoder} backbone, weights "
+              f"{args.image_weights or 'as initialised (no --image-weights)'}")  # fmt: skip
+    manifest = extract_features(args.data, args.out, encoder, batch_size=args.batch_size, overwrite=args.overwrite)
+    rows = ", ".join(f"{s} {info.rows}" for s, info in manifest.splits.items())
+    print(f"wrote {args.out}: task {manifest.task}, {manifest.feature_dim}-d features, rows {rows}")
+    print(f"train on it with:  raydist train --data {args.out}")
+    return 0
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from raydist.data import validate_dataset
     from raydist.tasks import task_names
@@ -352,7 +410,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         space = load_space(args.space)
         if args.num_samples:
             space = dataclasses.replace(space, num_samples=args.num_samples)
-        overrides = run_overrides(args.overrides, data=args.data)
+        overrides = run_overrides(args.overrides, data=args.data, storage_shared=args.storage_shared)
         cfg = resolve_base_config(space, preset=chosen_preset(args.preset, args.preset_file),
                                   preset_file=args.preset_file, overrides=overrides)
         outcome = run_sweep(space, cfg, storage_path=args.storage, address=args.address)
@@ -413,7 +471,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="run benchmarks side by side with their references (table + ratios)")
     p.add_argument("names", nargs="*", help="benchmarks to run: loss, loss-memory, data, step, gather, gc, startup, "
-                   "retrieval, real-cross-view (default: all)")
+                   "retrieval, real-cross-view, text-encoders, tokenize (default: all)")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, one repetition (what the tests run)")
     p.add_argument("--repeats", type=int, default=5, help="repetitions per measurement (median and spread)")
     p.add_argument("--record", help="append the table with command, machine and versions to this file")
@@ -526,6 +584,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset folder")
     p.set_defaults(func=cmd_corrupt_labels)
 
+    p = sub.add_parser("embed", help="an image encoder's outputs over an encoded-image dataset, written as a "
+                       "precomputed-feature dataset (a trained checkpoint's, or a pretrained one's)")
+    p.add_argument("--data", required=True, help="a dataset of encoded images (pairs or labels)")
+    p.add_argument("--out", required=True, help="the feature dataset to write")
+    p.add_argument("--checkpoint", help="checkpoint folder or run folder (its best checkpoint) of a run on images")
+    p.add_argument("--latest", action="store_true", help="a run folder means its newest checkpoint, not its best")
+    p.add_argument("--image-encoder", help="instead of a checkpoint: an image encoder name (small-cnn, "
+                   "torchvision:resnet50, timm:…), its backbone's outputs")
+    p.add_argument("--image-weights", help="with --image-encoder: the backbone's weights (a local state-dict file)")
+    p.add_argument("--image-size", type=int, help="with --image-encoder: the crop side (default: the median "
+                   "image's shorter side, at most 224)")
+    p.add_argument("--output", choices=["backbone", "head"], default="backbone",
+                   help="backbone: the features before the projection head (default; the VSE++ precomp route); "
+                   "head: the trained projection's output, before normalisation (with --checkpoint)")
+    p.add_argument("--batch-size", type=int, default=128, help="images per forward pass")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
+    p.set_defaults(func=cmd_embed)
+
     p = sub.add_parser("validate", help="run every data check without training and print a summary")
     p.add_argument("dir")
     p.add_argument("--image-sample", type=int, metavar="N",
@@ -546,6 +622,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", help=f"trials' base preset: {', '.join(preset_names())} (default: default)")
     p.add_argument("--preset-file", help="a preset YAML file as the base of every trial")
     p.add_argument("--storage", help="experiment folder's parent: ./runs, or s3:// gs:// NFS on clusters")
+    p.add_argument("--storage-shared", action="store_true",
+                   help="train.storage_shared: the local --storage folder is mounted on every node (NFS), so a "
+                   "multi-node cluster may use it")
     p.add_argument("--num-samples", type=int, help="override the space file's num_samples")
     p.add_argument("--resume", metavar="EXPERIMENT_FOLDER", help="continue an interrupted sweep")
     p.add_argument("--resume-errored", action="store_true", help="with --resume: also re-run failed trials")

@@ -59,6 +59,10 @@ class DataSection(_Section):
     # captions → token ids: "vocab" (the dataset's word vocabulary), "subword" (the dataset's tokenizer.json,
     # from `raydist tokenizer train|set`), "auto" = subword when the dataset has one and the text encoder is not gru
     tokenizer: Literal["auto", "vocab", "subword"] = "auto"
+    # a streamed train split's Ray Data transform (read + decode/tokenise, map_batches): logical CPUs per task and
+    # at most this many tasks at once; null = Ray Data's defaults (1 CPU per task, as many as the cluster fits)
+    transform_cpus: float | None = Field(None, gt=0)
+    transform_concurrency: int | None = Field(None, ge=1)
 
 
 class ModelSection(_Section):
@@ -122,9 +126,22 @@ class TrainSection(_Section):
     lr: float = Field(2e-4, gt=0)
     lr_decay_epoch: int = Field(15, ge=1)  # lr *= lr_decay_factor at this epoch (VSE++ lr_update)
     lr_decay_factor: float = Field(0.1, gt=0)
+    # optimisation (raydist.train.optim); the defaults are Adam + StepLR per epoch, as before these keys
+    optimizer: Literal["adam", "adamw"] = "adam"  # adamw: decoupled weight decay
+    weight_decay: float = Field(0.0, ge=0)  # on every weight except biases and normalisation layers' parameters
+    lr_schedule: Literal["step", "cosine"] = "step"  # step: lr_decay_epoch/factor; cosine: to 0 at the run's end
+    warmup_steps: int = Field(0, ge=0)  # linear LR warm-up over this many optimizer steps
+    backbone_lr_mult: float = Field(1.0, gt=0)  # the image encoder's backbone (and an hf: text model) at lr × this
+    freeze_backbone_epochs: int = Field(0, ge=0)  # backbone frozen for the first N epochs, then trained (fine-tuning)
     grad_clip: float = Field(2.0, ge=0)  # max grad norm; 0 disables
     seed: int = 0
     num_workers: int = Field(2, ge=0)  # Ray Train workers; 0 = in-process local mode
+    # elastic: train with any count from min_workers to num_workers, shrinking when nodes go and growing back
+    # when they return (null = num_workers: a fixed-size run); the global batch and negative set stay fixed
+    min_workers: int | None = Field(None, ge=1)
+    elastic_resize_check_s: float = Field(60.0, gt=0)  # elastic: seconds between looks for capacity to grow into
+    # how long a worker group waits for its CPUs/GPUs (at the start, and after a node loss) before the run fails
+    capacity_wait_s: float = Field(600.0, gt=0)
     use_gpu: bool = False
     amp: Literal["none", "bf16", "fp16"] = "none"  # mixed precision for the encoders (loss stays fp32)
     tune_malloc: bool = True  # glibc: keep freed memory for the next step instead of faulting it back in
@@ -136,6 +153,7 @@ class TrainSection(_Section):
     tensorboard: bool = True  # TensorBoard event files in the run folder (rank 0)
     mlflow_uri: str = ""  # also log to this MLflow tracking URI ("" = off; needs `pip install mlflow`)
     storage_path: str = ""  # "" = ./runs (local); shared storage on multi-node clusters
+    storage_shared: bool = False  # a local storage_path that every node mounts (NFS): allowed on multi-node clusters
     run_name: str = ""  # "" = a fresh unique name; a stable name resumes
 
 
@@ -356,11 +374,13 @@ def parse_overrides(items: list[str]) -> dict[str, str]:
 
 def run_overrides(
     items: Sequence[str] = (), *, data: str | Path | None = None, storage: str | None = None,
-    name: str | None = None,
+    name: str | None = None, storage_shared: bool = False,
 ) -> dict[str, Any]:
-    """Command-line ``key=value`` words plus the ``--data`` (made absolute), ``--storage`` and ``--name``
-    options as the dotted keys they set."""
+    """Command-line ``key=value`` words plus the ``--data`` (made absolute), ``--storage``, ``--name`` and
+    ``--storage-shared`` options as the dotted keys they set."""
     out: dict[str, Any] = parse_overrides(list(items))
+    if storage_shared:
+        out["train.storage_shared"] = True
     if data:
         out["data.path"] = str(Path(data).expanduser().resolve())
     if storage:
@@ -443,18 +463,29 @@ def validate(cfg: Config) -> None:
     workers = max(t.num_workers, 1)
     if t.batch_size < 2:
         problems.append(f"train.batch_size={t.batch_size}: need at least 2 rows for negatives")
-    if t.batch_size % workers:
+    if t.min_workers is not None and (t.num_workers == 0 or t.min_workers > t.num_workers):
+        problems.append(f"train.min_workers={t.min_workers} must be between 1 and train.num_workers={t.num_workers} "
+                        "(an elastic run needs Ray Train workers)")  # fmt: skip
+    elif t.batch_size % workers:
         problems.append(
             f"train.batch_size={t.batch_size} is the global batch and must divide evenly over "
             f"train.num_workers={t.num_workers}"
         )
+    elif t.min_workers is not None and t.batch_size % (multiple := worker_counts_multiple(t)):
+        problems.append(
+            f"train.batch_size={t.batch_size} is the global batch and must divide evenly over every worker count "
+            f"an elastic run may have (train.min_workers={t.min_workers} … train.num_workers={t.num_workers}): "
+            f"use a multiple of {multiple} (e.g. {nearby_multiples(t.batch_size, multiple)}) or raise "
+            "train.min_workers"
+        )
     if lo.negative_set_size is not None:
         if lo.negative_set_size < 2:
             problems.append(f"loss.negative_set_size={lo.negative_set_size}: must be >= 2 (or null)")
-        elif lo.negative_set_size > t.batch_size and lo.negative_set_size % workers:
+        elif lo.negative_set_size > t.batch_size and lo.negative_set_size % worker_counts_multiple(t):
             problems.append(
                 f"loss.negative_set_size={lo.negative_set_size} > batch size must divide evenly over "
-                f"train.num_workers={t.num_workers}"
+                + (f"train.num_workers={t.num_workers}" if t.min_workers is None else
+                   f"every worker count from train.min_workers={t.min_workers} to train.num_workers={t.num_workers}")
             )
     if cfg.model.nesting or cfg.loss.nesting_weights:
         try:
@@ -468,13 +499,48 @@ def validate(cfg: Config) -> None:
     m = cfg.model
     if m.text_encoder == "transformer" and m.text_width % m.text_heads:
         problems.append(f"model.text_width={m.text_width} must divide by model.text_heads={m.text_heads}")
-    if m.text_encoder != "gru" and (cfg.gc.measure or cfg.gc.sample):
-        problems.append(f"gc.* with model.text_encoder={m.text_encoder}: gradient clustering supports the gru "
-                        "text encoder only (attention projections are not run as Linear modules)")
+    if m.text_encoder.startswith("hf:") and (cfg.gc.measure or cfg.gc.sample):
+        problems.append(f"gc.* with model.text_encoder={m.text_encoder}: gradient clustering supports the gru and "
+                        "transformer text encoders, not hf: models (they run layers on inputs shared by the "
+                        "batch, e.g. BERT's position embeddings on [1, L] ids, and layers the caption path never "
+                        "uses, e.g. the pooler)")
+    problems += _backbone_problems(cfg)
     if not cfg.eval.recall_at or any(k < 1 for k in cfg.eval.recall_at):
         problems.append(f"eval.recall_at={cfg.eval.recall_at}: need one or more K >= 1")
     if problems:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
+
+
+def worker_counts(train: TrainSection) -> range:
+    """The worker counts a run may train with: ``train.min_workers`` … ``train.num_workers`` when elastic, else
+    ``train.num_workers`` alone (at least 1: local mode is one process)."""
+    top = max(train.num_workers, 1)
+    return range(min(train.min_workers or top, top), top + 1)
+
+
+def worker_counts_multiple(train: TrainSection) -> int:
+    """The least common multiple of :func:`worker_counts`: the global rows of a step must be a multiple of it
+    so that every worker count splits them equally."""
+    return math.lcm(*worker_counts(train))
+
+
+def nearby_multiples(value: int, multiple: int) -> str:
+    """The multiples of ``multiple`` next to ``value`` (``"120 or 126"``), for a refusal message."""
+    low = value // multiple * multiple
+    return " or ".join(str(v) for v in (low, low + multiple) if v >= multiple)
+
+
+def _backbone_problems(cfg: Config) -> list[str]:
+    """``train.backbone_lr_mult`` / ``train.freeze_backbone_epochs`` set for a model without a backbone: the
+    ``linear`` image encoder (features) and a text encoder that is not a pretrained ``hf:`` model."""
+    m, t = cfg.model, cfg.train
+    if m.image_encoder != "linear" or m.text_encoder.startswith("hf:"):
+        return []
+    set_keys = [f"train.{k}={getattr(t, k)}" for k, default in (("backbone_lr_mult", 1.0), ("freeze_backbone_epochs", 0))
+                if getattr(t, k) != default]  # fmt: skip
+    return [f"{key}: the model has no backbone (model.image_encoder=linear, model.text_encoder={m.text_encoder}); "
+            "it applies to an image encoder's backbone (small-cnn, torchvision:<model>, timm:<model>) or an hf: "
+            "text model" for key in set_keys]  # fmt: skip
 
 
 def dump_yaml(cfg: Config) -> str:

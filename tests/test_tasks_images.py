@@ -282,3 +282,35 @@ def test_streamed_epochs_make_the_same_views_as_the_in_memory_cache(ray_cluster,
         for key in ("image", "tokens", "lengths", "image_id"):
             np.testing.assert_array_equal(streamed[key], cached[key][at], err_msg=f"{key}, epoch {epoch}")
     assert not np.array_equal(the_batch(memory, 0)["image"], the_batch(memory, 1)["image"])  # epochs differ
+
+
+def test_train_on_images_picks_an_encoder_when_none_is_named(shapes, tiny_dataset, capsys):
+    """`raydist train --data IMAGES` with no encoder named: small-cnn for 16 px images, said in one line; an
+    encoder on the command line is kept, and feature data is left alone."""
+    from raydist.cli import main
+
+    assert main(["train", "--data", str(shapes), "--print-config"]) == 0
+    out = capsys.readouterr()
+    assert "[raydist] images: median 16×16 colour (shorter side ≤ 64)" in out.err
+    assert "model.image_encoder=small-cnn" in out.err
+    assert "image_encoder: small-cnn" in out.out
+    assert main(["train", "--data", str(shapes), "--print-config", "model.image_encoder=torchvision:resnet18"]) == 0
+    out = capsys.readouterr()
+    assert "[raydist] images:" not in out.err and "image_encoder: torchvision:resnet18" in out.out
+    assert main(["train", "--data", str(tiny_dataset), "--print-config"]) == 0
+    out = capsys.readouterr()
+    assert "[raydist] images:" not in out.err and "image_encoder: linear" in out.out
+
+
+def test_the_image_encoder_rule_follows_the_image_size():
+    from raydist.presets import image_encoder_for_data
+
+    small = image_encoder_for_data([28, 28], 1, torchvision=True)
+    assert small.overrides == {"model.image_encoder": "small-cnn"} and "greyscale" in small.reason
+    big = image_encoder_for_data([375, 500], 3, torchvision=True)
+    assert big.overrides == {"model.image_encoder": "torchvision:resnet18", "data.image_size": 224}
+    mid = image_encoder_for_data([120, 160], 3, torchvision=True)
+    assert mid.overrides["data.image_size"] == 120
+    none = image_encoder_for_data([375, 500], 3, torchvision=False)
+    assert none.overrides == {"model.image_encoder": "small-cnn", "data.image_size": 64}
+    assert 'pip install -e ".[vision]"' in none.line()

@@ -67,3 +67,43 @@ def preset_for_data(shape: DataShape) -> PresetChoice:
     if per_image >= 2 and shared < SHARED_CAPTION_SHARE:
         return PresetChoice("default", f"{facts} (< {SHARED_CAPTION_SHARE:.0%}): few false negatives for MH")
     return PresetChoice("small", f"{facts}: MH's hardest negative would often be a false one")
+
+
+SMALL_CNN_MAX_SIDE = 64  # images up to this shorter side train with small-cnn at their own size
+CNN_FALLBACK_SIDE = 64  # larger images without torchvision: small-cnn on crops of this side
+RESNET_MAX_SIDE = 224  # the crop side a torchvision ResNet trains at, at most
+
+
+@dataclass(frozen=True)
+class ImageChoice:
+    """The image encoder and crop a run on encoded images gets when its config names no encoder, and why."""
+
+    overrides: dict[str, object]
+    reason: str
+
+    def line(self) -> str:
+        """The one console line a run prints about the choice."""
+        picked = " ".join(f"{k}={v}" for k, v in self.overrides.items())
+        return f"[raydist] images: {self.reason} → {picked} -- set model.image_encoder= to choose"
+
+
+def image_encoder_for_data(image_size: list[int], channels: int, *, torchvision: bool) -> ImageChoice:
+    """The encoder for encoded images of median size ``image_size`` ([height, width]) and ``channels``:
+
+    - shorter side ≤ ``SMALL_CNN_MAX_SIDE`` → ``small-cnn`` at the images' own size (crop = shorter side);
+    - larger, with torchvision installed → ``torchvision:resnet18`` on crops of min(shorter side, 224);
+    - larger, without it → ``small-cnn`` on crops of ``CNN_FALLBACK_SIDE`` (the ``vision`` extra brings
+      torchvision).
+    """
+    side = min(image_size)
+    facts = f"median {image_size[0]}×{image_size[1]} {'greyscale' if channels == 1 else 'colour'}"
+    if side <= SMALL_CNN_MAX_SIDE:
+        return ImageChoice({"model.image_encoder": "small-cnn"},
+                           f"{facts} (shorter side ≤ {SMALL_CNN_MAX_SIDE}): a small GroupNorm CNN at their size")  # fmt: skip
+    if torchvision:
+        crop = min(side, RESNET_MAX_SIDE)
+        return ImageChoice({"model.image_encoder": "torchvision:resnet18", "data.image_size": crop},
+                           f"{facts}: a ResNet-18 (no pretrained weights unless model.image_weights=) on {crop} px crops")  # fmt: skip
+    return ImageChoice({"model.image_encoder": "small-cnn", "data.image_size": CNN_FALLBACK_SIDE},
+                       f"{facts}, torchvision not installed (pip install -e \".[vision]\" for ResNets): a small CNN "
+                       f"on {CNN_FALLBACK_SIDE} px crops")  # fmt: skip

@@ -20,11 +20,25 @@ from raydist.data import check_split_size, ensure_default_dataset, load_manifest
 from raydist.data.stream import fits_in_memory, train_dataset, train_splits, train_transform
 from raydist.distributed import StepPlan
 from raydist.runfiles import HISTORY_FILE, LOG_FILE, STOP_FILE
-from raydist.runtime import check_cluster_fits, init_ray, is_uri, run_cpus, run_name, storage_root
+from raydist.runtime import (
+    alive_nodes,
+    check_cluster_fits,
+    check_storage_reachable,
+    init_ray,
+    is_uri,
+    run_cpus,
+    run_name,
+    storage_root,
+)
 from raydist.tasks import DataInfo, build_task, check_task_config, get_task, task_names
 from raydist.tasks.images import check_image_config
 from raydist.train.malloc import worker_env
 from raydist.train.stopping import stop_on_signals
+
+# Ray Train's worker-group start timeout (its env var; default 60 s) and the restarts of a start that timed out
+# (FailureConfig.controller_failure_limit; default -1 = forever, which looks like a hang)
+START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
+CONTROLLER_RETRIES = 1
 
 
 @dataclass
@@ -121,6 +135,7 @@ def build_trainer(
     from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
+    from raydist.train.elastic import FreshCapacityOnRestart
     from raydist.train.ray_worker import train_loop_per_worker
 
     task = build_task(cfg, DataInfo.from_dataset(data_dir))
@@ -128,7 +143,9 @@ def build_trainer(
     transform = train_transform(task.stream_transform(), cfg.data.train_fraction, cfg.train.seed)
     datasets = {}
     if source == "stream":
-        datasets = {name: train_dataset(data_dir, task.columns, transform) for name in train_splits(cfg.train.epochs)}
+        datasets = {name: train_dataset(data_dir, task.columns, transform, num_cpus=cfg.data.transform_cpus,
+                                        concurrency=cfg.data.transform_concurrency)
+                    for name in train_splits(cfg.train.epochs)}  # fmt: skip
     storage = storage_root(cfg, storage_path)
     name = run_name(cfg, run_name_override)
     loop_config = {
@@ -138,29 +155,55 @@ def build_trainer(
         "resume_from": str(resume_from) if resume_from else None,
         "run_dir": None if is_uri(storage) else str(Path(storage) / name),
     }
+    # Ray Train reads the start timeout from the environment of the process that calls fit(); a start that
+    # times out is a controller failure, retried CONTROLLER_RETRIES times: together about capacity_wait_s
+    os.environ[START_TIMEOUT_ENV] = f"{cfg.train.capacity_wait_s / (CONTROLLER_RETRIES + 1):g}"
+    elastic_callbacks = [FreshCapacityOnRestart()] if isinstance(worker_range(cfg), tuple) else []
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config=loop_config,
         scaling_config=ScalingConfig(
-            num_workers=cfg.train.num_workers,
+            num_workers=worker_range(cfg),
             use_gpu=cfg.train.use_gpu,
             resources_per_worker={"CPU": cfg.train.cpus_per_worker},
+            elastic_resize_monitor_interval_s=cfg.train.elastic_resize_check_s,
         ),
         run_config=RunConfig(
             name=name,
             storage_path=storage,
-            failure_config=FailureConfig(max_failures=cfg.train.max_failures),
+            failure_config=FailureConfig(
+                max_failures=cfg.train.max_failures, controller_failure_limit=CONTROLLER_RETRIES
+            ),
             checkpoint_config=CheckpointConfig(
                 num_to_keep=cfg.train.keep_checkpoints,
                 checkpoint_score_attribute=f"val/{task.primary_metric}",
                 checkpoint_score_order="max",
             ),
-            callbacks=callbacks or [],
+            callbacks=[*(callbacks or []), *elastic_callbacks],
             worker_runtime_env={"env_vars": worker_env(cfg.train.tune_malloc)},
         ),
         datasets=datasets,
         dataset_config=DataConfig(datasets_to_split=list(datasets)),
     )
+
+
+def worker_range(cfg: Config) -> int | tuple[int, int]:
+    """``ScalingConfig(num_workers=...)``: ``train.num_workers`` for a fixed-size run, ``(train.min_workers,
+    train.num_workers)`` for an elastic one (Ray Train starts once ``min`` workers fit, restarts with fewer from
+    the latest checkpoint when a node goes, and grows back, again from the latest checkpoint, when capacity
+    returns; it looks every ``train.elastic_resize_check_s`` seconds)."""
+    t = cfg.train
+    if t.min_workers is None or t.min_workers >= t.num_workers:
+        return t.num_workers
+    return (t.min_workers, t.num_workers)
+
+
+def describe_workers(cfg: Config) -> str:
+    """``2 Ray Train workers`` or ``1–3 Ray Train workers (elastic)`` for the console."""
+    workers = worker_range(cfg)
+    if isinstance(workers, tuple):
+        return f"{workers[0]}–{workers[1]} Ray Train workers (elastic)"
+    return f"{workers} Ray Train workers"
 
 
 def run_training(
@@ -200,11 +243,12 @@ def run_training(
           flush=True)  # fmt: skip
     started = time.perf_counter()
     init_ray(run_cpus(cfg), address)
-    check_cluster_fits(run_cpus(cfg))
-    print(f"[raydist] Ray ready in {time.perf_counter() - started:.1f} s; starting {cfg.train.num_workers} Ray Train "
-          "workers …", flush=True)  # fmt: skip
     name = run_name(cfg)
     storage = storage_root(cfg)
+    check_storage_reachable(storage, cfg.train.storage_shared, alive_nodes())
+    check_cluster_fits(run_cpus(cfg, fewest=True))
+    print(f"[raydist] Ray ready in {time.perf_counter() - started:.1f} s; starting {describe_workers(cfg)} …",
+          flush=True)  # fmt: skip
     if not is_uri(storage):
         route_ray_output(Path(storage) / name / LOG_FILE)
     trainer = build_trainer(cfg, data_dir, resume_from=resume_from, run_name_override=name)
@@ -212,7 +256,7 @@ def run_training(
         with stop_on_signals(None if is_uri(storage) else Path(storage) / name / STOP_FILE):
             result = _fit_off_main_thread(trainer)
     except TrainingFailedError as e:
-        raise training_failure(e) from e
+        raise training_failure(e, cfg, None if is_uri(storage) else str(Path(storage) / name)) from e
     returned = result.return_value if isinstance(result.return_value, dict) else {}
     task = build_task(cfg, DataInfo.from_dataset(data_dir))
     metric = f"val/{task.primary_metric}"
@@ -336,10 +380,12 @@ def _continue_or_start_named_run(cfg: Config, data_dir: Path, *, force: bool) ->
     print(f"[raydist] --force: starting {name} over (removed {run.run_dir})", flush=True)
 
 
-def training_failure(error: Exception) -> Exception:
+def training_failure(error: Exception, cfg: Config | None = None, run_dir: str | None = None) -> Exception:
     """One line for the user from a failed fit: the first worker's error (its last line), where the full
     log is, and the kind: a ConfigError (bad input, exit 2) when a worker refused its config or data,
-    otherwise a RuntimeError (a failed run, exit 1)."""
+    otherwise a RuntimeError (a failed run, exit 1). Workers that waited ``train.capacity_wait_s`` for their
+    resources in vain (a fixed-size run after a node loss) get their own line, with how to continue the run
+    in ``run_dir``."""
     from raydist.data import RaydistDataError
 
     failures = getattr(error, "worker_failures", None) or {}
@@ -347,6 +393,16 @@ def training_failure(error: Exception) -> Exception:
     cause = getattr(first, "cause", None) or first  # RayTaskError wraps the worker's exception
     lines = [line.strip() for line in str(cause).strip().splitlines() if line.strip()]
     message = f"{lines[-1] if lines else type(cause).__name__} (full log: {_session_log_dir()})"
+    if type(cause).__name__ == "WorkerGroupStartupTimeoutError" and cfg is not None:  # Ray's private class
+        again = ("the same command continues it" if cfg.train.run_name
+                 else f"raydist train --resume {run_dir} continues it" if run_dir else "")  # fmt: skip
+        message = (
+            f"{describe_workers(cfg)} did not get their CPUs/GPUs within train.capacity_wait_s="
+            f"{cfg.train.capacity_wait_s:g} s (a node was lost, or the cluster is too small): add nodes or raise "
+            "train.capacity_wait_s, or let the run shrink with train.min_workers"
+            + (f"; the run keeps its checkpoints, and {again}" if again else "")
+            + f" (full log: {_session_log_dir()})"
+        )
     if isinstance(cause, (ConfigError, RaydistDataError)):
         return ConfigError(message)
     return RuntimeError(f"training failed: {message}")
@@ -417,12 +473,14 @@ def _finish(outcome: TrainOutcome, data_dir: Path, evaluate_test: bool) -> Train
 
 
 def format_history(history: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
-    """Per-epoch table: epoch, step, train loss, samples/s and the task's validation columns
-    (``Task.history_columns``)."""
-    head = f"{'epoch':>5} {'step':>6} {'phase':>5} {'loss':>9} {'samples/s':>10}"
+    """Per-epoch table: epoch, step, train loss, samples/s, the workers when they changed during the run (an
+    elastic run that resized) and the task's validation columns (``Task.history_columns``)."""
+    resized = len({m.get("world") for m in history}) > 1
+    head = f"{'epoch':>5} {'step':>6} {'phase':>5} {'loss':>9} {'samples/s':>10}" + (f" {'workers':>7}" if resized else "")
     lines = [head + "".join(f" {title:>8}" for _, title in columns)]
     for m in history:
         row = (f"{m['epoch']:>5} {m['step']:>6} {m.get('phase') or '-':>5} {m['train/loss']:>9.4f} "
                f"{m['train/samples_per_s']:>10.0f}")  # fmt: skip
+        row += f" {m.get('world', '-'):>7}" if resized else ""
         lines.append(row + "".join(f" {m.get('val/' + key, float('nan')):>8.1f}" for key, _ in columns))
     return "\n".join(lines)
