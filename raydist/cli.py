@@ -471,7 +471,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="run benchmarks side by side with their references (table + ratios)")
     p.add_argument("names", nargs="*", help="benchmarks to run: loss, loss-memory, data, step, gather, gc, startup, "
-                   "retrieval, real-cross-view, text-encoders, tokenize (default: all)")
+                   "retrieval, real-cross-view, text-encoders, tokenize, images (default: all)")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, one repetition (what the tests run)")
     p.add_argument("--repeats", type=int, default=5, help="repetitions per measurement (median and spread)")
     p.add_argument("--record", help="append the table with command, machine and versions to this file")

@@ -67,15 +67,16 @@ def test_transformer_never_sees_padding(pooling, train):
     assert not torch.allclose(encoder(changed, lengths)[0], out[0])
 
 
-def test_transformer_size_keys_and_gc_refusal():
+def test_transformer_size_keys_and_gc_refusal_of_hf():
     cfg = load_config("tiny", overrides={"model.text_encoder": "transformer", "model.text_layers": 3,
                                          "model.text_heads": 2, "model.text_width": 24})  # fmt: skip
     task_cfg = cfg.model
     assert (task_cfg.text_layers, task_cfg.text_heads, task_cfg.text_width) == (3, 2, 24)
     with pytest.raises(ConfigError, match="must divide by model.text_heads"):
         validate(load_config("tiny", overrides={"model.text_encoder": "transformer", "model.text_heads": 5}))
-    with pytest.raises(ConfigError, match="gradient clustering supports the gru text encoder only"):
-        validate(load_config("tiny", overrides={"model.text_encoder": "transformer", "gc.measure": True}))
+    validate(load_config("tiny", overrides={"model.text_encoder": "transformer", "gc.measure": True}))
+    with pytest.raises(ConfigError, match="gradient clustering supports the gru and transformer text encoders"):
+        validate(load_config("tiny", overrides={"model.text_encoder": "hf:bert", "gc.sample": True}))
 
 
 @pytest.fixture(scope="module")

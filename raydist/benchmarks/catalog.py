@@ -10,6 +10,7 @@ from typing import Protocol
 from raydist.benchmarks.data import data_rate
 from raydist.benchmarks.gather import gather_share
 from raydist.benchmarks.gc import gc_cost
+from raydist.benchmarks.images import images_rate
 from raydist.benchmarks.loss import loss_memory, loss_time
 from raydist.benchmarks.real_cross_view import real_cross_view
 from raydist.benchmarks.retrieval import retrieval
@@ -52,6 +53,7 @@ BENCHMARKS: dict[str, Benchmark] = {
         Benchmark("real-cross-view", real_cross_view),
         Benchmark("text-encoders", text_encoders),
         Benchmark("tokenize", tokenize_rate),
+        Benchmark("images", images_rate),
     )
 }
 

@@ -79,7 +79,10 @@ class GradientClusteringHook(Hook):
                                      seed=self.cfg.train.seed)  # fmt: skip
         registry.register("gradclust", self.gc)
         if self.rank == 0:
-            skipped = ", ".join(f"{name} ({why})" for name, why in unsupported_layers(model)) or "none"
+            by_reason: dict[str, list[str]] = {}  # one reason once: a transformer repeats it per layer
+            for name, why in unsupported_layers(model):
+                by_reason.setdefault(why, []).append(name)
+            skipped = "; ".join(f"{', '.join(names)} ({why})" for why, names in by_reason.items()) or "none"
             sys.stdout.write(f"[raydist] gradient clustering over {len(self.gc.layers)} layers; excluded: "
                              f"{skipped}\n")  # fmt: skip
             if g.sample and not self.task.per_example_losses:

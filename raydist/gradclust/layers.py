@@ -221,6 +221,13 @@ class EmbeddingFactors(Factors):
         return EmbeddingFactors(self.tokens[rows], self.grads[rows], self.num_embeddings)
 
 
+# why the trainable parameters of these torch.nn modules are left out (others: "no per-example gradient factors")
+EXCLUDED_REASONS = {
+    nn.MultiheadAttention: "attention: in_proj_weight and out_proj are applied functionally, no module hook sees them",
+    nn.LayerNorm: "LayerNorm: an elementwise scale and shift, its per-example gradient is not an outer product",
+}
+
+
 def _own_forward(module: nn.Module) -> bool:
     return any(isinstance(module, t) and type(module).forward is t.forward for t in SUPPORTED)
 
@@ -231,7 +238,8 @@ def unsupported_reason(module: nn.Module) -> str | None:
     if not own:
         return None
     if not _own_forward(module):
-        return f"no per-example gradient factors for {type(module).__name__}"
+        known = next((why for kind, why in EXCLUDED_REASONS.items() if isinstance(module, kind)), None)
+        return known or f"no per-example gradient factors for {type(module).__name__}"
     if not module.weight.requires_grad:
         return "frozen weight with a trainable bias"
     if isinstance(module, nn.Conv2d):
@@ -252,18 +260,18 @@ def scan_layers(model: nn.Module) -> tuple[dict[str, nn.Module], list[tuple[str,
     """
     layers: dict[str, nn.Module] = {}
     skipped: list[tuple[str, str]] = []
-    opaque: list[str] = []  # unsupported torch.nn modules: their submodules are left out
+    opaque: dict[str, str] = {}  # unsupported torch.nn modules (name: type): their submodules are left out
     for name, module in model.named_modules():
         parent = next((o for o in opaque if name.startswith(o + ".")), None)
         if parent is not None:
             if any(p.requires_grad for p in module.parameters(recurse=False)):
-                skipped.append((name, f"inside unsupported {parent}"))
+                skipped.append((name, f"inside unsupported {opaque[parent]}, whose forward uses its weights directly"))
             continue
         reason = unsupported_reason(module)
         if reason is not None:
             skipped.append((name, reason))
             if type(module).__module__.startswith("torch.nn"):
-                opaque.append(name)
+                opaque[name] = type(module).__name__
         elif any(p.requires_grad for p in module.parameters(recurse=False)):
             layers[name] = module
     return layers, skipped

@@ -56,6 +56,8 @@ class TransformerTextEncoder(nn.Module):
     """``normalize(W · pool(TransformerEncoder(embed(t) + pos)) + b)``: pre-LayerNorm encoder layers (GELU,
     feed-forward 4 × width), learned positions up to ``max_len``, a final LayerNorm, masked mean or first-token
     pooling, and a Linear to ``embed_dim``. Padded positions are masked as attention keys and left out of the pool.
+    The position table is an Embedding called on position ids [B, L], so each example's share of its gradient is
+    a module output gradient (what gradient clustering records), as for the token embedding.
 
     torch's own ``nn.TransformerEncoder`` rather than HF ``BertModel``: it needs no extra dependency in the core
     install, its layers are plain modules (DDP, AMP and ``state_dict`` behave as for the GRU), and the
@@ -81,7 +83,8 @@ class TransformerTextEncoder(nn.Module):
         if width > self.positions.num_embeddings:
             raise ValueError(f"captions of {width} tokens: the encoder has positions for {self.positions.num_embeddings}")
         lengths = lengths.to(tokens.device)
-        x = self.embed(tokens) + self.positions.weight[:width]
+        position_ids = torch.arange(width, device=tokens.device).expand(tokens.shape[0], width)
+        x = self.embed(tokens) + self.positions(position_ids)
         hidden = self.encoder(x, src_key_padding_mask=padding_mask(lengths, width))
         return l2_normalize(self.proj(pool_tokens(hidden, lengths, self.pooling)))
 
