@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
 from raydist.config import Config, ConfigError
-from raydist.data.image_transforms import ImageTransform
+from raydist.data.image_transforms import ImageTransform, decode_images
+from raydist.data.stream import fits_in_memory
 from raydist.data.transforms import ImageViews
 from raydist.models import image_encoder_names
 from raydist.tasks.base import DataInfo
@@ -86,3 +88,12 @@ def embed_views(encoder: nn.Module, views: ImageViews, *, batch_size: int,
            for s in range(0, len(views), batch_size)]  # fmt: skip
     encoder.train(was_training)
     return torch.cat(out)
+
+
+def eval_images(cfg: Config, info: DataInfo, split: str, images: np.ndarray) -> np.ndarray:
+    """A split's encoded image column, decoded once into uint8 pixels when the split fits
+    ``data.in_memory_max_mb`` (so each evaluation only resizes and crops), else as it is (decoded per
+    evaluation, a batch at a time)."""
+    if info.data_dir is not None and fits_in_memory(info.data_dir, split, cfg.data.in_memory_max_mb):
+        return decode_images(images, info.image_channels or 3)
+    return images

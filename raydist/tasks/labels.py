@@ -37,7 +37,7 @@ from raydist.models.matryoshka import nested_cross_entropy
 from raydist.models.mlp import LabelsModel
 from raydist.models.wrapped import unwrap_model
 from raydist.tasks.base import PROBE_LOSS, Encoded, StepContext, Task, nested_sum, smallest_prefix
-from raydist.tasks.images import crop_size, image_transform
+from raydist.tasks.images import crop_size, eval_images, image_transform
 
 
 def mining_stats(emb: Tensor, labels: Tensor, triplets: Any, *, strategy: str, margin: float,
@@ -79,6 +79,7 @@ class LabelsTask(Task):
         self.gathers = self.kind != "cross_entropy"  # metric losses mine the global batch
         self.per_example_losses = self.kind == "cross_entropy"
         self.primary_metric = "top1" if self.kind == "cross_entropy" else "r1"
+        self._eval_images: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
     def transform(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Features as float32; train labels with ``data.label_noise`` applied (:func:`flip_labels`). Encoded
@@ -174,12 +175,17 @@ class LabelsTask(Task):
     @torch.no_grad()
     def embed_split(self, model: nn.Module, split: str, device: torch.device | str = "cpu"):
         """(embeddings [N, d], logits [N, K], clean labels [N]) of a split."""
-        table = read_split(self.info.data_dir, split, verify=False)
-        labels = table.column(CLEAN_LABEL if CLEAN_LABEL in table.column_names else LABEL).to_numpy()
-        if self.info.encoded:
-            images = table.column(IMAGE).to_numpy(zero_copy_only=False)
+        if self.info.encoded:  # the split's labels and images (decoded once when they fit) are kept
+            if split not in self._eval_images:
+                table = read_split(self.info.data_dir, split, verify=False)
+                images = table.column(IMAGE).to_numpy(zero_copy_only=False)
+                labels = table.column(CLEAN_LABEL if CLEAN_LABEL in table.column_names else LABEL).to_numpy()
+                self._eval_images[split] = (eval_images(self.cfg, self.info, split, images), labels)
+            images, labels = self._eval_images[split]
             inputs = ImageViews(images, image_transform(self.cfg, self.info, train=False))
         else:
+            table = read_split(self.info.data_dir, split, verify=False)
+            labels = table.column(CLEAN_LABEL if CLEAN_LABEL in table.column_names else LABEL).to_numpy()
             inputs = feature_matrix(table.column(IMAGE))
         emb, logits = self._forward(model, inputs, device)
         return emb, logits, labels

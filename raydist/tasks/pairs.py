@@ -37,7 +37,7 @@ from raydist.eval.retrieve import RetrievalSet
 from raydist.losses import l2_normalize, mh_collapse_value
 from raydist.models import build_model
 from raydist.tasks.base import DataInfo, Encoded, StepContext, Task, nested_sum, smallest_prefix
-from raydist.tasks.images import crop_size, embed_views, image_transform
+from raydist.tasks.images import crop_size, embed_views, eval_images, image_transform
 
 
 class PairsTask(Task):
@@ -189,7 +189,8 @@ class PairsTask(Task):
         caption (row order, then caption order), with the image's ``image_id`` per image and its
         ``sample_id`` per caption."""
         if split not in self._splits:
-            self._splits[split] = split_columns(self.info.data_dir, split, (IMAGE_ID, SAMPLE_ID, IMAGE, CAPTIONS))
+            cols = split_columns(self.info.data_dir, split, (IMAGE_ID, SAMPLE_ID, IMAGE, CAPTIONS))
+            self._splits[split] = {**cols, IMAGE: eval_images(self.cfg, self.info, split, cols[IMAGE])}
         cols = self._splits[split]
         bs = self.cfg.eval.batch_size
         views = ImageViews(cols[IMAGE], image_transform(self.cfg, self.info, train=False))
