@@ -36,6 +36,7 @@ from raydist.tasks import StepContext, Task, to_tensors
 from raydist.tasks.base import PROBE_LOSS
 from raydist.train.hooks import Hook
 from raydist.train.malloc import tune_malloc
+from raydist.train.optim import BackboneFreeze, EpochStepLR, WarmupDecay, build_optimizer, build_schedule
 
 
 class Runtime(Protocol):
@@ -133,22 +134,25 @@ class Progress:
 
 @dataclass
 class Trainables:
-    """What a step updates: model, optimizer, LR schedule and loss scaler (all registered as state)."""
+    """What a step updates: model, optimizer, LR schedule and loss scaler (all registered as state), and the
+    frozen-backbone phase (:mod:`raydist.train.optim`)."""
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scheduler: EpochStepLR | WarmupDecay
     scaler: torch.amp.GradScaler
+    freeze: BackboneFreeze
 
     @classmethod
-    def build(cls, cfg: Config, model: nn.Module, device: torch.device) -> Trainables:
-        optimizer = torch.optim.Adam(model.parameters(), lr=cfg.train.lr)
-        scheduler = torch.optim.lr_scheduler.StepLR(
-            optimizer, step_size=cfg.train.lr_decay_epoch, gamma=cfg.train.lr_decay_factor
-        )
+    def build(
+        cls, cfg: Config, model: nn.Module, device: torch.device, steps_per_epoch: int | None = None
+    ) -> Trainables:
+        """``steps_per_epoch``: the run's steps per epoch (needed by ``train.lr_schedule=cosine`` only)."""
+        optimizer = build_optimizer(model, cfg.train)
+        scheduler = build_schedule(optimizer, cfg.train, steps_per_epoch)
         # fp16 needs loss scaling; with "none"/"bf16" the scaler is a pass-through.
         scaler = torch.amp.GradScaler(device.type, enabled=cfg.train.amp == "fp16")
-        return cls(model, optimizer, scheduler, scaler)
+        return cls(model, optimizer, scheduler, scaler, BackboneFreeze(model, cfg.train.freeze_backbone_epochs))
 
     def register(self, registry: StateRegistry) -> None:
         registry.register("model", unwrap_model(self.model))
@@ -175,7 +179,8 @@ def run_loop(
     if cfg.train.tune_malloc:
         tune_malloc()
     torch.manual_seed(cfg.train.seed)
-    parts = Trainables.build(cfg, task.build_model(), device)
+    steps = runtime.steps_per_epoch()
+    parts = Trainables.build(cfg, task.build_model(), device, steps)
     registry = StateRegistry()
     parts.register(registry)
     registry.register("task", task)
@@ -187,7 +192,6 @@ def run_loop(
         state = _restore(restore, cfg, task, registry, rank)
     model = parts.model = runtime.prepare_model(parts.model)
 
-    steps = runtime.steps_per_epoch()
     progress = Progress(cfg.train.epochs, steps, plan.rows_per_step)
     first_step_unix: float | None = None
     stopped = False
@@ -197,6 +201,8 @@ def run_loop(
         phase = task.phase(epoch)
         if rank == 0 and phase and (epoch == 0 or phase != task.phase(epoch - 1)):
             say(f"[raydist] epoch {epoch + 1}/{cfg.train.epochs}: loss phase {phase}")
+        if rank == 0 and (line := parts.freeze.line(epoch, cfg.train.backbone_lr_mult)):
+            say(f"[raydist] epoch {epoch + 1}/{cfg.train.epochs}: {line}")
         loss_sum, n_steps = 0.0, 0
         progress.start_epoch()
         stat_sums: dict[str, float] = {}
@@ -236,7 +242,7 @@ def run_loop(
                 break
         if stopped:
             break
-        parts.scheduler.step()
+        parts.scheduler.after_epoch()
         state.epoch += 1
         state.step_in_epoch = 0
         totals = all_reduce_sum(torch.tensor([loss_sum, float(n_steps)], dtype=torch.float64))
@@ -325,6 +331,7 @@ def train_step(
     loss = task.loss(encoded, gathered, negative_set, ctx, stats)
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(loss).backward()
+    parts.freeze.discard_grads(ctx.epoch)
     for hook in hooks:
         hook.after_backward(ctx, model)
     if cfg.train.grad_clip > 0:
@@ -332,6 +339,7 @@ def train_step(
         nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
     scaler.step(optimizer)
     scaler.update()
+    parts.scheduler.after_step()
     return float(loss.detach()) - stats.get(PROBE_LOSS, 0.0)  # a probe's loss is reported apart (stats)
 
 
