@@ -103,8 +103,9 @@ def resume_config_from_args(args: argparse.Namespace):
 
 def cmd_train(args: argparse.Namespace) -> int:
     from raydist.eval.metrics import format_metrics
-    from raydist.train.trainer import format_history, run_training
+    from raydist.train.trainer import format_history, format_startup, run_training
 
+    imported = time.time()
     cfg = resume_config_from_args(args) if args.resume else config_from_args(args)
     if args.print_config:
         print(dump_yaml(cfg))
@@ -119,6 +120,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if outcome.first_step_unix is not None:
         print(f"[raydist] first optimizer step {outcome.first_step_unix - STARTED:.1f} s after `raydist` started "
               "(Python's own start-up not counted)")  # fmt: skip
+        outcome.startup = {"launch": STARTED, "imports": imported, **outcome.startup,
+                           "first_step": outcome.first_step_unix}  # fmt: skip
+        print(f"[raydist] start-up: {format_startup(outcome.startup, STARTED)} after `raydist` started")
     print("\n== per-epoch metrics ==")
     print(format_history(outcome.history, outcome.columns))
     if outcome.resumed_at:

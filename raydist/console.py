@@ -12,6 +12,9 @@ from pathlib import Path
 from typing import Any
 
 PREFIX = "[raydist]"  # lines the workers print for the user start with this
+# Ray Train's placement-group cleaner says this every second while the State API cannot be reached, which is always
+# so in a private instance started without a dashboard (raydist.runtime.start_local_ray)
+STATE_API_UNREACHABLE = "Failed to query Ray Train Controller actor state"
 _state = {"verbose": False}
 _lock = threading.Lock()  # console writes
 _file_lock = threading.Lock()  # log file appends
@@ -90,7 +93,8 @@ def is_verbose() -> bool:
 def route_ray_output(log_file: str | Path) -> None:
     """Send every line that Ray forwards from workers and actors, and the raylet's warnings, to ``log_file``; on
     the console keep only lines starting with ``[raydist]`` (everything with ``-v``). Call after Ray is
-    initialised; a later call moves the output to its own file."""
+    initialised; a later call moves the output to its own file. Lines of :data:`STATE_API_UNREACHABLE` are
+    dropped."""
     from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
     from ray._private.worker import print_to_stdstream
 
@@ -100,9 +104,13 @@ def route_ray_output(log_file: str | Path) -> None:
     ray_print = _ray_print.setdefault("original", print_to_stdstream)
 
     def handle(data: dict[str, Any]) -> None:
+        lines = [line for line in data.get("lines", []) if STATE_API_UNREACHABLE not in line]
+        if not lines:
+            return
+        data = {**data, "lines": lines}
         source = data.get("actor_name") or data.get("task_name") or f"pid={data.get('pid')}"
         with _file_lock, open(path, "a") as f:
-            f.writelines(f"({source}) {line}\n" for line in data.get("lines", []))
+            f.writelines(f"({source}) {line}\n" for line in lines)
         if verbose:
             ray_print(data, ignore_prefix=False)
             return

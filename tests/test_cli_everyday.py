@@ -37,6 +37,10 @@ def test_in_process_run_resume_and_eval(tiny_dataset, tmp_path, capsys):
     assert first["test_metrics"]["rsum"] > 0
     printed = capsys.readouterr().out
     assert "== test split, best checkpoint ==" in printed and "raydist eval --checkpoint" in printed
+    # the start-up marks the CLI prints and records (in-process: no Ray, so imports and the first step only)
+    marks = first["startup"]
+    assert marks["launch"] <= marks["imports"] <= marks["first_step"] == first["first_step_unix"]
+    assert "[raydist] start-up: imports " in printed and ", first step " in printed
 
     # --resume takes the checkpoint's config (tiny, not the default preset) and says what changed
     out = tmp_path / "resumed.json"

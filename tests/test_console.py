@@ -96,3 +96,24 @@ def test_raylet_warnings_go_to_the_log_file_and_only_with_v_to_the_console(verbo
     shown = capsys.readouterr()
     assert (later in shown.out + shown.err) == verbose
     assert (tmp_path / "raydist.log").read_text() == f"(pid=raylet) {later}\n"
+
+
+def test_the_cleaners_state_api_warning_is_left_out_of_the_log(monkeypatch, tmp_path, capsys):
+    """A private instance without a dashboard has no State API: Ray Train's placement-group cleaner says so every
+    second, and those lines reach neither the run's log nor the console; every other line is routed as before."""
+    import ray._private.worker as ray_worker
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+    monkeypatch.setattr(ray_worker, "print_to_stdstream", console._ray_print.get("original", ray_worker.print_to_stdstream))
+    monkeypatch.setattr(console, "_ray_print", {})
+    monkeypatch.setattr(dispatcher, "handlers", list(dispatcher.handlers))
+    monkeypatch.setitem(console._state, "verbose", False)
+    console.route_ray_output(tmp_path / "raydist.log")
+    # the cleaner's words in Ray 2.60 (ray/train/v2/_internal/execution/controller/placement_group_cleaner.py)
+    noise = ("Failed to query Ray Train Controller actor state. State API may be temporarily unavailable. "
+             "Continuing to monitor.")  # fmt: skip
+    dispatcher.emit({"actor_name": "PlacementGroupCleaner", "pid": 1, "lines": [noise, noise]})
+    dispatcher.emit({"actor_name": "RayTrainWorker", "pid": 2, "lines": [noise, "[raydist] epoch 1/1 done", "other"]})
+    logged = (tmp_path / "raydist.log").read_text()
+    assert logged == "(RayTrainWorker) [raydist] epoch 1/1 done\n(RayTrainWorker) other\n"
+    assert capsys.readouterr().out == "[raydist] epoch 1/1 done\n"

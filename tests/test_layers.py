@@ -23,8 +23,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("tasks", ("raydist.tasks",)),
     ("trained models", ("raydist.inference", "raydist.extract", ROOT)),
     ("loop and hooks", ("raydist.train", "raydist.train.hooks", "raydist.gradclust.hook")),
-    ("wiring and Ray Train", ("raydist.train.wiring", "raydist.train.ray_worker", "raydist.train.trainer")),
-    ("drivers", ("raydist.tune", "raydist.benchmarks", "raydist.experiments")),
+    ("wiring and Ray Train", ("raydist.train.wiring", "raydist.train.ray_worker", "raydist.train.trainer",
+                              "raydist.train.elastic")),
+    ("drivers", ("raydist.tune", "raydist.benchmarks", "raydist.experiments", "raydist.simcluster")),
     ("command line", ("raydist.cli",)),
 ]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import struct
+import time
 from collections import defaultdict
 
 import numpy as np
@@ -70,6 +71,11 @@ def test_every_step_and_epoch_is_logged_and_matches_the_history(tiny_dataset, tm
     history = out["history"]
     steps = _steps(tmp_path)
     assert [s["step"] for s in steps] == list(range(1, out["global_step"] + 1))
+    # one process: every step scored the configured global batch against all of its rows
+    assert {(s["world"], s["stats"]["neg/queries"], s["stats"]["neg/keys"]) for s in steps} == {
+        (1, cfg.train.batch_size, cfg.train.batch_size)
+    }
+    assert [h["world"] for h in history] == [1, 1]
     for h, first in zip(history, [0, history[0]["step"]]):
         mine = [s for s in steps if first < s["step"] <= h["step"]]
         assert {s["epoch"] for s in mine} == {h["epoch"]}
@@ -94,13 +100,19 @@ def test_every_step_and_epoch_is_logged_and_matches_the_history(tiny_dataset, tm
 def test_log_every_and_tensorboard_off(tiny_dataset, tmp_path):
     cfg = _config(tiny_dataset, **{"train.log_every": 20, "train.tensorboard": False})
     hook = TrackingHook(cfg, tmp_path)
+    before = time.time()
     for step in range(65):
-        hook.after_step(StepContext(step // 30, step, 0, 1), float(step), {"neg/keys": 32.0})
-    hook.end_of_epoch(StepContext(1, 65, 0, 1), None, {"train/loss": 1.0})
-    assert _steps(tmp_path) == [
-        {"step": s, "epoch": (s - 1) // 30 + 1, "loss": s - 1.0, "stats": {"neg/keys": 32.0}}
+        hook.after_step(StepContext(step // 30, step, 0, 2 if step < 30 else 3), float(step), {"neg/keys": 32.0})
+    epoch_metrics = {"train/loss": 1.0}
+    hook.end_of_epoch(StepContext(1, 65, 0, 3), None, epoch_metrics)
+    steps = _steps(tmp_path)
+    assert all(before <= s.pop("time") <= time.time() for s in steps)
+    assert steps == [
+        {"step": s, "epoch": (s - 1) // 30 + 1, "world": 2 if s <= 30 else 3, "loss": s - 1.0,
+         "stats": {"neg/keys": 32.0}}
         for s in (20, 40, 60)
-    ]
+    ]  # fmt: skip
+    assert epoch_metrics["world"] == 3  # history.json shows the workers of each epoch
     assert not event_files(tmp_path)
 
 

@@ -32,8 +32,11 @@ def test_tiny_two_workers_learn(ray_cluster, tiny_dataset, tmp_path):
     before = untrained_rsum(cfg, tiny_dataset)
     started = time.time()
     outcome = run_training(cfg)
-    # the first optimizer step's wall-clock time (rank 0), as the CLI and `raydist bench startup` report it
+    # the first optimizer step's wall-clock time (rank 0), as the CLI and `raydist bench startup` report it, after
+    # the start-up marks of the driver and of rank 0, in their order
     assert started < outcome.first_step_unix < time.time()
+    marks = [outcome.startup[key] for key in ("data_checked", "ray_ready", "workers_started", "data_ready")]
+    assert started < marks[0] <= marks[1] <= marks[2] <= marks[3] <= outcome.first_step_unix
     assert [m["epoch"] for m in outcome.history] == [1, 2, 3]
     assert json.loads((Path(outcome.run_dir) / "history.json").read_text()) == outcome.history
     after = outcome.history[-1]["val/rsum"]

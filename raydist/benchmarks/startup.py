@@ -1,8 +1,9 @@
 """Benchmark of the time from ``raydist train`` to the first optimizer step ("startup"), measured the way a
 user meets it: the CLI in a fresh process (imports, a private local Ray instance, the Ray Train worker group,
 the dataset, the first batch, the first step), with the train split read into memory (the default) and
-streamed through Ray Data (``data.in_memory_max_mb=0``). The reference in the same run is a fresh Python
-importing what the CLI's training path imports."""
+streamed through Ray Data (``data.in_memory_max_mb=0``), phase by phase from the marks the run itself records
+(``TrainOutcome.startup``). The reference in the same run is a fresh Python importing what the CLI's training
+path imports."""
 
 from __future__ import annotations
 
@@ -18,10 +19,21 @@ from pathlib import Path
 from raydist.benchmarks.harness import RAY_ENV, row, spread
 from raydist.config import load_config
 from raydist.data import make_synthetic
-from raydist.train.trainer import resolve_data_dir
+from raydist.train.trainer import STARTUP_PHASES, resolve_data_dir
 
 VARIANTS = {"in memory (default)": [], "streamed (`data.in_memory_max_mb=0`)": ["data.in_memory_max_mb=0"]}
 IMPORTS = "import raydist.cli, raydist.train.trainer, ray.train.torch, ray.data, torch"
+# the rows of the phase table: (mark, what it is); "launch" is the CLI's first line (Python's own start-up before)
+PHASES = (
+    ("launch", "Python started (the CLI's first line)"),
+    ("imports", "imports done (torch, pyarrow, raydist)"),
+    ("data_checked", "data checked (every refusal made; Ray not started yet)"),
+    ("ray_ready", "Ray ready (private local instance up)"),
+    ("workers_started", "workers started (rank 0's train function begins: Ray Train's worker group is up)"),
+    ("data_ready", "data ready (rank 0 read its train split, or opened its stream)"),
+    ("first_step", "first optimizer step"),
+)
+assert [key for key, _ in PHASES[1:]] == [key for key, _ in STARTUP_PHASES]
 
 
 def _env() -> dict[str, str]:
@@ -31,20 +43,23 @@ def _env() -> dict[str, str]:
     return env
 
 
-def run_cli(args: list[str], out: Path, env: dict[str, str]) -> tuple[float, float, float | None]:
-    """``raydist train ARGS --json OUT`` in a fresh process: (seconds from launch to the end of the first
-    optimizer step, seconds of the whole run, the Ray start-up the CLI reported or None in-process)."""
+def run_cli(args: list[str], out: Path, env: dict[str, str]) -> tuple[dict[str, float], float, float | None]:
+    """``raydist train ARGS --json OUT`` in a fresh process: (seconds from launch to each start-up mark the run
+    recorded, :data:`PHASES`; ``first_step`` always), seconds of the whole run, the Ray start-up the CLI
+    reported or None in-process)."""
     launched = time.time()
     done = subprocess.run([sys.executable, "-m", "raydist.cli", "train", *args, "--json", str(out)],
                           check=False, env=env, capture_output=True, text=True, timeout=900)  # fmt: skip
     total = time.time() - launched
     if done.returncode != 0:
         raise RuntimeError(f"raydist train failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
-    first = json.loads(out.read_text()).get("first_step_unix")
-    if first is None:
+    outcome = json.loads(out.read_text())
+    if outcome.get("first_step_unix") is None:
         raise RuntimeError(f"raydist train ran no optimizer step; output:\n{done.stdout[-2000:]}")
+    marks = {key: t - launched for key, t in (outcome.get("startup") or {}).items() if t is not None}
+    marks["first_step"] = outcome["first_step_unix"] - launched
     ray_start = re.search(r"Ray ready in ([0-9.]+) s", done.stdout)
-    return first - launched, total, float(ray_start.group(1)) if ray_start else None
+    return marks, total, float(ray_start.group(1)) if ray_start else None
 
 
 def import_seconds(env: dict[str, str]) -> float:
@@ -55,7 +70,8 @@ def import_seconds(env: dict[str, str]) -> float:
 
 
 def startup(*, smoke: bool, repeats: int) -> str:
-    """Seconds from launching `raydist train` to its first optimizer step, train split in memory vs streamed."""
+    """Seconds from launching `raydist train` to its first optimizer step, phase by phase, train split in memory
+    vs streamed."""
     env = _env()
     runs = 1 if smoke else repeats
     with tempfile.TemporaryDirectory(prefix="raydist-bench-startup-") as tmp:
@@ -71,32 +87,36 @@ def startup(*, smoke: bool, repeats: int) -> str:
             data = resolve_data_dir(load_config("default"))  # generated once now, not inside a timed run
             what = "the `default` preset on the embedded dataset (cached), each run starting its own Ray instance"
         imports: list[float] = []
-        first: dict[str, list[float]] = {name: [] for name in variants}
+        marks: dict[str, dict[str, list[float]]] = {name: {key: [] for key, _ in PHASES} for name in variants}
         total: dict[str, list[float]] = {name: [] for name in variants}
         ray: dict[str, list[float]] = {name: [] for name in variants}
         for i in range(runs):  # interleaved: load from other processes hits every variant alike
             imports.append(import_seconds(env))
             for name, extra in variants.items():
-                f, t, r = run_cli([*common, *extra], Path(tmp) / f"out-{i}-{len(extra)}.json", env)
-                first[name].append(f)
+                seen, t, r = run_cli([*common, *extra], Path(tmp) / f"out-{i}-{len(extra)}.json", env)
+                for key, seconds in seen.items():
+                    marks[name].setdefault(key, []).append(seconds)
                 total[name].append(t)
                 if r is not None:
                     ray[name].append(r)
     s = "{:.2f}"
+    names = list(variants)
     table = [
-        row("launch → …", "seconds, median (min–max)", "of which Ray start (CLI's \"Ray ready in\")",
-            "whole 1-epoch run (s)"),
-        "|---|---:|---:|---:|",
-        row(f"imports done (`python -c '{IMPORTS}'`, reference)", spread(imports, s), "", ""),
+        row("launch → …, seconds (median (min–max))", *(f"train split {name}" for name in names)),
+        "|---|" + "---:|" * len(names),
+        row(f"imports alone, a fresh `python -c '{IMPORTS}'` (reference)", *([spread(imports, s)] * len(names))),
     ]
-    for name, seconds in first.items():
-        started = spread(ray[name], s) if ray[name] else "— (no Ray)"
-        table.append(row(f"first optimizer step, train split {name}", spread(seconds, s), started,
-                         spread(total[name], "{:.1f}")))  # fmt: skip
+    for key, title in PHASES:
+        cells = [spread(marks[name][key], s) if marks[name][key] else "—" for name in names]
+        table.append(row(f"**{title}**" if key == "first_step" else title, *cells))
+    table.append(row("of which Ray's own start (the CLI's \"Ray ready in\")",
+                     *(spread(ray[name], s) if ray[name] else "— (no Ray)" for name in names)))  # fmt: skip
+    table.append(row("whole 1-epoch run", *(spread(total[name], "{:.1f}") for name in names)))
     return (
-        f"`raydist train train.epochs=1 train.min_steps=0` as a subprocess ({what}); the first optimizer step's "
-        "time is the wall clock rank 0 records when that step finishes (the run's `--json` outcome, "
-        "`first_step_unix`), minus the launch time. It covers Python start-up, imports, Ray, the Ray Train worker "
-        f"group, opening the dataset, the first batch and the first step. {runs} interleaved run(s) per row.\n\n"
+        f"`raydist train train.epochs=1 train.min_steps=0` as a subprocess ({what}); each row is the median over "
+        "the runs of the seconds from launching the subprocess to a mark the run records (its `--json` outcome: "
+        "`startup`, from the CLI and rank 0, and `first_step_unix`, the wall clock rank 0 reads when its first "
+        "optimizer step ends). The marks come in this order in every run; a phase's cost is the difference "
+        f"between its row and the row above. {runs} interleaved run(s) per column.\n\n"
         + "\n".join(table)
     )

@@ -178,7 +178,9 @@ def rank_ranking_loss(
     stats: dict[str, float] | None = None,
 ) -> Tensor:
     """This rank's scaled ranking loss on a gathered batch (embeddings ``img``/``cap``, ids ``ids``): its
-    queries of ``negative_set`` against the common keys; scaling in the module docstring."""
+    queries of ``negative_set`` against the common keys; scaling in the module docstring. ``stats`` gets
+    :func:`negative_set_stats` and ``neg/queries``, the queries of all ranks (the global batch this step
+    scored: every rank has as many)."""
     img, cap, own_ids = batch.local["img"], batch.local["cap"], batch.local[ids]
     key_img, key_cap, key_ids, key_pos = batch.keys["img"], batch.keys["cap"], batch.keys[ids], batch.key_positions
     if negative_set.key_rows is not None:
@@ -193,6 +195,7 @@ def rank_ranking_loss(
     )
     if stats is not None:
         stats.update(negative_set_stats(mined, key_pos, batch.rows, batch.rank))
+        stats["neg/queries"] = float(batch.world * q.numel())
     total = image_terms.sum() + caption_terms.sum()
     return scale_for_world(reduce_queries(total, reduction, 2 * batch.world * q.numel()), batch.world)
 

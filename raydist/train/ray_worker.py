@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -83,11 +84,18 @@ class RayRuntime:
 def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any] | None:
     """Ray Train entry point. ``loop_config``: ``cfg`` (nested dict), ``data_dir``, ``source`` ("memory" or
     "stream"), optional ``resume_from`` (checkpoint folder) and ``run_dir`` (the local run folder: tracking
-    files, fault-injection markers; None on remote storage)."""
+    files, fault-injection markers; None on remote storage). Rank 0 returns :func:`run_loop`'s dict plus
+    ``startup``: the wall-clock times (``time.time()``) this attempt's train function started
+    (``workers_started``: Ray Train's worker group is up) and its train split was ready (``data_ready``)."""
+    workers_started = time.time()
     cfg = from_dict(loop_config["cfg"])
     task = build_task(cfg, DataInfo.from_dataset(Path(loop_config["data_dir"])))
     world = ray.train.get_context().get_world_size()
     plan = StepPlan(cfg.train.batch_size, cfg.loss.negative_set_size, world)
     runtime = RayRuntime(cfg, task, plan, loop_config["source"])
+    data_ready = time.time()
     hooks = build_hooks(cfg, task, runtime, loop_config.get("run_dir"))
-    return run_loop(cfg, task, runtime, plan, hooks=hooks, resume_from=loop_config.get("resume_from"))
+    result = run_loop(cfg, task, runtime, plan, hooks=hooks, resume_from=loop_config.get("resume_from"))
+    if result is not None:
+        result["startup"] = {"workers_started": workers_started, "data_ready": data_ready}
+    return result

@@ -27,10 +27,13 @@ MLFLOW_BATCH = 100  # MLflow accepts at most 100 params per log_batch call
 class TrackingHook(Hook):
     """Logs scalars against the global step (steps done, as ``step`` in history.json).
 
-    Per step (every ``train.log_every``): TensorBoard tags ``step/loss`` and ``step/<stat>`` (e.g.
-    ``step/neg/hardest_sim``) and one ``steps.jsonl`` line ``{"step", "epoch", "loss", "stats"}`` (epoch
-    1-based, as in history.json). Per epoch: every finite numeric metric under its own name. TensorBoard
-    files need ``train.tensorboard``; ``steps.jsonl`` is always written (plots read it).
+    Per step (every ``train.log_every``): TensorBoard tags ``step/loss``, ``step/world`` and ``step/<stat>``
+    (e.g. ``step/neg/hardest_sim``) and one ``steps.jsonl`` line ``{"step", "epoch", "world", "time", "loss",
+    "stats"}`` (epoch 1-based, as in history.json; ``world``: the workers that ran the step, which changes when
+    an elastic run resizes; ``time``: ``time.time()`` at the step's end; the pairs task's stats carry the global
+    batch and negative set the step used, ``neg/queries`` and ``neg/keys``). Per epoch: the epoch's metrics
+    get ``world`` too (so history.json shows a resize), and every finite numeric metric is logged under its own
+    name. TensorBoard files need ``train.tensorboard``; ``steps.jsonl`` is always written (plots read it).
 
     ``run_dir`` None (the run folder is on remote storage such as s3://): no event files and no
     ``steps.jsonl``, a note says so; MLflow still logs. A run that continues from a checkpoint first drops
@@ -58,14 +61,16 @@ class TrackingHook(Hook):
         if step % self.cfg.train.log_every:
             return
         if self.run_dir is not None:
-            line = {"step": step, "epoch": ctx.epoch + 1, "loss": loss, "stats": stats}
+            line = {"step": step, "epoch": ctx.epoch + 1, "world": ctx.world, "time": round(time.time(), 3),
+                    "loss": loss, "stats": stats}  # fmt: skip
             with (self.run_dir / STEPS_FILE).open("a") as f:
                 f.write(json.dumps(line) + "\n")
-        self._log({"step/loss": loss, **{f"step/{k}": v for k, v in stats.items()}}, step)
+        self._log({"step/loss": loss, "step/world": ctx.world, **{f"step/{k}": v for k, v in stats.items()}}, step)
 
     def end_of_epoch(self, ctx: StepContext, model: nn.Module, metrics: dict[str, Any]) -> None:
         if ctx.rank != 0:
             return
+        metrics.setdefault("world", ctx.world)
         self._start(ctx.global_step)
         self._log({k: v for k, v in metrics.items() if k not in AXES}, ctx.global_step)
         if self.writer is not None:

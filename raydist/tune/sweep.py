@@ -19,7 +19,7 @@ import yaml
 from raydist.config import Config, ConfigError, dump_yaml, from_dict
 from raydist.console import is_verbose, route_ray_output, say
 from raydist.runfiles import BEST_CONFIG_FILE, LOG_FILE, SWEEP_FILE
-from raydist.runtime import DATA_CPUS, init_ray, run_cpus
+from raydist.runtime import DATA_CPUS, alive_nodes, check_storage_reachable, init_ray, run_cpus
 from raydist.train.trainer import build_trainer, checked_data_dir, resolve_schedule
 from raydist.tune.space import SweepSpace, parse_space, trial_config, trial_configs
 
@@ -365,6 +365,7 @@ def _start_ray(space: SweepSpace, cfg: Config, address: str | None, experiment_p
     """Start or join Ray, check the sweep fits, and send worker output to the experiment's raydist.log."""
     init_ray(sweep_cpus(space, cfg), address)
     check_sweep_fits(space, cfg)
+    check_storage_reachable(experiment_path, cfg.train.storage_shared, alive_nodes())
     if "://" not in experiment_path:
         route_ray_output(Path(experiment_path) / LOG_FILE)
 
