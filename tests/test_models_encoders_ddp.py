@@ -1,6 +1,8 @@
-"""The transformer text encoder under DDP with cross-worker negatives: 2 gloo processes, each holding half of a
-batch padded only to its own longest caption, give the parameter gradients of the single-process loss on the
-concatenated batch (float64, exact up to rounding). Uses the harness of test_distributed_negatives."""
+"""Encoders under DDP with cross-worker negatives: 2 gloo processes, each holding half of a batch, give the
+parameter gradients of the single-process loss on the concatenated batch (float64, exact up to rounding), for
+the transformer text encoder (each half padded only to its own longest caption) and for the small CNN image
+encoder over raw pixels (GroupNorm: no batch statistics, so a row's embedding never depends on its rank).
+Uses the harness of test_distributed_negatives."""
 
 from __future__ import annotations
 
@@ -22,16 +24,26 @@ WORLD, ROWS, FEATURES, VOCAB, MAX_LEN = 2, 8, 6, 30, 10
 LENGTHS = [3, 10, 2, 6, 4, 5, 2, 7]  # rank 0 pads to 10 tokens, rank 1 to 7, the single process to 10
 
 
-def _model() -> torch.nn.Module:
+CHANNELS, SIDE = 3, 9  # the image case's raw pixels: 3 × 9 × 9 (odd: the ceil-mode pools see a ragged edge)
+# case → (config overrides, a parameter that must receive a gradient)
+CASES = {
+    "transformer-text": ({}, "encoder.layers.1.self_attn.in_proj_weight"),
+    "small-cnn-image": ({"model.image_encoder": "small-cnn"}, "features.8.weight"),
+}
+
+
+def _model(case: str) -> torch.nn.Module:
     cfg = load_config("tiny", overrides={
         "model.text_encoder": "transformer", "model.text_layers": 2, "model.text_heads": 2, "model.text_width": 8,
-        "model.text_dropout": 0.0, "model.embed_dim": 6, "data.max_caption_len": MAX_LEN,
+        "model.text_dropout": 0.0, "model.embed_dim": 6, "data.max_caption_len": MAX_LEN, **CASES[case][0],
     })  # fmt: skip
     torch.manual_seed(0)
-    return build_model(cfg, FEATURES, VOCAB).double()
+    if cfg.model.image_encoder == "linear":
+        return build_model(cfg, FEATURES, VOCAB).double()
+    return build_model(cfg, None, VOCAB, channels=CHANNELS, image_size=SIDE).double()
 
 
-def _bank() -> dict[str, torch.Tensor]:
+def _bank(case: str) -> dict[str, torch.Tensor]:
     """Rows 1 and 5 share an image id (on different ranks): never each other's negatives. Their features differ:
     with equal features a duplicate's hinge terms cancel in the gradient, and the mask would not show."""
     g = torch.Generator().manual_seed(3)
@@ -39,7 +51,8 @@ def _bank() -> dict[str, torch.Tensor]:
     tokens = torch.randint(1, VOCAB, (ROWS, MAX_LEN), generator=g)
     tokens[torch.arange(MAX_LEN)[None] >= lengths[:, None]] = 0
     image_ids = torch.tensor([0, 1, 2, 3, 4, 1, 6, 7])
-    features = torch.randn(ROWS, FEATURES, generator=g, dtype=torch.float64)
+    shape = (FEATURES,) if case == "transformer-text" else (CHANNELS, SIDE, SIDE)
+    features = torch.randn(ROWS, *shape, generator=g, dtype=torch.float64)
     return {"features": features, "tokens": tokens, "lengths": lengths, "image_ids": image_ids,
             "sample_ids": torch.arange(100, 100 + ROWS)}  # fmt: skip
 
@@ -49,10 +62,10 @@ def _forward(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[to
     return model(batch["features"], batch["tokens"][:, :width], batch["lengths"])
 
 
-def _worker(rank: int, init_file: str, state: dict, bank: dict, out_dir: str) -> None:
+def _worker(rank: int, case: str, init_file: str, state: dict, bank: dict, out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
-    model = _model()
+    model = _model(case)
     model.load_state_dict(state)
     ddp = DistributedDataParallel(model)
     half = slice(rank * ROWS // WORLD, (rank + 1) * ROWS // WORLD)
@@ -71,13 +84,14 @@ def _worker(rank: int, init_file: str, state: dict, bank: dict, out_dir: str) ->
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_transformer_ddp_gradients_match_single_process(tmp_path):
-    model, bank = _model(), _bank()
+@pytest.mark.parametrize("case", list(CASES))
+def test_ddp_gradients_match_single_process(tmp_path, case):
+    model, bank = _model(case), _bank(case)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    spawn(_worker, (str(tmp_path / "init"), model.state_dict(), bank, str(tmp_path)), nprocs=WORLD)
+    spawn(_worker, (case, str(tmp_path / "init"), model.state_dict(), bank, str(tmp_path)), nprocs=WORLD)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
     names, params = zip(*model.named_parameters())
-    assert any("encoder.layers.1.self_attn.in_proj_weight" in n for n in names)
+    assert any(n.endswith(CASES[case][1]) for n in names), names
     for hardest in (True, False):
         img, cap = _forward(model, bank)
         loss = dense_loss(img, cap, hardest=hardest, image_ids=bank["image_ids"])
