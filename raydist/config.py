@@ -56,6 +56,9 @@ class DataSection(_Section):
     # manifest's median image size, at most 224
     image_size: int | None = Field(None, ge=1)
     flip: bool = True  # encoded images: random left-right flips in training (false where flipping changes meaning)
+    # encoded images: the train crop's area as a fraction of the image, drawn from [lo, hi] (torchvision's
+    # RandomResizedCrop scale; (0.08, 1) is the ImageNet recipe, small images keep more of themselves)
+    crop_scale: tuple[float, float] = (0.08, 1.0)
     # captions → token ids: "vocab" (the dataset's word vocabulary), "subword" (the dataset's tokenizer.json,
     # from `raydist tokenizer train|set`), "auto" = subword when the dataset has one and the text encoder is not gru
     tokenizer: Literal["auto", "vocab", "subword"] = "auto"
@@ -494,6 +497,9 @@ def validate(cfg: Config) -> None:
             check_weights(cfg.loss.nesting_weights or None, len(dims))
         except ValueError as e:
             problems.append(f"model.nesting={cfg.model.nesting}, loss.nesting_weights={cfg.loss.nesting_weights}: {e}")
+    lo_scale, hi_scale = cfg.data.crop_scale
+    if not 0 < lo_scale <= hi_scale <= 1:
+        problems.append(f"data.crop_scale={list(cfg.data.crop_scale)}: need 0 < lo <= hi <= 1 (area fractions)")
     if any(w < 1 for w in cfg.model.mlp_hidden):
         problems.append(f"model.mlp_hidden={cfg.model.mlp_hidden}: widths must be >= 1")
     m = cfg.model

@@ -21,7 +21,7 @@ from raydist.data.stream import InMemoryBatches, train_arrays
 from raydist.distributed import StepPlan
 from raydist.eval.metrics import retrieval_metrics
 from raydist.tasks import DataInfo, build_task
-from raydist.tasks.images import check_image_config, crop_size
+from raydist.tasks.images import check_image_config, crop_size, image_transform
 from raydist.train.hooks import ValidationHook
 from raydist.train.local import LocalRuntime
 from raydist.train.loop import run_loop
@@ -239,6 +239,32 @@ def test_an_image_encoder_must_fit_the_data(shapes, tiny_dataset):
     check_image_config(pairs_config(shapes, **{"data.in_memory_max_mb": 0}), encoded)  # streams: no refusal
     with pytest.raises(ConfigError, match=r"model.image_weights=.*nope.pt: no such file"):
         check_image_config(pairs_config(shapes, **{"model.image_weights": str(shapes / "nope.pt")}), encoded)
+
+
+def test_crop_scale_reaches_the_train_views(shapes, tiny_dataset):
+    """`data.crop_scale` is the random resized crop's area range: a run's train view equals the reference view
+    drawn with that range (and not the default's); eval views and feature datasets do not take it."""
+    info = DataInfo.from_dataset(shapes)
+    table = read_split(shapes, "train")
+    image, sample_id = table.column("image")[0].as_py(), table.column("sample_id")[0].as_py()
+    mean, std = default_mean_std(3)
+
+    def reference(scale):
+        return train_view(decode_image(image, 3), SIZE, view_rng(0, 2, sample_id), flip=True, mean=mean, std=std,
+                          scale=scale)  # fmt: skip
+
+    views = {}
+    for scale in ((0.08, 1.0), (0.7, 0.7)):
+        cfg = pairs_config(shapes, **{"data.crop_scale": list(scale), "train.seed": 0})
+        views[scale] = image_transform(cfg, info, train=True).view(image, sample_id, 2)
+        np.testing.assert_array_equal(views[scale], reference(scale))
+    assert not np.array_equal(views[(0.08, 1.0)], views[(0.7, 0.7)])
+    with pytest.raises(ConfigError, match=r"data.crop_scale=\[0.9, 0.5\]: need 0 < lo <= hi <= 1"):
+        pairs_config(shapes, **{"data.crop_scale": [0.9, 0.5]})
+    with pytest.raises(ConfigError, match=r"data.crop_scale=\(0.5, 1.0\): .*feature vectors"):
+        check_image_config(pairs_config(tiny_dataset, **{"data.crop_scale": [0.5, 1.0],
+                                                         "model.image_encoder": "linear"}),
+                           DataInfo.from_dataset(tiny_dataset))  # fmt: skip
 
 
 @pytest.mark.slow

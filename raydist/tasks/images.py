@@ -33,7 +33,7 @@ def image_transform(cfg: Config, info: DataInfo, *, train: bool) -> ImageTransfo
     """The :class:`ImageTransform` of a run: random resized crop (+ flip when ``data.flip``) seeded by
     ``train.seed`` for training, resize + centre crop for evaluation, both to :func:`crop_size`."""
     return ImageTransform(size=crop_size(cfg, info), channels=info.image_channels or 3, train=train,
-                          flip=cfg.data.flip, seed=cfg.train.seed)  # fmt: skip
+                          flip=cfg.data.flip, seed=cfg.train.seed, scale=tuple(cfg.data.crop_scale))  # fmt: skip
 
 
 def _known_encoder(name: str) -> bool:
@@ -57,7 +57,8 @@ def image_config_problems(cfg: Config, info: DataInfo) -> list[str]:
                             f"(manifest image_format 'features', feature_dim {info.feature_dim}); an image encoder "
                             "needs encoded images (raydist convert karpathy | coco-json --images | image-folder); "
                             "use model.image_encoder=linear")  # fmt: skip
-        for key, value, default in (("data.image_size", d.image_size, None), ("data.flip", d.flip, True)):
+        for key, value, default in (("data.image_size", d.image_size, None), ("data.flip", d.flip, True),
+                                    ("data.crop_scale", d.crop_scale, (0.08, 1.0))):  # fmt: skip
             if value != default:
                 problems.append(f"{key}={value}: {where} holds feature vectors; {key} is for encoded images")
         return problems
