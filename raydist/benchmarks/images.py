@@ -1,20 +1,25 @@
 """Benchmark of the image path ("images"): images/s that reach a worker as training views (random resized crop,
 flip, normalise) when Ray Data tasks decode the shards (the streamed path: ``read_parquet`` → decode in
-``map_batches`` → the worker's per-epoch views), when the worker holds the split decoded in memory (the
-in-memory path: views only), and what one worker's training step with ``small-cnn`` consumes."""
+``map_batches`` → the worker's per-epoch views), against a torch ``DataLoader`` whose worker processes decode
+and make the same views (as many processes as Ray Data's decode tasks), when the worker holds the split decoded
+in memory (the in-memory path: views only), and what one worker's training step with ``small-cnn`` consumes;
+with the first batch's wait and the object store's peak use and spilled bytes while the stream runs."""
 
 from __future__ import annotations
 
+import re
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from raydist.benchmarks.harness import median, ray_instance, row, spread
 from raydist.config import load_config
-from raydist.data import dataset_task
+from raydist.data import dataset_task, read_split
 from raydist.data.convert_images import convert_image_folder
 from raydist.data.stream import InMemoryBatches, StreamedEpochs, train_arrays, train_dataset
 from raydist.distributed import StepPlan
@@ -25,6 +30,86 @@ from raydist.train.loop import Trainables, train_step
 FULL_DATA, SMOKE_DATA = (10, 200, 96), (2, 8, 24)
 FULL_CROP, SMOKE_CROP = 64, 16
 FULL_STEPS, SMOKE_STEPS = 10, 1
+PROCESSES = 2  # Ray Data decode tasks at once = DataLoader worker processes (the cores of a small box)
+
+
+class LoaderSplit(torch.utils.data.Dataset):
+    """The train split's encoded images for a torch ``DataLoader``: item ``i`` is row ``i``'s training view of
+    ``epoch`` (decoded and transformed in the loader's worker process) and its sample id."""
+
+    def __init__(self, images: list[bytes], sample_ids: np.ndarray, transform: Any) -> None:
+        self.images, self.sample_ids, self.transform, self.epoch = images, sample_ids, transform, 0
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        sample_id = int(self.sample_ids[i])
+        return self.transform.view(self.images[i], sample_id, self.epoch), sample_id
+
+
+def loader_epochs(images: list[bytes], sample_ids: np.ndarray, transform: Any, rows: int,
+                  passes: int) -> tuple[list[float], float]:  # fmt: skip
+    """Images/s of ``passes`` epochs through a shuffling ``DataLoader`` with :data:`PROCESSES` workers (started
+    anew each epoch, its default), and the seconds to its first batch."""
+    split = LoaderSplit(images, sample_ids, transform)
+    loader = torch.utils.data.DataLoader(split, batch_size=rows, shuffle=True, num_workers=PROCESSES,
+                                         generator=torch.Generator().manual_seed(0))  # fmt: skip
+    rates, first = [], float("nan")
+    for epoch in range(passes):
+        split.epoch = epoch
+        start, n = time.perf_counter(), 0
+        for views, _ in loader:
+            if not n and not epoch:
+                first = time.perf_counter() - start
+            n += len(views)
+        rates.append(n / (time.perf_counter() - start))
+    return rates, first
+
+
+class ObjectStoreWatch:
+    """The local Ray instance's object-store use, sampled every ``period`` s in a thread while the ``with``
+    block runs: ``peak_mib`` and ``spilled_mib`` at the end (Ray's own store statistics, as ``ray memory
+    --stats-only`` prints them; None where this Ray does not report them)."""
+
+    def __init__(self, period: float = 0.25) -> None:
+        self.period, self.peak_mib, self.spilled_mib = period, None, None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def sample() -> tuple[int, int] | None:
+        """(MiB in the object store, MiB spilled so far), or None."""
+        import ray
+
+        try:
+            from ray._private.internal_api import memory_summary
+
+            text = memory_summary(ray.get_runtime_context().gcs_address, stats_only=True)
+        except Exception:  # a private API: a Ray without it leaves the figures out
+            return None
+        used, spilled = re.search(r"Plasma memory usage (\d+) MiB", text), re.search(r"Spilled (\d+) MiB", text)
+        return (int(used.group(1)) if used else 0), (int(spilled.group(1)) if spilled else 0)
+
+    def _record(self) -> None:
+        got = self.sample()
+        if got is not None:
+            self.peak_mib = max(self.peak_mib or 0, got[0])
+            self.spilled_mib = got[1]
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            self._record()
+
+    def __enter__(self) -> ObjectStoreWatch:
+        self._record()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._record()
 
 
 def write_images(root: Path, smoke: bool) -> Path:
@@ -45,7 +130,7 @@ def write_images(root: Path, smoke: bool) -> Path:
 
 
 def images_rate(*, smoke: bool, repeats: int) -> str:
-    """Images/s of training views into a worker: Ray Data decoding (streamed) vs the in-memory cache vs the step."""
+    """Images/s of training views into a worker: Ray Data decoding (streamed) vs a torch DataLoader vs the step."""
     with tempfile.TemporaryDirectory(prefix="raydist-bench-images-") as tmp, ray_instance():
         data = write_images(Path(tmp), smoke)
         crop = SMOKE_CROP if smoke else FULL_CROP
@@ -57,7 +142,8 @@ def images_rate(*, smoke: bool, repeats: int) -> str:
         plan = StepPlan.from_config(cfg)
         rows = plan.rows_per_worker
         views = task.epoch_transform()
-        shard = train_dataset(data, task.columns, task.stream_transform()).streaming_split(1, equal=True)[0]
+        shard = train_dataset(data, task.columns, task.stream_transform(), num_cpus=1,
+                              concurrency=PROCESSES).streaming_split(1, equal=True)[0]  # fmt: skip
         passes = 1 if smoke else repeats
         stream = StreamedEpochs([shard], rows=rows, shuffle_buffer=cfg.data.shuffle_buffer, seed=0, rank=0,
                                 epochs=passes + 1, epoch_transform=views)  # fmt: skip
@@ -65,12 +151,19 @@ def images_rate(*, smoke: bool, repeats: int) -> str:
         arrays = train_arrays(data, task.columns, task.transform)  # decoded once (the in-memory path's start)
         decode_once = len(arrays["sample_id"]) / (time.perf_counter() - started)
         memory = InMemoryBatches(arrays, rows=rows, rank=0, world=1, seed=0, epoch_transform=views)
-        streamed, in_memory = [], []
+        streamed, in_memory, streamed_first = [], [], float("nan")
+        with ObjectStoreWatch() as store:
+            for epoch in range(passes):
+                start, n = time.perf_counter(), 0
+                for batch in stream.epoch(epoch):
+                    if not n and not epoch:
+                        streamed_first = time.perf_counter() - start
+                    n += len(batch["image"])
+                streamed.append(n / (time.perf_counter() - start))
+        table = read_split(data, "train", verify=False)
+        loader, loader_first = loader_epochs(table.column("image").to_pylist(), table.column("sample_id").to_numpy(),
+                                             views.images, rows, passes)  # fmt: skip
         for epoch in range(passes):
-            start, n = time.perf_counter(), 0
-            for batch in stream.epoch(epoch):
-                n += len(batch["image"])
-            streamed.append(n / (time.perf_counter() - start))
             start, n = time.perf_counter(), 0
             for batch in memory.epoch(epoch):
                 n += len(batch["image"])
@@ -90,20 +183,28 @@ def images_rate(*, smoke: bool, repeats: int) -> str:
     n_images = len(arrays["sample_id"])
     rate = "{:.0f}"
     need = median(step_rate)
+    first = "{:.2f} s"
     table = [
-        row("path", "images/s, median (min–max)", "× the step's consumption"),
-        "|---|---:|---:|",
-        row("streamed: Ray Data read + decode tasks → this process makes the epoch's views", spread(streamed, rate),
-            f"{median(streamed) / need:.1f}×"),
+        row("path", "images/s, median (min–max)", "× the step's consumption", "first batch"),
+        "|---|---:|---:|---:|",
+        row(f"streamed: Ray Data read + decode ({PROCESSES} tasks) → this process makes the epoch's views",
+            spread(streamed, rate), f"{median(streamed) / need:.1f}×", first.format(streamed_first)),
+        row(f"torch DataLoader, {PROCESSES} worker processes: decode + the same views", spread(loader, rate),
+            f"{median(loader) / need:.1f}×", first.format(loader_first)),
         row("in memory: this process makes the epoch's views from its decoded cache", spread(in_memory, rate),
-            f"{median(in_memory) / need:.1f}×"),
-        row("in memory: decoding the split once (before the first epoch)", f"{decode_once:.0f}", ""),
-        row(f"one worker's training step, small-cnn, {rows} images per step", spread(step_rate, rate), "reference"),
+            f"{median(in_memory) / need:.1f}×", ""),
+        row("in memory: decoding the split once (before the first epoch)", f"{decode_once:.0f}", "", ""),
+        row(f"one worker's training step, small-cnn, {rows} images per step", spread(step_rate, rate), "reference",
+            ""),
     ]  # fmt: skip
+    mib = "n/a (this Ray does not report it)"
+    store_line = (f"Object store while the stream ran: peak {store.peak_mib} MiB, spilled {store.spilled_mib} MiB."
+                  if store.peak_mib is not None else f"Object store: {mib}.")  # fmt: skip
     classes, _, side = SMOKE_DATA if smoke else FULL_DATA
     return (
         f"{n_images} train images ({classes} classes, {side}×{side} PNG), training views {crop}×{crop} (random "
         f"resized crop, flip, normalise); {passes} epoch(s) per path, the streamed one opened as training opens "
         "it. The step is one process's forward + backward + update of the labels task (default preset, "
-        "small-cnn).\n\n" + "\n".join(table)
+        f"small-cnn). Streamed vs DataLoader: {median(streamed) / median(loader):.2f}× (target ≥ 0.9×). "
+        f"{store_line}\n\n" + "\n".join(table)
     )
