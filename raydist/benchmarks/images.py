@@ -86,7 +86,7 @@ class ObjectStoreWatch:
             from ray._private.internal_api import memory_summary
 
             text = memory_summary(ray.get_runtime_context().gcs_address, stats_only=True)
-        except Exception:  # a private API: a Ray without it leaves the figures out
+        except (ImportError, AttributeError, RuntimeError, ValueError):  # a private API: figures left out
             return None
         used, spilled = re.search(r"Plasma memory usage (\d+) MiB", text), re.search(r"Spilled (\d+) MiB", text)
         return (int(used.group(1)) if used else 0), (int(spilled.group(1)) if spilled else 0)
@@ -101,7 +101,7 @@ class ObjectStoreWatch:
         while not self._stop.wait(self.period):
             self._record()
 
-    def __enter__(self) -> ObjectStoreWatch:
+    def __enter__(self) -> ObjectStoreWatch:  # noqa: PYI034 (typing.Self is 3.11+)
         self._record()
         self._thread.start()
         return self
