@@ -136,6 +136,13 @@ def test_raised_epochs_scale_the_lr_decay_epoch(tiny_dataset):
     plain, _ = resolve_schedule(cfg.model_copy(update={"train": cfg.train.model_copy(update={"min_steps": 0})}),
                                 tiny_dataset)  # fmt: skip
     assert (plain.train.epochs, plain.train.lr_decay_epoch) == (5, 4)
+    # the fine-tuning switch too: frozen 2 of 5 epochs → 16 of 40 (an image encoder has a backbone to freeze)
+    frozen = load_config("tiny", overrides={"data.path": str(tiny_dataset), "train.batch_size": 128,
+                                            "train.epochs": 5, "train.freeze_backbone_epochs": 2,
+                                            "model.image_encoder": "small-cnn", "train.min_steps": 40 * steps})  # fmt: skip
+    resolved, note = resolve_schedule(frozen, tiny_dataset)
+    assert (resolved.train.epochs, resolved.train.freeze_backbone_epochs) == (40, 16)
+    assert "backbone frozen 16 epochs, scaled from train.freeze_backbone_epochs=2" in note
 
 
 def test_stalled_mh_is_detected_and_falls_back_to_sh(tiny_dataset):

@@ -91,8 +91,8 @@ def resolve_schedule(cfg: Config, data_dir: Path) -> tuple[Config, str]:
     """Epochs from steps: ``train.epochs`` is raised until the run has ``train.min_steps`` optimizer steps
     and ``loss.warmup_sh_epochs`` until SH runs ``loss.warmup_sh_steps`` steps (small datasets have few
     steps per epoch; only for a task that has an SH warm-up). When the epochs are raised,
-    ``train.lr_decay_epoch`` is scaled by the same factor, so the LR still drops at the same fraction of the
-    run. A null ``train.early_stop_patience`` becomes the task's default (``Task.early_stop_patience``).
+    ``train.lr_decay_epoch`` and ``train.freeze_backbone_epochs`` are scaled by the same factor, so the LR
+    still drops, and the backbone is still released, at the same fraction of the run. A null ``train.early_stop_patience`` becomes the task's default (``Task.early_stop_patience``).
     Returns the config to run and a one-line description of the schedule."""
     import math
 
@@ -106,11 +106,16 @@ def resolve_schedule(cfg: Config, data_dir: Path) -> tuple[Config, str]:
     warmup = max(lo.warmup_sh_epochs, math.ceil(lo.warmup_sh_steps / steps)) if has_warmup else 0
     patience = task.early_stop_patience(cfg)
     decay = max(1, round(t.lr_decay_epoch * epochs / t.epochs)) if epochs != t.epochs else t.lr_decay_epoch
+    freeze = t.freeze_backbone_epochs
+    if epochs != t.epochs and freeze:
+        freeze = max(1, round(freeze * epochs / t.epochs))
     note = f"schedule: {epochs} epochs × {steps} steps = {epochs * steps} steps"
     if epochs != t.epochs:
         note += f" (train.epochs {t.epochs} raised for train.min_steps={t.min_steps}"
         if t.lr_decay_factor != 1.0 and t.lr_decay_epoch <= t.epochs:
             note += f"; LR decay at epoch {decay}, scaled from train.lr_decay_epoch={t.lr_decay_epoch}"
+        if freeze != t.freeze_backbone_epochs:
+            note += f"; backbone frozen {freeze} epochs, scaled from train.freeze_backbone_epochs={t.freeze_backbone_epochs}"
         note += ")"
     if warmup:
         note += f"; SH warm-up {warmup} epochs" + (
@@ -122,6 +127,7 @@ def resolve_schedule(cfg: Config, data_dir: Path) -> tuple[Config, str]:
     resolved = cfg.model_copy(deep=True)
     resolved.train.epochs, resolved.loss.warmup_sh_epochs = epochs, max(warmup, lo.warmup_sh_epochs)
     resolved.train.lr_decay_epoch, resolved.train.early_stop_patience = decay, patience
+    resolved.train.freeze_backbone_epochs = freeze
     return resolved, note
 
 
