@@ -84,8 +84,12 @@ def image_defaults(args: argparse.Namespace, cfg, overrides: dict) -> dict:
         return {}
     choice = image_encoder_for_data(manifest.image_size, manifest.image_channels or 3,
                                     torchvision=find_spec("torchvision") is not None)  # fmt: skip
+    picked = {k: v for k, v in choice.overrides.items() if k not in overrides}
+    if picked.get("train.min_steps", 0) <= cfg.train.min_steps:  # the preset's own floor is already as high
+        picked.pop("train.min_steps", None)
+    choice = dataclasses.replace(choice, overrides={k: v for k, v in choice.overrides.items() if k in picked})
     print(choice.line(), file=sys.stderr if getattr(args, "print_config", False) else sys.stdout)
-    return {k: v for k, v in choice.overrides.items() if k not in overrides}
+    return picked
 
 
 def resume_config_from_args(args: argparse.Namespace):

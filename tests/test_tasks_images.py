@@ -328,15 +328,35 @@ def test_train_on_images_picks_an_encoder_when_none_is_named(shapes, tiny_datase
     assert "[raydist] images:" not in out.err and "image_encoder: linear" in out.out
 
 
+def test_an_encoder_from_scratch_gets_a_step_floor_unless_the_run_sets_one(colour_folders, capsys):
+    """The picked encoder trains from scratch: a labels run (the default preset sets no step floor for labels)
+    gets train.min_steps=585, said in the same line; a floor on the command line, or a preset's own as high (the
+    default preset's pairs block: 585), stays."""
+    import yaml
+
+    from raydist.cli import main
+
+    def picked(*extra):
+        assert main(["train", "--data", str(colour_folders), "--print-config", *extra]) == 0
+        out = capsys.readouterr()
+        return yaml.safe_load(out.out)["train"]["min_steps"], out.err
+
+    steps, line = picked()
+    assert steps == 585 and "train.min_steps=585" in line
+    steps, line = picked("train.min_steps=50")
+    assert steps == 50 and "train.min_steps" not in line
+
+
 def test_the_image_encoder_rule_follows_the_image_size():
     from raydist.presets import image_encoder_for_data
 
+    steps = {"train.min_steps": 585}  # every choice trains from scratch
     small = image_encoder_for_data([28, 28], 1, torchvision=True)
-    assert small.overrides == {"model.image_encoder": "small-cnn"} and "greyscale" in small.reason
+    assert small.overrides == {"model.image_encoder": "small-cnn", **steps} and "greyscale" in small.reason
     big = image_encoder_for_data([375, 500], 3, torchvision=True)
-    assert big.overrides == {"model.image_encoder": "torchvision:resnet18", "data.image_size": 224}
+    assert big.overrides == {"model.image_encoder": "torchvision:resnet18", "data.image_size": 224, **steps}
     mid = image_encoder_for_data([120, 160], 3, torchvision=True)
     assert mid.overrides["data.image_size"] == 120
     none = image_encoder_for_data([375, 500], 3, torchvision=False)
-    assert none.overrides == {"model.image_encoder": "small-cnn", "data.image_size": 64}
+    assert none.overrides == {"model.image_encoder": "small-cnn", "data.image_size": 64, **steps}
     assert 'pip install -e ".[vision]"' in none.line()

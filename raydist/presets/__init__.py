@@ -72,6 +72,9 @@ def preset_for_data(shape: DataShape) -> PresetChoice:
 SMALL_CNN_MAX_SIDE = 64  # images up to this shorter side train with small-cnn at their own size
 CNN_FALLBACK_SIDE = 64  # larger images without torchvision: small-cnn on crops of this side
 RESNET_MAX_SIDE = 224  # the crop side a torchvision ResNet trains at, at most
+# an encoder trained from scratch gets at least this many steps (the default run's 585); without it a small labelled
+# set (1,259 scikit-learn digits: 45 steps) ends far below raw-pixel 1-NN (bench/RESULTS.md, "small CNN default")
+FROM_SCRATCH_MIN_STEPS = 585
 
 
 @dataclass(frozen=True)
@@ -94,16 +97,19 @@ def image_encoder_for_data(image_size: list[int], channels: int, *, torchvision:
     - larger, with torchvision installed → ``torchvision:resnet18`` on crops of min(shorter side, 224);
     - larger, without it → ``small-cnn`` on crops of ``CNN_FALLBACK_SIDE`` (the ``vision`` extra brings
       torchvision).
+
+    Each trains from scratch, so each also asks for ``train.min_steps`` ≥ :data:`FROM_SCRATCH_MIN_STEPS`.
     """
     side = min(image_size)
     facts = f"median {image_size[0]}×{image_size[1]} {'greyscale' if channels == 1 else 'colour'}"
+    steps = {"train.min_steps": FROM_SCRATCH_MIN_STEPS}
     if side <= SMALL_CNN_MAX_SIDE:
-        return ImageChoice({"model.image_encoder": "small-cnn"},
+        return ImageChoice({"model.image_encoder": "small-cnn", **steps},
                            f"{facts} (shorter side ≤ {SMALL_CNN_MAX_SIDE}): a small GroupNorm CNN at their size")  # fmt: skip
     if torchvision:
         crop = min(side, RESNET_MAX_SIDE)
-        return ImageChoice({"model.image_encoder": "torchvision:resnet18", "data.image_size": crop},
+        return ImageChoice({"model.image_encoder": "torchvision:resnet18", "data.image_size": crop, **steps},
                            f"{facts}: a ResNet-18 (no pretrained weights unless model.image_weights=) on {crop} px crops")  # fmt: skip
-    return ImageChoice({"model.image_encoder": "small-cnn", "data.image_size": CNN_FALLBACK_SIDE},
+    return ImageChoice({"model.image_encoder": "small-cnn", "data.image_size": CNN_FALLBACK_SIDE, **steps},
                        f"{facts}, torchvision not installed (pip install -e \".[vision]\" for ResNets): a small CNN "
                        f"on {CNN_FALLBACK_SIDE} px crops")  # fmt: skip
