@@ -146,7 +146,7 @@ def images_rate(*, smoke: bool, repeats: int) -> str:
                               concurrency=PROCESSES).streaming_split(1, equal=True)[0]  # fmt: skip
         passes = 1 if smoke else repeats
         stream = StreamedEpochs([shard], rows=rows, shuffle_buffer=cfg.data.shuffle_buffer, seed=0, rank=0,
-                                epochs=passes + 1, epoch_transform=views)  # fmt: skip
+                                epochs=passes, epoch_transform=views)  # fmt: skip
         started = time.perf_counter()
         arrays = train_arrays(data, task.columns, task.transform)  # decoded once (the in-memory path's start)
         decode_once = len(arrays["sample_id"]) / (time.perf_counter() - started)
