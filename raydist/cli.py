@@ -87,7 +87,7 @@ def image_defaults(args: argparse.Namespace, cfg, overrides: dict) -> dict:
     picked = {k: v for k, v in choice.overrides.items() if k not in overrides}
     if picked.get("train.min_steps", 0) <= cfg.train.min_steps:  # the preset's own floor is already as high
         picked.pop("train.min_steps", None)
-    choice = dataclasses.replace(choice, overrides={k: v for k, v in choice.overrides.items() if k in picked})
+    choice = dataclasses.replace(choice, overrides=picked)  # the line names what the run takes
     print(choice.line(), file=sys.stderr if getattr(args, "print_config", False) else sys.stdout)
     return picked
 

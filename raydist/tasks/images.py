@@ -57,8 +57,9 @@ def image_config_problems(cfg: Config, info: DataInfo) -> list[str]:
                             f"(manifest image_format 'features', feature_dim {info.feature_dim}); an image encoder "
                             "needs encoded images (raydist convert karpathy | coco-json --images | image-folder); "
                             "use model.image_encoder=linear")  # fmt: skip
-        for key, value, default in (("data.image_size", d.image_size, None), ("data.flip", d.flip, True),
-                                    ("data.crop_scale", d.crop_scale, (0.08, 1.0))):  # fmt: skip
+        defaults = type(d)()  # the keys' own defaults (raydist.config.DataSection)
+        for name in ("image_size", "flip", "crop_scale"):
+            key, value, default = f"data.{name}", getattr(d, name), getattr(defaults, name)
             if value != default:
                 problems.append(f"{key}={value}: {where} holds feature vectors; {key} is for encoded images")
         return problems

@@ -92,7 +92,8 @@ def resolve_schedule(cfg: Config, data_dir: Path) -> tuple[Config, str]:
     and ``loss.warmup_sh_epochs`` until SH runs ``loss.warmup_sh_steps`` steps (small datasets have few
     steps per epoch; only for a task that has an SH warm-up). When the epochs are raised,
     ``train.lr_decay_epoch`` and ``train.freeze_backbone_epochs`` are scaled by the same factor, so the LR
-    still drops, and the backbone is still released, at the same fraction of the run. A null ``train.early_stop_patience`` becomes the task's default (``Task.early_stop_patience``).
+    still drops, and the backbone is still released, at the same fraction of the run. A null
+    ``train.early_stop_patience`` becomes the task's default (``Task.early_stop_patience``).
     Returns the config to run and a one-line description of the schedule."""
     import math
 
@@ -105,10 +106,11 @@ def resolve_schedule(cfg: Config, data_dir: Path) -> tuple[Config, str]:
     has_warmup = lo.hardest and task.reads("loss.warmup_sh_epochs", task.loss_kind(cfg))
     warmup = max(lo.warmup_sh_epochs, math.ceil(lo.warmup_sh_steps / steps)) if has_warmup else 0
     patience = task.early_stop_patience(cfg)
-    decay = max(1, round(t.lr_decay_epoch * epochs / t.epochs)) if epochs != t.epochs else t.lr_decay_epoch
-    freeze = t.freeze_backbone_epochs
-    if epochs != t.epochs and freeze:
-        freeze = max(1, round(freeze * epochs / t.epochs))
+
+    def scaled(n: int) -> int:  # an epoch count at the same fraction of the raised run (0 stays 0)
+        return max(1, round(n * epochs / t.epochs)) if n and epochs != t.epochs else n
+
+    decay, freeze = scaled(t.lr_decay_epoch), scaled(t.freeze_backbone_epochs)
     note = f"schedule: {epochs} epochs × {steps} steps = {epochs * steps} steps"
     if epochs != t.epochs:
         note += f" (train.epochs {t.epochs} raised for train.min_steps={t.min_steps}"
