@@ -199,6 +199,24 @@ def test_batch_callable_matches_the_per_row_functions_in_any_batch_split():
     assert np.array_equal(t(cached, epoch=2)["image"], whole["image"])
 
 
+def test_uint8_views_normalised_per_batch_equal_the_float_views():
+    """The streamed path moves uint8 views and normalises whole batches in the worker: the same float32 values,
+    bit for bit, and the uint8 views are the resized crops before normalising."""
+    batch = _batch()
+    for channels, mean, std in ((3, None, None), (1, None, None), (3, (0.1, 0.2, 0.3), (0.5, 0.6, 0.7))):
+        floats = ImageTransform(size=12, channels=channels, train=True, flip=True, seed=9, mean=mean, std=std)
+        small = ImageTransform(size=12, channels=channels, train=True, flip=True, seed=9, mean=mean, std=std,
+                               uint8=True)  # fmt: skip
+        views = small(batch, epoch=3)["image"]
+        assert views.dtype == np.uint8 and views.shape == (5, channels, 12, 12)
+        want = floats(batch, epoch=3)["image"]
+        got = small.normalize_batch(views)
+        assert got.dtype == np.float32 and np.array_equal(got, want)
+        m, sd = floats.mean, floats.std
+        np.testing.assert_allclose(want, np.stack([_normalised(v.transpose(1, 2, 0), m, sd) for v in views]),
+                                   atol=1e-5)  # fmt: skip
+
+
 def test_train_batches_need_sample_ids():
     batch = _batch()
     del batch["sample_id"]

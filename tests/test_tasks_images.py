@@ -288,19 +288,25 @@ def test_two_ray_workers_train_on_encoded_images_streamed(ray_cluster, shapes, t
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_streamed_epochs_make_the_same_views_as_the_in_memory_cache(ray_cluster, shapes):
-    """Ray Data decodes and the worker applies the epoch transform: for every row and epoch, the views and the
-    caption drawn equal those the in-memory path makes from its decoded cache (same seed, epoch, sample id)."""
-    from raydist.data.stream import StreamedEpochs, train_dataset
+    """The stream as training opens it (two splits for alternate epochs, each pass's epoch announced to its Ray
+    Data tasks, which decode and make the views): for every row and epoch, the views and the caption drawn equal
+    those the in-memory path makes from its decoded cache (same seed, epoch, sample id)."""
+    from raydist.data.stream import StreamedEpochs, train_streams
 
     cfg = pairs_config(shapes, **{"data.shuffle_buffer": 0})
     task = build_task(cfg, DataInfo.from_dataset(shapes))
     memory = one_batch_epochs(cfg, task)
     rows = len(read_split(shapes, "train"))
-    shard = train_dataset(shapes, task.columns, task.stream_transform()).streaming_split(1, equal=True)[0]
-    stream = StreamedEpochs([shard], rows=rows, shuffle_buffer=0, seed=cfg.train.seed, rank=0, epochs=2,
-                            epoch_transform=task.epoch_transform())  # fmt: skip
-    for epoch in (0, 1):
+    epochs = 3
+    datasets, views = train_streams(shapes, task.columns, task.stream_transform(), task.epoch_transform(),
+                                     epochs=epochs, seed=cfg.train.seed)  # fmt: skip
+    assert list(datasets) == list(views) == ["train", "train_next"]
+    stream = StreamedEpochs([datasets[n].streaming_split(1, equal=True)[0] for n in datasets], rows=rows,
+                            shuffle_buffer=0, seed=cfg.train.seed, rank=0, epochs=epochs,
+                            views=[views[n] for n in datasets])  # fmt: skip
+    for epoch in range(epochs):
         (streamed,) = list(stream.epoch(epoch))
+        assert "epoch" not in streamed
         cached = the_batch(memory, epoch)
         order = {s: i for i, s in enumerate(cached["sample_id"].tolist())}
         at = [order[s] for s in streamed["sample_id"].tolist()]
@@ -308,6 +314,19 @@ def test_streamed_epochs_make_the_same_views_as_the_in_memory_cache(ray_cluster,
         for key in ("image", "tokens", "lengths", "image_id"):
             np.testing.assert_array_equal(streamed[key], cached[key][at], err_msg=f"{key}, epoch {epoch}")
     assert not np.array_equal(the_batch(memory, 0)["image"], the_batch(memory, 1)["image"])  # epochs differ
+
+
+def test_a_streamed_block_of_another_epoch_is_refused():
+    """The worker checks the epoch its blocks' views were made for and drops the column."""
+    from raydist.data.stream import _checked_epoch
+
+    good = {"sample_id": np.arange(3), "epoch": np.full(3, 2)}
+    (block,) = list(_checked_epoch([good], 2))
+    assert "epoch" not in block
+    with pytest.raises(RuntimeError, match=r"epoch 2 delivered views of epoch\(s\) \[1, 2\]"):
+        list(_checked_epoch([{"sample_id": np.arange(2), "epoch": np.array([1, 2])}], 2))
+    with pytest.raises(RuntimeError, match="no epoch column"):
+        list(_checked_epoch([{"sample_id": np.arange(2)}], 0))
 
 
 def test_train_on_images_picks_an_encoder_when_none_is_named(shapes, tiny_dataset, capsys):

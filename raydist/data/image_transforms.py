@@ -56,6 +56,14 @@ def normalize(pixels: np.ndarray, mean: Sequence[float], std: Sequence[float]) -
     return np.ascontiguousarray(x.transpose(2, 0, 1))
 
 
+def normalize_views(views: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
+    """B×C×H×W uint8 → float32 ``(x / 255 − mean_c) / std_c``: the same float32 operations as :func:`normalize`,
+    so the same values, on a whole batch at once."""
+    x = views.astype(np.float32) / np.float32(255.0)
+    m, s = (np.asarray(v, dtype=np.float32).reshape(1, -1, 1, 1) for v in (mean, std))
+    return (x - m) / s
+
+
 def view_rng(seed: int, epoch: int, sample_id: int) -> np.random.Generator:
     """The generator of one row's train view in one epoch: a pure function of (seed, epoch, sample_id), all
     non-negative."""
@@ -99,16 +107,17 @@ def _resize(pixels: np.ndarray, width: int, height: int) -> np.ndarray:
 def train_view(
     pixels: np.ndarray, size: int, rng: np.random.Generator, *, flip: bool,
     mean: Sequence[float], std: Sequence[float],
-    scale: tuple[float, float] = (0.08, 1.0), ratio: tuple[float, float] = (3 / 4, 4 / 3),
+    scale: tuple[float, float] = (0.08, 1.0), ratio: tuple[float, float] = (3 / 4, 4 / 3), uint8: bool = False,
 ) -> np.ndarray:  # fmt: skip
     """A random resized crop of H×W×C uint8 ``pixels`` (:func:`random_resized_crop_box`, drawn first), resized
     bilinearly to ``size``×``size``, mirrored left–right when ``flip`` and a fair coin (drawn next) says so,
-    then normalised (:func:`normalize`): float32 C×size×size."""
+    then normalised (:func:`normalize`): float32 C×size×size. ``uint8``: not normalised, uint8 C×size×size
+    (:func:`normalize_views` later gives the same floats)."""
     top, left, h, w = random_resized_crop_box(pixels.shape[0], pixels.shape[1], rng, scale, ratio)
     out = _resize(pixels[top: top + h, left: left + w], size, size)
     if flip and rng.random() < 0.5:
         out = out[:, ::-1]
-    return normalize(out, mean, std)
+    return np.ascontiguousarray(out.transpose(2, 0, 1)) if uint8 else normalize(out, mean, std)
 
 
 def eval_view(
@@ -136,6 +145,8 @@ class ImageTransform:
 
     The epoch of a pass: ``transform.for_epoch(e)`` (a copy), or ``fn_kwargs={"epoch": e}`` in ``map_batches``.
     ``mean``/``std`` default to :func:`default_mean_std`; eval views ignore seed, epoch, flip, scale, ratio.
+    ``uint8`` (train views): the views before normalising, uint8 (a quarter of the bytes to move between
+    processes); :meth:`normalize_batch` finishes them.
     """
 
     size: int
@@ -150,6 +161,7 @@ class ImageTransform:
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     crop_fraction: float = 0.875
     epoch: int = 0
+    uint8: bool = False
 
     def __post_init__(self) -> None:
         default_mean, default_std = default_mean_std(self.channels)
@@ -178,7 +190,11 @@ class ImageTransform:
             return eval_view(pixels, self.size, mean=self.mean, std=self.std, crop_fraction=self.crop_fraction)
         rng = view_rng(self.seed, epoch, sample_id)
         return train_view(pixels, self.size, rng, flip=self.flip, mean=self.mean, std=self.std,
-                          scale=self.scale, ratio=self.ratio)  # fmt: skip
+                          scale=self.scale, ratio=self.ratio, uint8=self.uint8)  # fmt: skip
+
+    def normalize_batch(self, views: np.ndarray) -> np.ndarray:
+        """uint8 [B, C, S, S] train views (``uint8=True``) → the float32 views ``uint8=False`` makes."""
+        return normalize_views(views, self.mean, self.std)
 
     def __call__(self, batch: Batch, epoch: int | None = None) -> Batch:
         """``batch`` with its image column replaced by the views of ``epoch`` (default: ``self.epoch``)."""
@@ -187,7 +203,8 @@ class ImageTransform:
             raise KeyError(f"train views need the 'sample_id' column; the batch has {sorted(batch)}")
         ids = batch["sample_id"] if self.train else np.zeros(len(images), dtype=np.int64)
         epoch = self.epoch if epoch is None else epoch
-        out = np.empty((len(images), self.channels, self.size, self.size), dtype=np.float32)
+        dtype = np.uint8 if self.uint8 and self.train else np.float32
+        out = np.empty((len(images), self.channels, self.size, self.size), dtype=dtype)
         for i, (image, sample_id) in enumerate(zip(images, ids)):
             out[i] = self.view(image, int(sample_id), epoch)
         return {**batch, self.column: out}

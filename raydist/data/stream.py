@@ -15,10 +15,11 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from raydist.data.epoch_board import EPOCH_COLUMN, EpochBoard
 from raydist.data.manifest import load_manifest
 from raydist.data.schema import IMAGE
 from raydist.data.shards import feature_matrix, read_split, split_files
-from raydist.data.transforms import train_transform
+from raydist.data.transforms import EpochTransform, EpochViews, PassViews, train_transform
 
 Batch = dict[str, np.ndarray]
 Transform = Callable[[Batch], Batch]
@@ -62,9 +63,6 @@ def train_arrays(data_dir: str | Path, columns: Sequence[str], transform: Transf
                  seed: int = 0) -> Batch:  # fmt: skip
     """The whole train split, subset and transformed once (the in-memory path)."""
     return train_transform(transform, fraction, seed)(split_columns(data_dir, "train", columns))
-
-
-EpochTransform = Callable[[Batch, int], Batch]
 
 
 class InMemoryBatches:
@@ -113,6 +111,23 @@ def read_tasks(data_dir: str | Path, files: int) -> int:
     return max(min(files, 4), min(files, math.ceil(memory_mb(data_dir, "train") / READ_TASK_MB)))
 
 
+# Encoded images per block of the train stream. Their transform (decode, then the epoch's crop, resize, flip and
+# normalise: about 1 ms an image on one core) costs far more than reading their bytes, so blocks are cut smaller
+# than a read task: Ray Data then reads whole shards and runs the transform as separate tasks on these blocks, as
+# many at once as the transform's concurrency allows, and the first block is ready after this many images.
+IMAGES_PER_BLOCK = 256
+
+
+def train_blocks(data_dir: str | Path, files: int) -> int:
+    """Blocks of the train stream: one per read task (:func:`read_tasks`: the transform runs in the read task);
+    for encoded images one per :data:`IMAGES_PER_BLOCK` images when that is more."""
+    tasks = read_tasks(data_dir, files)
+    manifest = load_manifest(data_dir)
+    if manifest.image_format != "encoded":
+        return tasks
+    return max(tasks, math.ceil(manifest.splits["train"].rows / IMAGES_PER_BLOCK))
+
+
 def train_splits(epochs: int) -> tuple[str, ...]:
     """Ray Train dataset names of the streamed train split: two splits of the same stream when there is more
     than one epoch, even epochs from the first and odd ones from the second (:class:`StreamedEpochs`), so the
@@ -140,27 +155,44 @@ def train_dataset(data_dir: str | Path, columns: Sequence[str], transform: Trans
     v2 = getattr(ctx, "use_datasource_v2", False)
     ctx.use_datasource_v2 = False
     try:
-        ds = ray.data.read_parquet(files, override_num_blocks=read_tasks(data_dir, len(files)))
+        ds = ray.data.read_parquet(files, override_num_blocks=train_blocks(data_dir, len(files)))
     finally:
         ctx.use_datasource_v2 = v2
-    resources = {k: v for k, v in (("num_cpus", num_cpus), ("concurrency", concurrency)) if v is not None}
+    resources: dict[str, Any] = {} if num_cpus is None else {"num_cpus": num_cpus}
+    if concurrency is not None:  # Ray 2.51+ names the task-pool cap `compute` (`concurrency` is deprecated)
+        resources["compute"] = ray.data.TaskPoolStrategy(size=concurrency)
     return ds.select_columns(list(columns)).map_batches(transform, batch_format="numpy", **resources)
 
 
+def train_streams(data_dir: str | Path, columns: Sequence[str], transform: Transform,
+                  epoch_transform: EpochViews | None, *, epochs: int, fraction: float = 1.0, seed: int = 0,
+                  num_cpus: float | None = None,
+                  concurrency: int | None = None) -> tuple[dict[str, Any], dict[str, PassViews] | None]:  # fmt: skip
+    """The Ray Data datasets of a streamed train split by Ray Train dataset name (:func:`train_splits`), each
+    :func:`train_dataset` of the :func:`train_subset` (``fraction``, ``seed``) of ``transform``. With an
+    ``epoch_transform`` (encoded images, :class:`EpochViews`: the epoch's random views, caption draws, noisy
+    labels), the tasks make it instead of ``transform``, told the epoch by a new :class:`EpochBoard` per
+    dataset: the :class:`PassViews` are returned by the same names, for :class:`StreamedEpochs` (``views``)."""
+    datasets, views = {}, {} if epoch_transform is not None else None
+    for name in train_splits(epochs):
+        fn = transform
+        if views is not None:
+            fn = views[name] = PassViews(epoch_transform, EpochBoard.new())
+        datasets[name] = train_dataset(data_dir, columns, train_transform(fn, fraction, seed), num_cpus=num_cpus,
+                                       concurrency=concurrency)  # fmt: skip
+    return datasets, views
+
+
 def stream_epoch(shard: Any, *, rows: int, shuffle_buffer: int, seed: int, epoch: int, rank: int,
-                 blocks: Iterable[Batch] | None = None,
-                 epoch_transform: EpochTransform | None = None) -> Iterator[Batch]:  # fmt: skip
+                 blocks: Iterable[Batch] | None = None) -> Iterator[Batch]:  # fmt: skip
     """This worker's full batches of ``rows`` rows of a streamed epoch: Ray Data hands over whole blocks and
     :func:`local_batches` cuts them, shuffled with a generator seeded by (seed, epoch, rank) when
     ``shuffle_buffer`` > 0. (Ray's own ``iter_batches(batch_size=rows, local_shuffle_buffer_size=…)`` took
-    about 5× the worker's CPU per row.) ``blocks``: the epoch's blocks when already opened (else opened here).
-    ``epoch_transform(batch, epoch)`` is applied to each batch here, in the worker (encoded images: Ray Data
-    decodes, the worker makes the epoch's crops, flips and caption draws, as from the in-memory cache)."""
+    about 5× the worker's CPU per row.) ``blocks``: the epoch's blocks when already opened (else opened here)."""
     rng = np.random.default_rng((seed * 7919 + epoch) * 131 + rank) if shuffle_buffer > 0 else None
     if blocks is None:
         blocks = _open_blocks(shard)
-    batches = local_batches(blocks, rows=rows, shuffle_buffer=shuffle_buffer, rng=rng)
-    return batches if epoch_transform is None else (epoch_transform(b, epoch) for b in batches)
+    return local_batches(blocks, rows=rows, shuffle_buffer=shuffle_buffer, rng=rng)
 
 
 def _open_blocks(shard: Any) -> Iterator[Batch]:
@@ -179,14 +211,20 @@ class StreamedEpochs:
     of the same dataset, epoch e streams from ``shards[e % 2]`` and epoch e + 1 is opened on the other one as
     soon as epoch e starts: the next pass's start overlaps with this whole epoch, whatever the loop does
     between them. Every epoch is still one full pass, split equally over the workers, and its batches are
-    those of a pass opened on the spot. No pass is opened beyond ``epochs``."""
+    those of a pass opened on the spot. No pass is opened beyond ``epochs``.
+
+    ``views`` (one :class:`PassViews` per shard, for streams whose Ray Data tasks make the per-epoch views): the
+    epoch is announced on the shard's board before its pass is opened, every block's ``epoch`` column is
+    checked against it and dropped, and each batch is finished (:meth:`PassViews.finish`)."""
 
     def __init__(self, shards: Sequence[Any], *, rows: int, shuffle_buffer: int, seed: int, rank: int,
-                 epochs: int, epoch_transform: EpochTransform | None = None) -> None:  # fmt: skip
+                 epochs: int, views: Sequence[PassViews] | None = None) -> None:  # fmt: skip
         if len(shards) not in (1, 2):
             raise ValueError(f"StreamedEpochs takes one split or two, got {len(shards)}")
+        if views is not None and len(views) != len(shards):
+            raise ValueError(f"one PassViews per split: {len(shards)} splits, {len(views)} views")
         self.shards, self.rows, self.shuffle_buffer, self.seed, self.rank = list(shards), rows, shuffle_buffer, seed, rank
-        self.epochs, self.epoch_transform = epochs, epoch_transform
+        self.epochs, self.views = epochs, views
         self._ahead: tuple[int, Future[Iterator[Batch]]] | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="raydist-next-epoch")
 
@@ -194,13 +232,24 @@ class StreamedEpochs:
         """The batches of ``epoch``; the pass of ``epoch + 1`` is opened ahead (see the class)."""
         ahead, self._ahead = self._ahead, None
         shard = self.shards[epoch % len(self.shards)]
-        blocks = ahead[1].result() if ahead is not None and ahead[0] == epoch else _open_blocks(shard)
+        blocks = ahead[1].result() if ahead is not None and ahead[0] == epoch else self._open(epoch, _open_blocks)
         if len(self.shards) == 2:
             self._open_ahead(epoch + 1)
         else:
             blocks = self._then_open(blocks, epoch + 1)
-        return stream_epoch(shard, rows=self.rows, shuffle_buffer=self.shuffle_buffer, seed=self.seed, epoch=epoch,
-                            rank=self.rank, blocks=blocks, epoch_transform=self.epoch_transform)  # fmt: skip
+        if self.views is None:
+            return stream_epoch(shard, rows=self.rows, shuffle_buffer=self.shuffle_buffer, seed=self.seed,
+                                epoch=epoch, rank=self.rank, blocks=blocks)  # fmt: skip
+        batches = stream_epoch(shard, rows=self.rows, shuffle_buffer=self.shuffle_buffer, seed=self.seed, epoch=epoch,
+                               rank=self.rank, blocks=_checked_epoch(blocks, epoch))  # fmt: skip
+        return map(self.views[epoch % len(self.shards)].finish, batches)
+
+    def _open(self, epoch: int, opener: Callable[[Any], Iterator[Batch]]) -> Iterator[Batch]:
+        """``opener(shard)`` for ``epoch``'s pass, the epoch announced first when the tasks need it."""
+        index = epoch % len(self.shards)
+        if self.views is not None:
+            self.views[index].board.announce(epoch)
+        return opener(self.shards[index])
 
     def _then_open(self, blocks: Iterator[Batch], epoch: int) -> Iterator[Batch]:
         yield from blocks
@@ -208,8 +257,18 @@ class StreamedEpochs:
 
     def _open_ahead(self, epoch: int) -> None:
         if epoch < self.epochs:
-            shard = self.shards[epoch % len(self.shards)]
-            self._ahead = (epoch, self._pool.submit(_first_block_fetched, shard))
+            self._ahead = (epoch, self._pool.submit(self._open, epoch, _first_block_fetched))
+
+
+def _checked_epoch(blocks: Iterable[Batch], epoch: int) -> Iterator[Batch]:
+    """``blocks`` without their ``epoch`` column, once it says every row's views were made for ``epoch``."""
+    for block in blocks:
+        made = block.pop(EPOCH_COLUMN, None)
+        if made is None or len(made) and (made.min() != epoch or made.max() != epoch):
+            found = "no epoch column" if made is None else f"views of epoch(s) {sorted(set(made.tolist()))}"
+            raise RuntimeError(f"streamed pass of epoch {epoch} delivered {found}: the Ray Data tasks and the "
+                               "training workers disagree on the epoch")  # fmt: skip
+        yield block
 
 
 def _first_block_fetched(shard: Any) -> Iterator[Batch]:
@@ -227,18 +286,71 @@ def local_batches(blocks: Iterable[Batch], *, rows: int, shuffle_buffer: int,
     rows drawn uniformly without replacement from the rows that have arrived and not left, drawn only while
     at least ``shuffle_buffer`` rows stay behind (until the stream ends). The draws between two blocks are
     consecutive slices of one permutation of the buffer: the same distribution as drawing them one by one,
-    for one gather per block instead of one per batch. Memory: the rows carried over (fewer than
-    ``shuffle_buffer + rows``) and one block, twice while a block is added and permuted."""
-    pool: Batch = {}
+    for one permutation per block instead of one per batch. The buffer holds row indices into the blocks
+    that still have rows in it, so each row is copied once, into its batch (large rows, such as image views,
+    are not moved each time a block arrives). Memory: the blocks with rows not yet drawn."""
+    pool = _RowPool()
     for block in chain(blocks, [None]):
         if block is not None:
-            pool = block if not pool else {k: np.concatenate([v, block[k]]) for k, v in pool.items()}
-        n = len(next(iter(pool.values()), ()))
+            pool.add(block)
+        n = len(pool)
         draws = n // rows if block is None or rng is None else max(0, (n - shuffle_buffer) // rows)
         if not draws:
             continue
         if rng is not None:
-            order = rng.permutation(n)
-            pool = {k: v[order] for k, v in pool.items()}
-        yield from ({k: v[i * rows : (i + 1) * rows] for k, v in pool.items()} for i in range(draws))
-        pool = {k: v[draws * rows :] for k, v in pool.items()}
+            pool.permute(rng.permutation(n))
+        yield from (pool.take(rows) for _ in range(draws))
+
+
+class _RowPool:
+    """Rows of column blocks in a queue of (block, row) indices: added a block at a time, permuted, taken from
+    the front; a block is let go once none of its rows is queued."""
+
+    def __init__(self) -> None:
+        self.blocks: dict[int, Batch] = {}
+        self.starts: list[int] = []  # global index of each added block's first row (empty blocks included)
+        self.queue = np.empty(0, dtype=np.int64)  # global row indices, in the order they will be taken
+        self.added = 0
+
+    def __len__(self) -> int:
+        return len(self.queue)
+
+    def add(self, block: Batch) -> None:
+        n = len(next(iter(block.values()), ()))
+        if n:
+            self.blocks[len(self.starts)] = block
+        self.starts.append(self.added)
+        self.queue = np.concatenate([self.queue, np.arange(self.added, self.added + n)])
+        self.added += n
+
+    def permute(self, order: np.ndarray) -> None:
+        self.queue = self.queue[order]
+
+    def take(self, rows: int) -> Batch:
+        ids, self.queue = self.queue[:rows], self.queue[rows:]
+        owner = np.searchsorted(self.starts, ids, side="right") - 1
+        used = np.unique(owner)
+        if len(used) == 1:  # the common case without shuffling: a slice of one block
+            block, local = self.blocks[int(used[0])], ids - self.starts[int(used[0])]
+            out = {k: v[local[0] : local[-1] + 1] if _contiguous(local) else v[local] for k, v in block.items()}
+        else:
+            out = {}
+            for b in used.tolist():
+                mask = owner == b
+                local = ids[mask] - self.starts[b]
+                for k, v in self.blocks[b].items():
+                    if k not in out:
+                        out[k] = np.empty((rows, *v.shape[1:]), dtype=v.dtype)
+                    out[k][mask] = v[local]
+        self._release(used)
+        return out
+
+    def _release(self, used: np.ndarray) -> None:
+        """Let go of the blocks among ``used`` that have no queued rows left."""
+        left = np.unique(np.searchsorted(self.starts, self.queue, side="right") - 1) if len(self.queue) else []
+        for b in set(used.tolist()) - set(np.asarray(left).tolist()):
+            self.blocks.pop(b, None)
+
+
+def _contiguous(local: np.ndarray) -> bool:
+    return bool(len(local)) and local[-1] - local[0] + 1 == len(local) and bool(np.all(np.diff(local) == 1))

@@ -5,11 +5,12 @@ worker does not import it either (about 1.4 s and a few hundred MB per worker pr
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import numpy as np
 
+from raydist.data.epoch_board import EPOCH_COLUMN, EpochBoard
 from raydist.data.hashing import uniform_by_id
 from raydist.data.image_transforms import ImageTransform, decode_images
 from raydist.data.labels_io import flip_labels
@@ -18,6 +19,7 @@ from raydist.data.tokenizer import CaptionTokenizer
 
 Batch = dict[str, np.ndarray]
 Transform = Callable[[Batch], Batch]
+EpochTransform = Callable[[Batch, int], Batch]
 
 
 def train_subset(batch: Batch, fraction: float, seed: int) -> Batch:
@@ -138,6 +140,33 @@ class EpochViews:
         if self.labels is not None:
             out["label"] = self.labels.labels(batch)
         return out
+
+
+@dataclass(frozen=True)
+class PassViews:
+    """The per-epoch views (:class:`EpochViews`) made in the Ray Data tasks of a streamed split: each task reads
+    its pass's epoch from ``board`` (announced by the training workers before they open the pass) and makes
+    that epoch's views, captions and labels, the views as uint8 (a quarter of the float32 bytes through Ray's
+    object store); the output carries the epoch in the ``epoch`` column, which the worker checks and drops
+    (:class:`raydist.data.stream.StreamedEpochs`), and :meth:`finish` normalises a batch in the worker. The
+    values are those of the in-memory path for the same (seed, epoch, sample_id), made in as many processes as
+    the stream's tasks instead of in the worker."""
+
+    views: EpochViews
+    board: EpochBoard
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "views", replace(self.views, images=replace(self.views.images, uint8=True)))
+
+    def __call__(self, batch: Batch) -> Batch:
+        epoch = self.board.current()
+        out = self.views(batch, epoch)
+        out[EPOCH_COLUMN] = np.full(len(out["sample_id"]), epoch, dtype=np.int64)
+        return out
+
+    def finish(self, batch: Batch) -> Batch:
+        """A batch cut from the tasks' blocks, its uint8 views normalised (the float32 the in-memory path has)."""
+        return {**batch, "image": self.views.images.normalize_batch(batch["image"])}
 
 
 class ImageViews:

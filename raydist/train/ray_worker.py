@@ -16,6 +16,8 @@ from torch import nn
 
 from raydist.config import Config, from_dict
 from raydist.data import load_manifest
+from raydist.data.epoch_board import EpochBoard
+from raydist.data.transforms import PassViews
 from raydist.data.stream import InMemoryBatches, StreamedEpochs, train_arrays, train_splits
 from raydist.distributed import StepPlan
 from raydist.tasks import DataInfo, Task, build_task
@@ -29,9 +31,11 @@ UNSCORED = -1e30
 
 
 class RayRuntime:
-    """Rank, device, batches, reports and restarts from Ray Train."""
+    """Rank, device, batches, reports and restarts from Ray Train. ``epoch_boards``: the streamed splits'
+    :class:`EpochBoard` keys by dataset name, when their Ray Data tasks make the per-epoch views."""
 
-    def __init__(self, cfg: Config, task: Task, plan: StepPlan, source: str) -> None:
+    def __init__(self, cfg: Config, task: Task, plan: StepPlan, source: str,
+                 epoch_boards: dict[str, str] | None = None) -> None:  # fmt: skip
         ctx = ray.train.get_context()
         self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
         self.device = ray.train.torch.get_device()
@@ -45,10 +49,13 @@ class RayRuntime:
             self._memory = InMemoryBatches(arrays, rows=plan.rows_per_worker, rank=self.rank, world=self.world,
                                            seed=cfg.train.seed, epoch_transform=task.epoch_transform())  # fmt: skip
         else:
+            names = train_splits(cfg.train.epochs)
+            views = None if epoch_boards is None else [PassViews(task.epoch_transform(), EpochBoard(epoch_boards[name]))
+                                                       for name in names]  # fmt: skip
             self._stream = StreamedEpochs(
-                [ray.train.get_dataset_shard(name) for name in train_splits(cfg.train.epochs)], rows=plan.rows_per_worker,
+                [ray.train.get_dataset_shard(name) for name in names], rows=plan.rows_per_worker,
                 shuffle_buffer=cfg.data.shuffle_buffer, seed=cfg.train.seed, rank=self.rank, epochs=cfg.train.epochs,
-                epoch_transform=task.epoch_transform(),
+                views=views,
             )  # fmt: skip
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
@@ -83,8 +90,8 @@ class RayRuntime:
 
 def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any] | None:
     """Ray Train entry point. ``loop_config``: ``cfg`` (nested dict), ``data_dir``, ``source`` ("memory" or
-    "stream"), optional ``resume_from`` (checkpoint folder) and ``run_dir`` (the local run folder: tracking
-    files, fault-injection markers; None on remote storage). Rank 0 returns :func:`run_loop`'s dict plus
+    "stream"), ``epoch_boards`` (see :class:`RayRuntime`), optional ``resume_from`` (checkpoint folder) and
+    ``run_dir`` (the local run folder: tracking files, fault-injection markers; None on remote storage). Rank 0 returns :func:`run_loop`'s dict plus
     ``startup``: the wall-clock times (``time.time()``) this attempt's train function started
     (``workers_started``: Ray Train's worker group is up) and its train split was ready (``data_ready``)."""
     workers_started = time.time()
@@ -92,7 +99,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any] | None:
     task = build_task(cfg, DataInfo.from_dataset(Path(loop_config["data_dir"])))
     world = ray.train.get_context().get_world_size()
     plan = StepPlan(cfg.train.batch_size, cfg.loss.negative_set_size, world)
-    runtime = RayRuntime(cfg, task, plan, loop_config["source"])
+    runtime = RayRuntime(cfg, task, plan, loop_config["source"], loop_config.get("epoch_boards"))
     data_ready = time.time()
     hooks = build_hooks(cfg, task, runtime, loop_config.get("run_dir"))
     result = run_loop(cfg, task, runtime, plan, hooks=hooks, resume_from=loop_config.get("resume_from"))

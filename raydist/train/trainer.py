@@ -17,7 +17,7 @@ from raydist.checkpoint import change_lines, format_changes, load_checkpoint, ne
 from raydist.config import Config, ConfigError
 from raydist.console import route_ray_output
 from raydist.data import check_split_size, ensure_default_dataset, load_manifest, validate_dataset
-from raydist.data.stream import fits_in_memory, train_dataset, train_splits, train_transform
+from raydist.data.stream import fits_in_memory, train_streams
 from raydist.distributed import StepPlan
 from raydist.runfiles import HISTORY_FILE, LOG_FILE, STOP_FILE
 from raydist.runtime import (
@@ -152,18 +152,19 @@ def build_trainer(
 
     task = build_task(cfg, DataInfo.from_dataset(data_dir))
     source = "memory" if fits_in_memory(data_dir, "train", cfg.data.in_memory_max_mb) else "stream"
-    transform = train_transform(task.stream_transform(), cfg.data.train_fraction, cfg.train.seed)
-    datasets = {}
+    datasets, views = {}, None
     if source == "stream":
-        datasets = {name: train_dataset(data_dir, task.columns, transform, num_cpus=cfg.data.transform_cpus,
-                                        concurrency=cfg.data.transform_concurrency)
-                    for name in train_splits(cfg.train.epochs)}  # fmt: skip
+        datasets, views = train_streams(data_dir, task.columns, task.stream_transform(), task.epoch_transform(),
+                                         epochs=cfg.train.epochs, fraction=cfg.data.train_fraction,
+                                         seed=cfg.train.seed, num_cpus=cfg.data.transform_cpus,
+                                         concurrency=cfg.data.transform_concurrency)  # fmt: skip
     storage = storage_root(cfg, storage_path)
     name = run_name(cfg, run_name_override)
     loop_config = {
         "cfg": cfg.to_dict(),
         "data_dir": str(data_dir),
         "source": source,
+        "epoch_boards": None if views is None else {name: v.board.token for name, v in views.items()},
         "resume_from": str(resume_from) if resume_from else None,
         "run_dir": None if is_uri(storage) else str(Path(storage) / name),
     }
