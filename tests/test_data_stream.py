@@ -95,49 +95,6 @@ def test_local_batches_shuffle_each_row_once_and_deterministically():
     assert abs(np.mean([b["x"].mean() for b in batches[:3]]) - 700) < 150
 
 
-def _copying_local_batches(blocks, *, rows, shuffle_buffer, rng):
-    """The shuffle buffer written the plain way (the rows themselves concatenated and permuted at each block):
-    the reference for the index-queue implementation, which must give the same batches for the same rng."""
-    pool = {}
-    for block in [*blocks, None]:
-        if block is not None:
-            pool = block if not pool else {k: np.concatenate([v, block[k]]) for k, v in pool.items()}
-        n = len(next(iter(pool.values()), ()))
-        draws = n // rows if block is None or rng is None else max(0, (n - shuffle_buffer) // rows)
-        if not draws:
-            continue
-        if rng is not None:
-            order = rng.permutation(n)
-            pool = {k: v[order] for k, v in pool.items()}
-        yield from ({k: v[i * rows : (i + 1) * rows] for k, v in pool.items()} for i in range(draws))
-        pool = {k: v[draws * rows :] for k, v in pool.items()}
-
-
-@pytest.mark.parametrize("shuffle_buffer", [0, 10, 300])
-def test_local_batches_equal_the_copying_shuffle_buffer(shuffle_buffer):
-    """Uneven blocks (empty ones included), image-like and object columns: the same batches, row for row."""
-    gen = np.random.default_rng(5)
-    sizes = [0, 37, 1, 120, 0, 64, 9, 200, 3]
-    start, blocks = 0, []
-    for n in sizes:
-        ids = np.arange(start, start + n)
-        captions = np.empty(n, dtype=object)
-        captions[:] = [[f"c{i}"] * (i % 3 + 1) for i in ids]
-        blocks.append({"x": ids, "view": gen.normal(size=(n, 3, 4, 4)).astype(np.float32), "captions": captions})
-        start += n
-    for rng_seed in (None, 11):
-        got = list(local_batches(iter(blocks), rows=16, shuffle_buffer=shuffle_buffer,
-                                 rng=None if rng_seed is None else np.random.default_rng(rng_seed)))  # fmt: skip
-        want = list(_copying_local_batches(blocks, rows=16, shuffle_buffer=shuffle_buffer,
-                                           rng=None if rng_seed is None else np.random.default_rng(rng_seed)))  # fmt: skip
-        assert len(got) == len(want) == sum(sizes) // 16
-        for g, w in zip(got, want):
-            assert set(g) == set(w)
-            np.testing.assert_array_equal(g["x"], w["x"])
-            np.testing.assert_array_equal(g["view"], w["view"])
-            assert g["captions"].tolist() == w["captions"].tolist()
-
-
 def test_local_batches_handle_empty_and_short_streams():
     rng = np.random.default_rng(0)
     assert list(local_batches(iter([]), rows=8, shuffle_buffer=16, rng=rng)) == []

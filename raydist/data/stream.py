@@ -286,71 +286,18 @@ def local_batches(blocks: Iterable[Batch], *, rows: int, shuffle_buffer: int,
     rows drawn uniformly without replacement from the rows that have arrived and not left, drawn only while
     at least ``shuffle_buffer`` rows stay behind (until the stream ends). The draws between two blocks are
     consecutive slices of one permutation of the buffer: the same distribution as drawing them one by one,
-    for one permutation per block instead of one per batch. The buffer holds row indices into the blocks
-    that still have rows in it, so each row is copied once, into its batch (large rows, such as image views,
-    are not moved each time a block arrives). Memory: the blocks with rows not yet drawn."""
-    pool = _RowPool()
+    for one gather per block instead of one per batch. Memory: the rows carried over (fewer than
+    ``shuffle_buffer + rows``) and one block, twice while a block is added and permuted."""
+    pool: Batch = {}
     for block in chain(blocks, [None]):
         if block is not None:
-            pool.add(block)
-        n = len(pool)
+            pool = block if not pool else {k: np.concatenate([v, block[k]]) for k, v in pool.items()}
+        n = len(next(iter(pool.values()), ()))
         draws = n // rows if block is None or rng is None else max(0, (n - shuffle_buffer) // rows)
         if not draws:
             continue
         if rng is not None:
-            pool.permute(rng.permutation(n))
-        yield from (pool.take(rows) for _ in range(draws))
-
-
-class _RowPool:
-    """Rows of column blocks in a queue of (block, row) indices: added a block at a time, permuted, taken from
-    the front; a block is let go once none of its rows is queued."""
-
-    def __init__(self) -> None:
-        self.blocks: dict[int, Batch] = {}
-        self.starts: list[int] = []  # global index of each added block's first row (empty blocks included)
-        self.queue = np.empty(0, dtype=np.int64)  # global row indices, in the order they will be taken
-        self.added = 0
-
-    def __len__(self) -> int:
-        return len(self.queue)
-
-    def add(self, block: Batch) -> None:
-        n = len(next(iter(block.values()), ()))
-        if n:
-            self.blocks[len(self.starts)] = block
-        self.starts.append(self.added)
-        self.queue = np.concatenate([self.queue, np.arange(self.added, self.added + n)])
-        self.added += n
-
-    def permute(self, order: np.ndarray) -> None:
-        self.queue = self.queue[order]
-
-    def take(self, rows: int) -> Batch:
-        ids, self.queue = self.queue[:rows], self.queue[rows:]
-        owner = np.searchsorted(self.starts, ids, side="right") - 1
-        used = np.unique(owner)
-        if len(used) == 1:  # the common case without shuffling: a slice of one block
-            block, local = self.blocks[int(used[0])], ids - self.starts[int(used[0])]
-            out = {k: v[local[0] : local[-1] + 1] if _contiguous(local) else v[local] for k, v in block.items()}
-        else:
-            out = {}
-            for b in used.tolist():
-                mask = owner == b
-                local = ids[mask] - self.starts[b]
-                for k, v in self.blocks[b].items():
-                    if k not in out:
-                        out[k] = np.empty((rows, *v.shape[1:]), dtype=v.dtype)
-                    out[k][mask] = v[local]
-        self._release(used)
-        return out
-
-    def _release(self, used: np.ndarray) -> None:
-        """Let go of the blocks among ``used`` that have no queued rows left."""
-        left = np.unique(np.searchsorted(self.starts, self.queue, side="right") - 1) if len(self.queue) else []
-        for b in set(used.tolist()) - set(np.asarray(left).tolist()):
-            self.blocks.pop(b, None)
-
-
-def _contiguous(local: np.ndarray) -> bool:
-    return bool(len(local)) and local[-1] - local[0] + 1 == len(local) and bool(np.all(np.diff(local) == 1))
+            order = rng.permutation(n)
+            pool = {k: v[order] for k, v in pool.items()}
+        yield from ({k: v[i * rows : (i + 1) * rows] for k, v in pool.items()} for i in range(draws))
+        pool = {k: v[draws * rows :] for k, v in pool.items()}
