@@ -89,6 +89,23 @@ def test_a_sweep_that_cannot_fit_is_refused(ray_cluster):
         check_sweep_fits(space, cfg)
 
 
+def test_a_trial_that_never_ran_has_no_values_instead_of_breaking_the_table(tmp_path):
+    """A trial whose actor never started (its node went away first) has neither a config in its result nor a
+    params.json: its row gets no swept values; one that reported keeps them; a params.json is read."""
+    from types import SimpleNamespace
+
+    from raydist.tune.sweep import _trial_values
+
+    space = parse_space(yaml.safe_load(Path(MARGIN).read_text()), "margin")
+    never = SimpleNamespace(config={}, path=str(tmp_path / "trial_0"))
+    assert _trial_values(never, space) == {}
+    (tmp_path / "trial_1").mkdir()
+    (tmp_path / "trial_1" / "params.json").write_text('{"loss.margin": 0.3, "train.epochs": 4}')
+    assert _trial_values(SimpleNamespace(config={}, path=str(tmp_path / "trial_1")), space) == {"loss.margin": 0.3}
+    reported = SimpleNamespace(config={"loss.margin": 0.2}, path=str(tmp_path / "nowhere"))
+    assert _trial_values(reported, space) == {"loss.margin": 0.2}
+
+
 def test_results_table():
     outcome = SweepOutcome(
         experiment_path="/x",

@@ -411,8 +411,14 @@ def _search_alg(space: SweepSpace) -> Any:
 
 
 def _trial_values(result: Any, space: SweepSpace) -> dict[str, Any]:
-    """The swept values of a trial (from its params.json when it failed before reporting)."""
-    config = result.config or json.loads(_read_text(result.path, "params.json"))
+    """The swept values of a trial (from its params.json when it failed before reporting; none when its actor
+    never ran, e.g. its node went away before it started, and Tune wrote no params.json)."""
+    config = result.config
+    if not config:
+        try:
+            config = json.loads(_read_text(result.path, "params.json"))
+        except OSError:
+            config = {}
     return {k: config[k] for k in space.keys if k in config}
 
 
