@@ -13,7 +13,7 @@ NAMESPACE = "raydist"
 EPOCH_COLUMN = "epoch"
 
 
-def _kv():  # noqa: ANN202 (a private Ray module; typed loosely on purpose)
+def _kv():
     # Ray's internal KV (ray.experimental.internal_kv) is the store Ray's own libraries use for this kind of small
     # cluster-wide state; every connected process (driver, Train worker, Ray Data task) has it, and no extra
     # actor process is needed. It is private API: a Ray without it fails here with the reason.

@@ -237,12 +237,11 @@ class StreamedEpochs:
             self._open_ahead(epoch + 1)
         else:
             blocks = self._then_open(blocks, epoch + 1)
-        if self.views is None:
-            return stream_epoch(shard, rows=self.rows, shuffle_buffer=self.shuffle_buffer, seed=self.seed,
-                                epoch=epoch, rank=self.rank, blocks=blocks)  # fmt: skip
+        if self.views is not None:
+            blocks = _checked_epoch(blocks, epoch)
         batches = stream_epoch(shard, rows=self.rows, shuffle_buffer=self.shuffle_buffer, seed=self.seed, epoch=epoch,
-                               rank=self.rank, blocks=_checked_epoch(blocks, epoch))  # fmt: skip
-        return map(self.views[epoch % len(self.shards)].finish, batches)
+                               rank=self.rank, blocks=blocks)  # fmt: skip
+        return batches if self.views is None else map(self.views[epoch % len(self.shards)].finish, batches)
 
     def _open(self, epoch: int, opener: Callable[[Any], Iterator[Batch]]) -> Iterator[Batch]:
         """``opener(shard)`` for ``epoch``'s pass, the epoch announced first when the tasks need it."""

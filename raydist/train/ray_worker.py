@@ -17,8 +17,8 @@ from torch import nn
 from raydist.config import Config, from_dict
 from raydist.data import load_manifest
 from raydist.data.epoch_board import EpochBoard
-from raydist.data.transforms import PassViews
 from raydist.data.stream import InMemoryBatches, StreamedEpochs, train_arrays, train_splits
+from raydist.data.transforms import PassViews
 from raydist.distributed import StepPlan
 from raydist.tasks import DataInfo, Task, build_task
 from raydist.train.loop import run_loop

@@ -164,7 +164,7 @@ def build_trainer(
         "cfg": cfg.to_dict(),
         "data_dir": str(data_dir),
         "source": source,
-        "epoch_boards": None if views is None else {name: v.board.token for name, v in views.items()},
+        "epoch_boards": None if views is None else {split: v.board.token for split, v in views.items()},
         "resume_from": str(resume_from) if resume_from else None,
         "run_dir": None if is_uri(storage) else str(Path(storage) / name),
     }
