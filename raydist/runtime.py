@@ -3,15 +3,18 @@ run fits its CPUs, and resolve storage paths/URIs and run names."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import socket
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from raydist.config import Config, ConfigError
+from raydist.console import say
 
 # Logical CPUs that Ray Data needs beside the train workers, or the streaming pipeline waits forever.
 DATA_CPUS = 1.0
@@ -114,35 +117,95 @@ def run_cpus(cfg: Config, *, fewest: bool = False) -> float:
     return workers * cfg.train.cpus_per_worker + DATA_CPUS
 
 
-def check_cluster_fits(cpus_needed: float) -> None:
-    """Fail fast instead of waiting forever for resources that will never come."""
+@dataclass(frozen=True)
+class Capacity:
+    """What the connected Ray cluster offers: logical CPUs and nodes up now, and the most CPUs its autoscaler
+    may bring (``None``: no autoscaler; ``math.inf``: an autoscaler that does not publish its bound)."""
+
+    cpus: float
+    nodes: int
+    max_cpus: float | None = None
+
+    @property
+    def autoscaling(self) -> bool:
+        return self.max_cpus is not None
+
+
+def cluster_capacity() -> Capacity:
+    """The connected cluster's :class:`Capacity`. An autoscaler is found where Ray's own tools find it: v2 (KubeRay,
+    ``RAY_enable_autoscaler_v2``) publishes its node types, whose CPUs × max counts bound the cluster (what Ray
+    Train checks a worker group against); v1 (``ray up``, ``ray start --autoscaling-config``) writes only its
+    status report, which ``ray status`` reads (:func:`v1_autoscaling`), and gives no bound."""
     import ray
+    from ray._private import ray_constants
+    from ray._private.state import state
+    from ray.autoscaler.v2.utils import is_autoscaler_v2
+    from ray.experimental.internal_kv import _internal_kv_get
 
-    have = ray.cluster_resources().get("CPU", 0.0)
-    if cpus_needed > have:
-        raise ConfigError(
-            f"this run needs {cpus_needed:g} logical CPUs (train workers × train.cpus_per_worker + "
-            f"{DATA_CPUS:g} for Ray Data; an elastic run: train.min_workers workers) but the Ray cluster has "
-            f"{have:g}: lower train.num_workers (or train.min_workers) or train.cpus_per_worker, or add nodes"
-        )
+    cpus = ray.cluster_resources().get("CPU", 0.0)
+    nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
+    bounds = state.get_max_resources_from_cluster_config()
+    if bounds:
+        return Capacity(cpus, nodes, float(bounds.get("CPU", 0)))
+    if is_autoscaler_v2(fetch_from_server=True):  # started with RAY_enable_autoscaler_v2=1: no bound published
+        return Capacity(cpus, nodes, math.inf)
+    status = _internal_kv_get(ray_constants.DEBUG_AUTOSCALING_STATUS)
+    if status and v1_autoscaling(json.loads(status)):
+        return Capacity(cpus, nodes, math.inf)
+    return Capacity(cpus, nodes)
 
 
-def alive_nodes() -> int:
-    """Nodes of the connected Ray cluster that are up now."""
-    import ray
+def v1_autoscaling(status: dict[str, Any]) -> bool:
+    """Whether the v1 monitor's status report comes from an autoscaler with node types to launch. Every head runs
+    that monitor; without an autoscaling config it watches a read-only provider that names each node's type
+    ``node_<node id>`` after the node, and launches nothing."""
+    from ray.autoscaler._private.util import format_readonly_node_type
 
-    return sum(1 for node in ray.nodes() if node.get("Alive"))
+    mapping = status.get("autoscaler_report", {}).get("node_type_mapping", {})
+    return any(kind != format_readonly_node_type(node) for node, kind in mapping.items())
 
 
-def check_storage_reachable(storage: str, shared: bool, nodes: int) -> None:
-    """Refuse a run (or experiment) folder on a local path when the cluster has more than one node, unless it is
-    declared shared (``train.storage_shared``: a folder every node mounts, e.g. NFS): workers on the other nodes
-    write checkpoints there, and Ray would fail late and obscurely, when a worker reports its first one.
-    ``nodes``: the cluster's nodes that are up (:func:`alive_nodes`)."""
-    if nodes <= 1 or shared or is_uri(storage):
+def check_fits(cpus_needed: float, capacity: Capacity, *, what: str, fix: str) -> None:
+    """Fail fast instead of waiting forever for CPUs that will never come: refuse when ``cpus_needed`` is beyond
+    what the cluster has (no autoscaler) or may grow to (an autoscaler's bound); say so when an autoscaler must add
+    nodes first. ``what`` (e.g. "this run needs 3 logical CPUs (…)") and ``fix`` word the refusal."""
+    if cpus_needed <= capacity.cpus:
         return
+    if capacity.max_cpus is None:
+        raise ConfigError(f"{what} but the Ray cluster has {capacity.cpus:g}: {fix}")
+    if cpus_needed > capacity.max_cpus:
+        raise ConfigError(
+            f"{what} but the Ray cluster has {capacity.cpus:g} and its autoscaler adds nodes up to "
+            f"{capacity.max_cpus:g}: {fix}"
+        )
+    bound = "" if math.isinf(capacity.max_cpus) else f" (up to {capacity.max_cpus:g})"
+    say(
+        f"[raydist] the Ray cluster has {capacity.cpus:g} logical CPUs now and {cpus_needed:g} are needed: waiting for "
+        f"its autoscaler to add nodes{bound} (`ray status` shows them coming)"
+    )
+
+
+def check_cluster_fits(cpus_needed: float, capacity: Capacity) -> None:
+    """:func:`check_fits` for one training run."""
+    check_fits(
+        cpus_needed,
+        capacity,
+        what=f"this run needs {cpus_needed:g} logical CPUs (train workers × train.cpus_per_worker + {DATA_CPUS:g} "
+        "for Ray Data; an elastic run: train.min_workers workers)",
+        fix="lower train.num_workers (or train.min_workers) or train.cpus_per_worker, or add nodes",
+    )
+
+
+def check_storage_reachable(storage: str, shared: bool, capacity: Capacity) -> None:
+    """Refuse a run (or experiment) folder on a local path when the cluster has more than one node, or an
+    autoscaler that adds them, unless it is declared shared (``train.storage_shared``: a folder every node mounts,
+    e.g. NFS): workers on the other nodes write checkpoints there, and Ray would fail late and obscurely, when a
+    worker reports its first one."""
+    if not (capacity.nodes > 1 or capacity.autoscaling) or shared or is_uri(storage):
+        return
+    cluster = f"has {capacity.nodes} nodes" if capacity.nodes > 1 else "adds nodes as it needs them (autoscaling)"
     raise ConfigError(
-        f"the Ray cluster has {nodes} nodes, but the run folder {storage} is on a local path that workers on the "
+        f"the Ray cluster {cluster}, but the run folder {storage} is on a local path that workers on the "
         "other nodes cannot see: pass --storage s3://BUCKET/PATH or gs://BUCKET/PATH, or --storage on a folder "
         "that every node mounts (NFS) together with --storage-shared (train.storage_shared=true)"
     )

@@ -49,7 +49,7 @@ def simulated_cluster(nodes: int, *, node_cpus: int = 1, head_cpus: int = 0) -> 
     cluster = Cluster()
     try:
         # no dashboard (fewer processes to start on a small machine); its API server still starts: on a free port
-        add_node(cluster, num_cpus=head_cpus, include_dashboard=False, dashboard_port=_free_port(),
+        add_node(cluster, num_cpus=head_cpus, include_dashboard=False, dashboard_port=free_port(),
                  _system_config=HEAD_SYSTEM_CONFIG)  # fmt: skip
         for _ in range(nodes):
             add_node(cluster, num_cpus=node_cpus)
@@ -90,7 +90,8 @@ def add_node(cluster: Any, **node_args: Any) -> Any:
     return node
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on this machine now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,7 @@ import pytest
 import yaml
 
 from raydist.config import load_config
+from raydist.simcluster import free_port
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]  # a cluster test is slow too (tests/conftest.py enforces it)
 
@@ -31,12 +31,6 @@ PORT_FLAGS = (
     "port", "dashboard-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "ray-client-server-port",
     "metrics-export-port", "runtime-env-agent-port", "node-manager-port", "object-manager-port",
 )  # fmt: skip
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _kill_group(pgid: int) -> None:
@@ -51,7 +45,7 @@ def _kill_group(pgid: int) -> None:
 def job_client_env():
     """Start a 4-CPU head node; yield the environment for `ray job` clients that talk to it."""
     temp_dir = tempfile.mkdtemp(prefix="rdj-", dir="/tmp")  # short: Ray's unix sockets live under it
-    ports = {flag: _free_port() for flag in PORT_FLAGS}
+    ports = {flag: free_port() for flag in PORT_FLAGS}
     api_server = f"http://127.0.0.1:{ports['dashboard-port']}"
     # Every process of the cluster inherits this: Ray Train's placement-group cleaner then asks this
     # cluster's State API, instead of failing on "multiple active Ray instances" (the session's

@@ -25,7 +25,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("loop and hooks", ("raydist.train", "raydist.train.hooks", "raydist.gradclust.hook")),
     ("wiring and Ray Train", ("raydist.train.wiring", "raydist.train.ray_worker", "raydist.train.trainer",
                               "raydist.train.elastic")),
-    ("drivers", ("raydist.tune", "raydist.benchmarks", "raydist.experiments", "raydist.simcluster")),
+    ("drivers", ("raydist.tune", "raydist.benchmarks", "raydist.experiments", "raydist.simcluster",
+                 "raydist.autoscaling")),
     ("command line", ("raydist.cli",)),
 ]
 

@@ -4,13 +4,15 @@ fixed-size run that waited for capacity in vain. The runs on a simulated cluster
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
 from raydist.config import ConfigError, load_config
 from raydist.data.stream import InMemoryBatches
 from raydist.distributed import StepPlan
-from raydist.runtime import check_storage_reachable, run_cpus
+from raydist.runtime import Capacity, check_cluster_fits, check_storage_reachable, run_cpus, v1_autoscaling
 from raydist.train.trainer import describe_workers, training_failure, worker_range
 
 
@@ -80,13 +82,34 @@ def test_an_in_memory_epoch_resumed_after_a_resize_sees_every_row_once():
 
 
 def test_local_storage_is_refused_on_more_than_one_node_unless_shared_or_remote():
-    check_storage_reachable("/runs", False, nodes=1)  # one machine: its local folder is fine
-    check_storage_reachable("s3://bucket/runs", False, nodes=4)
-    check_storage_reachable("gs://bucket/runs", False, nodes=4)
-    check_storage_reachable("/mnt/nfs/runs", True, nodes=4)  # declared: --storage-shared
+    one, four = Capacity(cpus=4, nodes=1), Capacity(cpus=16, nodes=4)
+    check_storage_reachable("/runs", False, one)  # one machine: its local folder is fine
+    check_storage_reachable("s3://bucket/runs", False, four)
+    check_storage_reachable("gs://bucket/runs", False, four)
+    check_storage_reachable("/mnt/nfs/runs", True, four)  # declared: --storage-shared
     with pytest.raises(ConfigError, match=r"has 2 nodes, but the run folder /runs is on a local path.*--storage "
                                           r"s3://.*--storage-shared \(train.storage_shared=true\)"):  # fmt: skip
-        check_storage_reachable("/runs", False, nodes=2)
+        check_storage_reachable("/runs", False, Capacity(cpus=8, nodes=2))
+    # one node up now, but an autoscaler will add more: refused the same way, before any node joins
+    for bound in (math.inf, 12.0):
+        with pytest.raises(ConfigError, match=r"adds nodes as it needs them \(autoscaling\), but the run folder"):
+            check_storage_reachable("/runs", False, Capacity(cpus=1, nodes=1, max_cpus=bound))
+    check_storage_reachable("/runs", True, Capacity(cpus=1, nodes=1, max_cpus=math.inf))
+
+
+def test_a_run_beyond_the_cluster_is_refused_unless_an_autoscaler_may_bring_the_cpus(capsys):
+    """Without an autoscaler the CPUs up now are all there will be; with one, a run beyond them waits for nodes
+    (and says so) unless it is beyond the autoscaler's published bound too."""
+    check_cluster_fits(3, Capacity(cpus=3, nodes=1))  # fits exactly: nothing said
+    assert capsys.readouterr().out == ""
+    with pytest.raises(ConfigError, match=r"this run needs 3 logical CPUs .* but the Ray cluster has 2: lower"):
+        check_cluster_fits(3, Capacity(cpus=2, nodes=1))
+    check_cluster_fits(3, Capacity(cpus=1, nodes=1, max_cpus=math.inf))  # v1 autoscaler: no bound published
+    assert "has 1 logical CPUs now and 3 are needed: waiting for its autoscaler" in capsys.readouterr().out
+    check_cluster_fits(3, Capacity(cpus=1, nodes=1, max_cpus=9))
+    assert "waiting for its autoscaler to add nodes (up to 9)" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match=r"has 1 and its autoscaler adds nodes up to 2: lower train.num_workers"):
+        check_cluster_fits(3, Capacity(cpus=1, nodes=1, max_cpus=2))
 
 
 def test_the_cli_declares_shared_storage():
@@ -132,3 +155,14 @@ def test_the_drill_finds_restarts_in_the_progress_lines():
     assert steps == [(10.0, 4), (11.0, 5), (12.0, 7), (31.5, 6), (40.0, 21)]
     # steps 6 and 7 ran twice; 19.5 s between the end of step 7 and the end of the new step 6
     assert restarts(steps) == [{"from_step": 7, "to_step": 6, "redone": 2, "gap_s": 19.5}]
+
+
+def test_the_v1_monitor_of_a_plain_head_is_not_an_autoscaler():
+    """Every Ray head runs the v1 monitor; only one given an autoscaling config names node types of its own
+    (shapes as the monitor of Ray 2.60 reports them: a plain `ray start --head`, and cluster.local.yaml's head)."""
+    node = "311899588e304cfeafa2597d8a6f3ac2b731d655d934c381b31ac50b"
+    plain = {"autoscaler_report": {"node_type_mapping": {node: f"node_{node}"}, "legacy": True}}
+    fake_head = "f" * 51 + "00000"
+    configured = {"autoscaler_report": {"node_type_mapping": {fake_head: "ray.head.default"}, "legacy": True}}
+    assert not v1_autoscaling(plain) and not v1_autoscaling({})
+    assert v1_autoscaling(configured)

@@ -11,6 +11,7 @@ import yaml
 
 from raydist.cli import main
 from raydist.config import ConfigError, load_config
+from raydist.runtime import cluster_capacity
 from raydist.tune.space import parse_space, resolve_base_config
 from raydist.tune.sweep import (
     SweepOutcome,
@@ -86,7 +87,7 @@ def test_a_sweep_that_cannot_fit_is_refused(ray_cluster):
     cfg = resolve_base_config(space, preset="tiny")
     assert sweep_cpus(space, cfg) == 2 * (1 + 2 * 0.5 + 1)
     with pytest.raises(ConfigError, match=r"needs 6 logical CPUs = max_concurrent_trials 2 .* cluster has 4"):
-        check_sweep_fits(space, cfg)
+        check_sweep_fits(space, cfg, cluster_capacity())
 
 
 def test_a_trial_that_never_ran_has_no_values_instead_of_breaking_the_table(tmp_path):

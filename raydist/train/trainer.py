@@ -21,9 +21,9 @@ from raydist.data.stream import fits_in_memory, train_streams
 from raydist.distributed import StepPlan
 from raydist.runfiles import HISTORY_FILE, LOG_FILE, STOP_FILE
 from raydist.runtime import (
-    alive_nodes,
     check_cluster_fits,
     check_storage_reachable,
+    cluster_capacity,
     init_ray,
     is_uri,
     run_cpus,
@@ -261,8 +261,9 @@ def run_training(
         start_train_coordinator()
     name = run_name(cfg)
     storage = storage_root(cfg)
-    check_storage_reachable(storage, cfg.train.storage_shared, alive_nodes())
-    check_cluster_fits(run_cpus(cfg, fewest=True))
+    capacity = cluster_capacity()
+    check_storage_reachable(storage, cfg.train.storage_shared, capacity)
+    check_cluster_fits(run_cpus(cfg, fewest=True), capacity)
     startup["ray_ready"] = time.time()
     print(f"[raydist] Ray ready in {time.perf_counter() - started:.1f} s; starting {describe_workers(cfg)} …",
           flush=True)  # fmt: skip

@@ -19,7 +19,15 @@ import yaml
 from raydist.config import Config, ConfigError, dump_yaml, from_dict
 from raydist.console import is_verbose, route_ray_output, say
 from raydist.runfiles import BEST_CONFIG_FILE, LOG_FILE, SWEEP_FILE
-from raydist.runtime import DATA_CPUS, alive_nodes, check_storage_reachable, init_ray, run_cpus
+from raydist.runtime import (
+    DATA_CPUS,
+    Capacity,
+    check_fits,
+    check_storage_reachable,
+    cluster_capacity,
+    init_ray,
+    run_cpus,
+)
 from raydist.train.trainer import build_trainer, checked_data_dir, resolve_schedule
 from raydist.tune.space import SweepSpace, parse_space, trial_config, trial_configs
 
@@ -58,19 +66,19 @@ def sweep_cpus(space: SweepSpace, cfg: Config) -> float:
     return space.max_concurrent_trials * (space.trial_cpus + run_cpus(cfg))
 
 
-def check_sweep_fits(space: SweepSpace, cfg: Config) -> None:
+def check_sweep_fits(space: SweepSpace, cfg: Config, capacity: Capacity) -> None:
     """Refuse a sweep that the cluster can never schedule (Tune would wait forever, silently)."""
-    import ray
-
-    need, have = sweep_cpus(space, cfg), ray.cluster_resources().get("CPU", 0.0)
-    if need > have:
-        raise ConfigError(
-            f"sweep {space.name!r} needs {need:g} logical CPUs = max_concurrent_trials "
-            f"{space.max_concurrent_trials} × (trial_cpus {space.trial_cpus:g} + train.num_workers "
-            f"{max(cfg.train.num_workers, 1)} × train.cpus_per_worker {cfg.train.cpus_per_worker:g} + {DATA_CPUS:g} "
-            f"for Ray Data), but the Ray cluster has {have:g}: lower max_concurrent_trials or resources: in the space "
-            "file, pass train.num_workers=/train.cpus_per_worker= overrides, or add nodes"
-        )
+    need = sweep_cpus(space, cfg)
+    check_fits(
+        need,
+        capacity,
+        what=f"sweep {space.name!r} needs {need:g} logical CPUs = max_concurrent_trials "
+        f"{space.max_concurrent_trials} × (trial_cpus {space.trial_cpus:g} + train.num_workers "
+        f"{max(cfg.train.num_workers, 1)} × train.cpus_per_worker {cfg.train.cpus_per_worker:g} + {DATA_CPUS:g} "
+        "for Ray Data),",
+        fix="lower max_concurrent_trials or resources: in the space file, pass train.num_workers=/"
+        "train.cpus_per_worker= overrides, or add nodes",
+    )
 
 
 def tune_param_space(space: SweepSpace) -> dict[str, Any]:
@@ -227,7 +235,7 @@ def run_sweep(
         run_config=tune.RunConfig(
             name=name,
             storage_path=storage,
-            failure_config=tune.FailureConfig(max_failures=0),
+            failure_config=tune.FailureConfig(max_failures=cfg.train.max_failures),
             callbacks=[trial_lines_callback(space)],
             verbose=tune_verbosity(),
         ),
@@ -364,8 +372,9 @@ def _checked_data(space: SweepSpace, cfg: Config) -> Path:
 def _start_ray(space: SweepSpace, cfg: Config, address: str | None, experiment_path: str) -> None:
     """Start or join Ray, check the sweep fits, and send worker output to the experiment's raydist.log."""
     init_ray(sweep_cpus(space, cfg), address)
-    check_sweep_fits(space, cfg)
-    check_storage_reachable(experiment_path, cfg.train.storage_shared, alive_nodes())
+    capacity = cluster_capacity()
+    check_sweep_fits(space, cfg, capacity)
+    check_storage_reachable(experiment_path, cfg.train.storage_shared, capacity)
     if "://" not in experiment_path:
         route_ray_output(Path(experiment_path) / LOG_FILE)
 
