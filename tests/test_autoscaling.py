@@ -89,10 +89,18 @@ def test_a_sweep_on_the_autoscaler_gets_nodes_survives_a_preemption_and_gives_th
     run_dir = next(runs.glob("tune-margin-*/trial_*/train"))
     resumed = [int(m.group(1)) for m in re.finditer(r"resumed from \S+ at epoch \d+, step (\d+)", text)]
     assert resumed and min(resumed) >= result["checkpoint_step"], text[-3000:]
-    steps = [json.loads(line)["step"] for line in (run_dir / "steps.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
+    steps = [line["step"] for line in lines]
     per_epoch = load_manifest(tiny_dataset).splits["train"].rows // BATCH
     assert sorted(set(steps)) == list(range(1, EPOCHS * per_epoch + 1))  # every step, to the last
     assert all(steps.count(s) == 1 for s in range(1, result["checkpoint_step"] + 1))  # none redone before it
+    # a step run again after the resume starts from the checkpoint's model, optimiser and data position, so it
+    # computes the loss it computed before the preemption
+    losses: dict[int, list[float]] = {}
+    for line in lines:
+        losses.setdefault(line["step"], []).append(line["loss"])
+    for step, seen in losses.items():
+        assert seen == pytest.approx([seen[0]] * len(seen), rel=1e-6), (step, seen)
 
     # every node the autoscaler added was removed again once idle, within the idle timeout and a few updates
     assert result["all_removed_s"] is not None and result["all_removed_s"] < IDLE_S + 60, result
