@@ -37,7 +37,7 @@ ADDED = re.compile(r"Adding (\d+) node\(s\) of type (\S+)\.")
 REMOVED_V1 = re.compile(r":event_summary:Removing (\d+) nodes of type (\S+) \((.*)\)\.")
 TERMINATING_V2 = re.compile(r"Update instance (\S+)->TERMINATING \(id=([^,]+), type=([^,]+),[^)]*\)(?::\s*(.*))?")
 TERMINATED_V2 = re.compile(r"Update instance \S+->TERMINATED \(id=([^,]+),")
-START_WAIT_S = 120.0
+START_WAIT_S = 120.0  # how long the head and its autoscaler may take to come up on a busy machine
 # Autoscaler v2 for the head (as ray.cluster_utils.AutoscalingCluster starts it): it reconciles its instances with
 # the nodes Ray sees, so a node that dies behind the provider's back (a preemption) is terminated and replaced at
 # once; v1 keeps counting a fake node that never left its "uninitialized" state, and waits minutes
@@ -45,7 +45,7 @@ HEAD_ENV = {
     "RAY_enable_autoscaler_v2": "1",
     "RAY_CLOUD_INSTANCE_ID": FAKE_HEAD_NODE_ID,
     FAKE_NODE_ID_ENV: FAKE_HEAD_NODE_ID,
-}  # how long the head and its autoscaler may take to come up on a busy machine
+}
 
 
 @dataclass
