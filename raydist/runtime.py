@@ -132,10 +132,12 @@ class Capacity:
 
 
 def cluster_capacity() -> Capacity:
-    """The connected cluster's :class:`Capacity`. An autoscaler is found where Ray's own tools find it: v2 (KubeRay,
-    ``RAY_enable_autoscaler_v2``) publishes its node types, whose CPUs × max counts bound the cluster (what Ray
-    Train checks a worker group against); v1 (``ray up``, ``ray start --autoscaling-config``) writes only its
-    status report, which ``ray status`` reads (:func:`v1_autoscaling`), and gives no bound."""
+    """The connected cluster's :class:`Capacity`. An autoscaler is found where Ray's own tools find it: a cluster
+    config reported to the GCS names node types whose CPUs × max counts bound the cluster (what Ray Train checks a
+    worker group against); autoscaler v2 without one (``RAY_enable_autoscaler_v2=1``, as raydist.autoscaling starts
+    it: its standalone monitor reports none) sets its flag in the GCS; v1 (``ray up``, ``ray start
+    --autoscaling-config``) writes only its status report, which ``ray status`` reads (:func:`v1_autoscaling`).
+    The last two give no bound."""
     import ray
     from ray._private import ray_constants
     from ray._private.state import state
