@@ -19,7 +19,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,13 @@ import yaml
 from ray.autoscaler._private.fake_multi_node.node_provider import FAKE_HEAD_NODE_ID
 
 from raydist.runtime import NO_STATE_API
-from raydist.simcluster import HEAD_SYSTEM_CONFIG, TRAIN_WORKER_TITLE, free_port, registered_checkpoint_step
+from raydist.simcluster import (
+    HEAD_SYSTEM_CONFIG,
+    TRAIN_WORKER_TITLE,
+    free_port,
+    print_report,
+    registered_checkpoint_step,
+)
 
 # The fake provider gives each node it starts this id (its head's is FAKE_HEAD_NODE_ID), through the environment
 FAKE_NODE_ID_ENV = "RAY_OVERRIDE_NODE_ID_FOR_TESTING"
@@ -283,12 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = autoscaling_drill(command, config=args.config, preempt_in=args.preempt_in,
                                idle_timeout_s=args.idle_timeout_s, timeout=args.timeout,
                                keep_log=args.keep_log)  # fmt: skip
-    print("\n".join(report.output))
-    summary = {k: v for k, v in asdict(report).items() if k not in ("output", "output_times")}
-    print(f"[autoscaling] {json.dumps(summary)}")
-    if args.report:
-        args.report.write_text(json.dumps(asdict(report), indent=1))
-    return 0 if report.returncode == 0 else 1
+    return print_report(report, "autoscaling", args.report)
 
 
 if __name__ == "__main__":

@@ -302,11 +302,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     report = node_loss_drill(command, nodes=args.nodes, node_cpus=args.node_cpus, run_dir=args.run_dir,
                              remove=args.remove, add_back_after=args.add_back_after, timeout=args.timeout)  # fmt: skip
+    return print_report(report, "simcluster", args.report)
+
+
+def print_report(report: Any, tag: str, path: Path | None) -> int:
+    """Print a drill's command output and a one-line JSON summary ``[tag] {...}`` (without the output), write the
+    whole report to ``path`` when given; the exit code: 0 when the command succeeded."""
     print("\n".join(report.output))
     summary = {k: v for k, v in asdict(report).items() if k not in ("output", "output_times")}
-    print(f"[simcluster] {json.dumps(summary)}")
-    if args.report:
-        args.report.write_text(json.dumps(asdict(report), indent=1))
+    print(f"[{tag}] {json.dumps(summary)}")
+    if path:
+        path.write_text(json.dumps(asdict(report), indent=1))
     return 0 if report.returncode == 0 else 1
 
 

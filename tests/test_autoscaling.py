@@ -10,18 +10,14 @@ its timeout), so the session's in-process Ray is never touched, and it stops eve
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
-import os
 import re
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from drills import run_drill
 
 from raydist.data import load_manifest
 
@@ -57,21 +53,10 @@ def test_a_sweep_on_the_autoscaler_gets_nodes_survives_a_preemption_and_gives_th
              "--storage", str(runs), "--storage-shared", "train.num_workers=1", "train.cpus_per_worker=1",
              f"train.epochs={EPOCHS}", f"train.batch_size={BATCH}", f"train.checkpoint_every={CHECKPOINT_EVERY}",
              "train.log_every=1", "train.min_steps=0", "train.max_failures=2"]  # fmt: skip
-    argv = [sys.executable, "-m", "raydist.autoscaling", "--config", str(LOCAL_YAML), "--preempt-in", str(runs),
-            "--idle-timeout-s", str(IDLE_S), "--timeout", "420", "--report", str(report), "--", *sweep]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # fmt: skip
-    try:
-        out, _ = proc.communicate(timeout=500)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"the drill outlived its timeout:\n{out[-4000:]}")
-    assert report.is_file(), out[-4000:]
-    result = json.loads(report.read_text())
-    text = "\n".join(result["output"])
+    result = run_drill("raydist.autoscaling", "--config", str(LOCAL_YAML), "--preempt-in", str(runs),
+                       "--idle-timeout-s", str(IDLE_S), "--timeout", "420", "--", *sweep, report=report,
+                       timeout=500)  # fmt: skip
+    text = result["text"]
     assert result["returncode"] == 0, text[-4000:]
 
     # the head (1 CPU) could not host the trial: the autoscaler added a worker node before it ran, and one more

@@ -9,15 +9,11 @@ its cluster before it exits."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from drills import run_drill
 
 from raydist.data import load_manifest
 
@@ -34,24 +30,9 @@ CHECKPOINT_EVERY = 10  # half an epoch: the node goes a few steps after the firs
 
 def drill(tmp_path: Path, *command: str, nodes: int = NODES, run_dir: Path | None = None, timeout: int = 240) -> dict:
     """`python -m raydist.simcluster` with ``raydist COMMAND``; its report (with the command's output)."""
-    report = tmp_path / "drill.json"
-    argv = [sys.executable, "-m", "raydist.simcluster", "--nodes", str(nodes), "--node-cpus", str(NODE_CPUS),
-            "--timeout", str(timeout), "--report", str(report), *(["--run-dir", str(run_dir)] if run_dir else []),
-            "--", *command]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # fmt: skip
-    try:
-        out, _ = proc.communicate(timeout=timeout + 90)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"the drill outlived its timeout:\n{out[-4000:]}")
-    assert report.is_file(), out[-4000:]
-    result = json.loads(report.read_text())
-    result["text"] = "\n".join(result.pop("output"))
-    return result
+    return run_drill("raydist.simcluster", "--nodes", str(nodes), "--node-cpus", str(NODE_CPUS), "--timeout",
+                     str(timeout), *(["--run-dir", str(run_dir)] if run_dir else []), "--", *command,
+                     report=tmp_path / "drill.json", timeout=timeout + 90)  # fmt: skip
 
 
 def train_args(data: Path, runs: Path, name: str, *overrides: str) -> list[str]:
