@@ -110,8 +110,11 @@ def _ray_log_level() -> int:
 
 def run_cpus(cfg: Config, *, fewest: bool = False) -> float:
     """Logical CPUs one training run occupies (workers + Ray Data); ``fewest``: with the fewest workers it may
-    run with (``train.min_workers`` of an elastic run)."""
-    workers = max(cfg.train.num_workers, 1)
+    run with (``train.min_workers`` of an elastic run). In process (``train.num_workers=0``, no Ray Data):
+    ``train.cpus_per_worker``."""
+    if cfg.train.num_workers == 0:
+        return cfg.train.cpus_per_worker
+    workers = cfg.train.num_workers
     if fewest and cfg.train.min_workers is not None:
         workers = min(cfg.train.min_workers, workers)
     return workers * cfg.train.cpus_per_worker + DATA_CPUS

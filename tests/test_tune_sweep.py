@@ -12,7 +12,8 @@ import yaml
 from raydist.cli import main
 from raydist.config import ConfigError, load_config
 from raydist.runtime import cluster_capacity
-from raydist.tune.space import parse_space, resolve_base_config
+from raydist.train.trainer import run_training
+from raydist.tune.space import parse_space, resolve_base_config, trial_config
 from raydist.tune.sweep import (
     SweepOutcome,
     TrialRow,
@@ -22,6 +23,7 @@ from raydist.tune.sweep import (
     run_sweep,
     sweep_cpus,
     trial_epochs,
+    trial_resources,
 )
 
 MARGIN = str(Path(__file__).resolve().parents[1] / "tune_spaces" / "margin.yaml")
@@ -221,3 +223,47 @@ def test_cli_refuses_bad_invocations(capsys, tmp_path):
     assert "not a raydist sweep folder" in capsys.readouterr().err
     assert main(["tune", "nope"]) == 2
     assert "no shipped space of that name; shipped spaces: gather," in capsys.readouterr().err
+
+
+# Two trials in process (train.num_workers=0): each trains in its Tune actor, no Ray Train worker group.
+IN_PROCESS_SPACE = {
+    "search": "grid",
+    "scheduler": {"type": "fifo"},
+    "max_concurrent_trials": 2,
+    "resources": {"trial_cpus": 0.5, "num_workers": 0, "cpus_per_worker": 1},
+    "base": {"train.epochs": 2, "train.log_every": 1000},
+    "space": {"loss.margin": {"grid": [0.1, 0.3]}},
+}
+
+
+def test_in_process_trials_hold_their_training_cpu_and_refuse_remote_storage(tiny_dataset):
+    space = parse_space(IN_PROCESS_SPACE, name="inproc")
+    cfg = resolve_base_config(space, preset="tiny", overrides={"data.path": str(tiny_dataset)})
+    assert trial_resources(0.5, cfg.to_dict(), {"loss.margin": 0.1}) == {"cpu": 1.5}
+    assert trial_resources(0.5, cfg.to_dict(), {"train.num_workers": 2}) == {"cpu": 0.5}
+    on_gpu = resolve_base_config(space, preset="tiny", overrides={"data.path": str(tiny_dataset),
+                                                                  "train.use_gpu": True})  # fmt: skip
+    assert trial_resources(0.5, on_gpu.to_dict(), {}) == {"cpu": 1.5, "gpu": 1}
+    assert sweep_cpus(space, cfg) == 2 * (0.5 + 1)  # no Ray Data CPU: the in-process run reads into memory
+    with pytest.raises(ConfigError, match="train.num_workers=0 train in their Tune actor"):
+        run_sweep(space, cfg, storage_path="s3://bucket/sweeps")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_in_process_trials_report_what_a_plain_in_process_run_trains(ray_cluster, tiny_dataset, tmp_path):
+    """Each trial's per-epoch metrics and its best checkpoint are those of ``raydist train`` run in process with
+    the trial's values: the trial forwards the loop's own reports (same seed, same data order)."""
+    space = parse_space(IN_PROCESS_SPACE, name="inproc")
+    cfg = resolve_base_config(space, preset="tiny", overrides={"data.path": str(tiny_dataset)})
+    outcome = run_sweep(space, cfg, storage_path=str(tmp_path / "tune"))
+    assert {r.status for r in outcome.rows} == {"TERMINATED"} and {r.epochs for r in outcome.rows} == {2}
+    for row in outcome.rows:
+        plain = run_training(trial_config(cfg, {**row.values, "train.storage_path": str(tmp_path / "plain"),
+                                                "train.run_name": row.trial}), evaluate_test=False)  # fmt: skip
+        best = max(m["val/rsum"] for m in plain.history)
+        assert row.metric == pytest.approx(best, rel=1e-6, abs=1e-6), (row, plain.history)
+    best_row = max(outcome.rows, key=lambda r: r.metric)
+    assert outcome.best_trial == best_row.trial
+    folder = Path(outcome.experiment_path) / best_row.trial / "train"
+    assert Path(outcome.best_checkpoint).parent == folder and (Path(outcome.best_checkpoint) / "state.pt").is_file()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from raydist.experiments.figures import finish, panels, save, spread_line
 from raydist.experiments.records import TrialRecord
-from raydist.experiments.spec import Experiment, Setup, Summary, Sweep
+from raydist.experiments.spec import IN_PROCESS, Experiment, Setup, Summary, Sweep
 from raydist.experiments.tables import Spread, clearly_above, markdown_table, spread
 
 SGD, GC = "gvar/sgd_nvar", "gvar/gc_nvar"
@@ -161,6 +161,6 @@ EXPERIMENT = Experiment(
     space="gc_variance",
     sweeps=sweeps,
     summarise=summarise,
-    quick={"train.epochs": 2},
+    quick={"train.epochs": 2, **IN_PROCESS},
     data="duplicated",
 )  # fmt: skip

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from raydist.experiments.figures import finish, panels, save, spread_line
 from raydist.experiments.records import TrialRecord
-from raydist.experiments.spec import Experiment, Setup, Summary, Sweep
+from raydist.experiments.spec import IN_PROCESS, Experiment, Setup, Summary, Sweep
 from raydist.experiments.tables import clearly_above, group_by, markdown_table, spread
 from raydist.losses.noise import noise_tolerance, pair_flip_rates
 
@@ -149,5 +149,5 @@ EXPERIMENT = Experiment(
     sweeps=sweeps,
     summarise=summarise,
     seeds=(0, 1),  # 64 trials ≈ 23 min here; --seeds 0 1 2 takes ≈ 35 min (docs/experiments.md)
-    quick={"train.epochs": 2, "train.batch_size": 50},
+    quick={"train.epochs": 2, "train.batch_size": 50, **IN_PROCESS},
 )  # fmt: skip

@@ -12,7 +12,7 @@ from typing import Any
 
 from raydist.experiments.figures import finish, panels, save, spread_line
 from raydist.experiments.records import TrialRecord
-from raydist.experiments.spec import Experiment, Setup, Summary, Sweep
+from raydist.experiments.spec import IN_PROCESS, Experiment, Setup, Summary, Sweep
 from raydist.experiments.tables import clearly_above, group_by, markdown_table, spread
 
 NESTING = "model.nesting"
@@ -104,5 +104,5 @@ EXPERIMENT = Experiment(
     space="matryoshka",
     sweeps=sweeps,
     summarise=summarise,
-    quick={"train.epochs": 1},
+    quick={"train.epochs": 1, **IN_PROCESS},
 )  # fmt: skip

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from raydist.experiments.figures import finish, panels, save, spread_line
 from raydist.experiments.records import TrialRecord
-from raydist.experiments.spec import Experiment, Setup, Summary, Sweep
+from raydist.experiments.spec import IN_PROCESS, Experiment, Setup, Summary, Sweep
 from raydist.experiments.tables import clearly_above, group_by, markdown_table, spread
 from raydist.losses import mh_collapse_value
 
@@ -140,5 +140,5 @@ EXPERIMENT = Experiment(
     space="mh_vs_sh",
     sweeps=sweeps,
     summarise=summarise,
-    quick={"train.epochs": 2, "train.lr_decay_epoch": 100},
+    quick={"train.epochs": 2, "train.lr_decay_epoch": 100, **IN_PROCESS},
 )  # fmt: skip

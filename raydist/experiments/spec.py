@@ -49,6 +49,11 @@ class Summary:
     verdict: list[str]
 
 
+# Quick mode of an experiment whose trials train one worker each: the trials train in their Tune actors
+# (bit for bit a one-worker Ray Train run's loop, tests/test_train_faults.py) without starting a worker group each.
+IN_PROCESS = {"train.num_workers": 0}
+
+
 @dataclass(frozen=True)
 class Experiment:
     """A paper's claim as a runnable experiment.

@@ -5,7 +5,7 @@ to a run folder (the best ``keep`` by the task's validation metric and the newes
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -19,16 +19,19 @@ from raydist.data.stream import InMemoryBatches, train_arrays
 from raydist.distributed import StepPlan
 from raydist.tasks import Task
 
+ReportListener = Callable[[dict[str, Any], "Path | None"], None]
+
 
 class LocalRuntime:
-    """Rank 0 of 1 in this process; reports are kept in :attr:`reports`, checkpoints in ``run_dir``."""
+    """Rank 0 of 1 in this process; reports are kept in :attr:`reports`, checkpoints in ``run_dir``; each report
+    is also passed to ``on_report(metrics, checkpoint folder or None)`` when given."""
 
     rank = 0
     world = 1
 
     def __init__(
         self, cfg: Config, task: Task, plan: StepPlan, run_dir: str | Path, device: str = "cpu", *,
-        keep: int | None = None,
+        keep: int | None = None, on_report: ReportListener | None = None,
     ) -> None:  # fmt: skip
         self.device = torch.device(device)
         self.run_dir = Path(run_dir)
@@ -42,6 +45,7 @@ class LocalRuntime:
         self.reports: list[dict[str, Any]] = []
         self.checkpoints: list[Path] = []  # kept checkpoint folders, oldest first
         self.scores: dict[Path, float] = {}
+        self.on_report = on_report
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         return model.to(self.device)
@@ -59,8 +63,13 @@ class LocalRuntime:
 
     def report(self, metrics: dict[str, Any], checkpoint_dir: str | None) -> None:
         self.reports.append(dict(metrics))
-        if not checkpoint_dir:
-            return
+        folder = self._keep_checkpoint(metrics, checkpoint_dir) if checkpoint_dir else None
+        if self.on_report is not None:
+            self.on_report(dict(metrics), folder)
+
+    def _keep_checkpoint(self, metrics: dict[str, Any], checkpoint_dir: str) -> Path | None:
+        """Move ``checkpoint_dir`` into the run folder as ``checkpoint_<step>``; the kept folder (None when
+        pruned at once)."""
         folder = self.run_dir / f"checkpoint_{metrics['step']:08d}"
         tmp = folder.with_name(folder.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -70,6 +79,7 @@ class LocalRuntime:
         self.checkpoints = [c for c in self.checkpoints if c != folder] + [folder]
         self.scores[folder] = float(metrics.get(self.metric, float("-inf")))
         self._prune()
+        return folder if folder in self.checkpoints else None
 
     def best_checkpoint(self) -> Path | None:
         """The kept checkpoint with the highest validation metric (None when none was validated)."""

@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raydist.checkpoint import change_lines, format_changes, load_checkpoint, newest_checkpoint
 from raydist.config import Config, ConfigError
@@ -35,6 +35,9 @@ from raydist.tasks import DataInfo, build_task, check_task_config, get_task, tas
 from raydist.tasks.images import check_image_config
 from raydist.train.malloc import worker_env
 from raydist.train.stopping import stop_on_signals
+
+if TYPE_CHECKING:
+    from raydist.train.local import ReportListener
 
 # Ray Train's worker-group start timeout (its env var; default 60 s) and the restarts of a start that timed out
 # (FailureConfig.controller_failure_limit; default -1 = forever, which looks like a hang)
@@ -437,9 +440,11 @@ def _session_log_dir() -> str:
         return "/tmp/ray/session_latest/logs"
 
 
-def train_in_process(cfg: Config, data_dir: Path, *, resume_from: str | None = None) -> TrainOutcome:
+def train_in_process(cfg: Config, data_dir: Path, *, resume_from: str | None = None, run_dir: Path | None = None,
+                     on_report: ReportListener | None = None) -> TrainOutcome:  # fmt: skip
     """``train.num_workers=0``: the same loop in this process, no Ray (raydist.train.local.LocalRuntime); the
-    run folder ``storage/run_name`` holds its checkpoints, and a run restarted under its name resumes."""
+    run folder (``run_dir``, default ``storage/run_name``) holds its checkpoints, and a run restarted under
+    its name resumes. ``on_report(metrics, checkpoint)`` hears every report (a Tune trial forwards them)."""
     import torch
 
     from raydist.train.local import LocalRuntime
@@ -448,12 +453,13 @@ def train_in_process(cfg: Config, data_dir: Path, *, resume_from: str | None = N
 
     task = build_task(cfg, DataInfo.from_dataset(data_dir))
     plan = StepPlan(cfg.train.batch_size, cfg.loss.negative_set_size, 1)
-    storage = storage_root(cfg)
-    if is_uri(storage):
-        raise ValueError(f"train.num_workers=0 writes to a local folder, not {storage}")
-    run_dir = Path(storage) / run_name(cfg)
+    if run_dir is None:
+        storage = storage_root(cfg)
+        if is_uri(storage):
+            raise ValueError(f"train.num_workers=0 writes to a local folder, not {storage}")
+        run_dir = Path(storage) / run_name(cfg)
     device = "cuda" if cfg.train.use_gpu and torch.cuda.is_available() else "cpu"
-    runtime = LocalRuntime(cfg, task, plan, run_dir, device, keep=cfg.train.keep_checkpoints)
+    runtime = LocalRuntime(cfg, task, plan, run_dir, device, keep=cfg.train.keep_checkpoints, on_report=on_report)
     with stop_on_signals(run_dir / STOP_FILE):
         result = run_loop(cfg, task, runtime, plan, hooks=build_hooks(cfg, task, runtime, str(run_dir)),
                           resume_from=resume_from)  # fmt: skip

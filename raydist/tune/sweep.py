@@ -11,6 +11,7 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -73,12 +74,19 @@ def check_sweep_fits(space: SweepSpace, cfg: Config, capacity: Capacity) -> None
         need,
         capacity,
         what=f"sweep {space.name!r} needs {need:g} logical CPUs = max_concurrent_trials "
-        f"{space.max_concurrent_trials} × (trial_cpus {space.trial_cpus:g} + train.num_workers "
-        f"{max(cfg.train.num_workers, 1)} × train.cpus_per_worker {cfg.train.cpus_per_worker:g} + {DATA_CPUS:g} "
-        "for Ray Data),",
+        f"{space.max_concurrent_trials} × (trial_cpus {space.trial_cpus:g} + {_run_cpus_terms(cfg)}),",
         fix="lower max_concurrent_trials or resources: in the space file, pass train.num_workers=/"
         "train.cpus_per_worker= overrides, or add nodes",
     )
+
+
+def _run_cpus_terms(cfg: Config) -> str:
+    """:func:`raydist.runtime.run_cpus` of ``cfg`` spelled out for an error message."""
+    t = cfg.train
+    if t.num_workers == 0:
+        return f"train.cpus_per_worker {t.cpus_per_worker:g} of the in-process run (train.num_workers=0)"
+    return (f"train.num_workers {t.num_workers} × train.cpus_per_worker {t.cpus_per_worker:g} + {DATA_CPUS:g} "
+            "for Ray Data")  # fmt: skip
 
 
 def tune_param_space(space: SweepSpace) -> dict[str, Any]:
@@ -99,12 +107,23 @@ def trial_driver(
     config: dict[str, Any], *, base: dict[str, Any], data_dir: str, experiment_path: str
 ) -> None:
     """Tune function trainable: one training run with this trial's values. Train workers report per
-    epoch; ``TuneReportCallback`` forwards rank 0's metrics to Tune, so ASHA can stop the trial."""
+    epoch; ``TuneReportCallback`` forwards rank 0's metrics to Tune, so ASHA can stop the trial. With
+    ``train.num_workers=0`` the trial trains in its own process (no worker group to start: seconds less per
+    trial) and forwards each report itself, the checkpoint's folder as ``checkpoint_path`` as Train's does."""
     from ray import tune
-    from ray.tune.integration.ray_train import TuneReportCallback
+    from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY, TuneReportCallback
+
+    from raydist.train.trainer import train_in_process
 
     cfg, _ = resolve_schedule(trial_config(from_dict(base), config), Path(data_dir))
     trial_folder = f"{experiment_path}/{Path(tune.get_context().get_trial_dir()).name}"
+    if cfg.train.num_workers == 0:
+
+        def forward(metrics: dict[str, Any], checkpoint: Path | None) -> None:
+            tune.report({**metrics, **({CHECKPOINT_PATH_KEY: str(checkpoint)} if checkpoint else {})})
+
+        train_in_process(cfg, Path(data_dir), run_dir=Path(trial_folder) / TRAIN_RUN_NAME, on_report=forward)
+        return
     trainer = build_trainer(
         cfg,
         Path(data_dir),
@@ -211,6 +230,10 @@ def run_sweep(
     storage = _absolute(storage_path or cfg.train.storage_path or "runs")
     name = f"tune-{space.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     experiment_path = f"{storage}/{name}"
+    if "://" in storage and any(c.train.num_workers == 0 for c in trial_configs(space, cfg)):
+        raise ConfigError(f"trials with train.num_workers=0 train in their Tune actor and keep their checkpoints "
+                          f"in a local folder, not under {storage}: give a local --storage (shared by the "
+                          "nodes on a cluster) or train.num_workers ≥ 1")  # fmt: skip
     _start_ray(space, cfg, address, experiment_path)
     _write_text(
         experiment_path,
@@ -385,7 +408,16 @@ def _trainable(space: SweepSpace, cfg: Config, data_dir: Path, experiment_path: 
     driver = tune.with_parameters(
         trial_driver, base=cfg.to_dict(), data_dir=str(data_dir), experiment_path=experiment_path
     )
-    return tune.with_resources(driver, {"cpu": space.trial_cpus})
+    return tune.with_resources(driver, partial(trial_resources, space.trial_cpus, cfg.to_dict()))
+
+
+def trial_resources(trial_cpus: float, base: dict[str, Any], config: dict[str, Any]) -> dict[str, float]:
+    """A trial actor's resources: ``trial_cpus`` for its driver; an in-process trial (``train.num_workers=0``)
+    also holds what its one training process takes (``train.cpus_per_worker``, a GPU with ``train.use_gpu``)."""
+    train = trial_config(from_dict(base), config).train
+    if train.num_workers:
+        return {"cpu": trial_cpus}
+    return {"cpu": trial_cpus + train.cpus_per_worker, **({"gpu": 1} if train.use_gpu else {})}
 
 
 def _scheduler(space: SweepSpace, cfg: Config, data_dir: Path) -> Any:
