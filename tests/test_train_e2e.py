@@ -1,6 +1,7 @@
 """End-to-end: Ray Data shards → 2 Ray Train workers (gloo DDP) → VSE++ loss → val retrieval."""
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -60,3 +61,18 @@ def test_streamed_train_split_through_ray_data_learns(ray_cluster, tiny_dataset,
     outcome = run_training(cfg, evaluate_test=False)
     assert [m["step"] for m in outcome.history] == [2000 // 32, 2 * (2000 // 32)]
     assert outcome.history[-1]["val/rsum"] > before + 40, (before, outcome.history)
+
+
+def test_the_train_controller_polls_every_half_second_unless_the_user_sets_it(tiny_dataset, tmp_path, monkeypatch):
+    """Ray Train's controller reads its poll interval from the environment fit() runs in: raydist sets 0.5 s
+    (a run ends at the first poll after its workers return; Ray's 2 s default costs seconds per run) and keeps
+    a value the user exported."""
+    from raydist.train.trainer import POLL_INTERVAL_ENV, build_trainer
+
+    cfg = load_config("tiny", overrides={"data.path": str(tiny_dataset)})
+    monkeypatch.delenv(POLL_INTERVAL_ENV, raising=False)
+    build_trainer(cfg, tiny_dataset, storage_path=str(tmp_path))
+    assert float(os.environ[POLL_INTERVAL_ENV]) == 0.5
+    monkeypatch.setenv(POLL_INTERVAL_ENV, "3")
+    build_trainer(cfg, tiny_dataset, storage_path=str(tmp_path))
+    assert os.environ[POLL_INTERVAL_ENV] == "3"
