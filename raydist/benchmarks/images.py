@@ -7,6 +7,7 @@ with the first batch's wait and the object store's peak use and spilled bytes wh
 
 from __future__ import annotations
 
+import os
 import re
 import tempfile
 import threading
@@ -147,6 +148,60 @@ class ObjectStoreWatch:
         self._record()
 
 
+# Roles of the processes a streamed pass keeps busy, by the process title Ray gives them (first match wins)
+RAY_ROLES = (
+    ("Ray Data tasks: read, decode, views", ("ray::IDLE", "ray::ReadParquet", "ray::MapBatches", "ray::Read")),
+    ("Ray Data split coordinators (the executors)", ("ray::SplitCoordinator",)),
+    ("Ray Data stats and autoscaling actors", ("ray::_StatsActor", "ray::_AutoscalingCoordinatorActor")),
+    ("Ray's node processes (raylet, GCS, agents)", ("",)),
+)
+
+
+def _cpu_seconds(proc: Any) -> float:
+    times = proc.cpu_times()
+    return times.user + times.system
+
+
+class CpuAccount:
+    """CPU seconds spent while the ``with`` block runs, by this process (the consumer) and by role of its
+    descendants: :data:`RAY_ROLES` for a local Ray's processes (sampled at start and end: a process that ends
+    inside the block is not counted; Ray keeps its workers), ``reaped`` for child processes that ended and were
+    waited for inside the block (a DataLoader's workers, from ``os.times``)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @staticmethod
+    def _snapshot() -> dict[tuple[int, float], tuple[str, float]]:
+        import psutil
+
+        found = {}
+        for proc in psutil.Process().children(recursive=True):
+            try:
+                title = " ".join(proc.cmdline())
+                found[(proc.pid, proc.create_time())] = (title, _cpu_seconds(proc))
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        return found
+
+    def __enter__(self) -> CpuAccount:  # noqa: PYI034 (typing.Self is 3.11+)
+        import psutil
+
+        self._me = psutil.Process()
+        self._start = (_cpu_seconds(self._me), os.times(), self._snapshot())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        me, times, before = self._start
+        after, now = self._snapshot(), os.times()
+        seconds = {"this process (the consumer)": _cpu_seconds(self._me) - me,
+                   "reaped": now.children_user + now.children_system - times.children_user - times.children_system}
+        for key, (title, cpu) in after.items():
+            role = next(name for name, prefixes in RAY_ROLES if any(title.startswith(p) for p in prefixes))
+            seconds[role] = seconds.get(role, 0.0) + cpu - before.get(key, (title, 0.0))[1]
+        self.seconds = {k: v for k, v in seconds.items() if v > 0.005}
+
+
 def write_images(root: Path, smoke: bool) -> Path:
     """An ImageFolder tree of random-texture PNGs (a colour per class, noise per image), converted to an
     encoded labels dataset."""
@@ -188,11 +243,12 @@ def images_rate(*, smoke: bool, repeats: int) -> str:
         decode_once = len(arrays["sample_id"]) / (time.perf_counter() - started)
         memory = InMemoryBatches(arrays, rows=rows, rank=0, world=1, seed=0, epoch_transform=views)
         streamed = EpochClock()
-        with ObjectStoreWatch() as store:
+        with ObjectStoreWatch() as store, CpuAccount() as stream_cpu:
             streamed.run(lambda e: (b["image"] for b in stream.epoch(e)), passes)
         table = read_split(data, "train", verify=False)
-        loader = loader_epochs(table.column("image").to_pylist(), table.column("sample_id").to_numpy(),
-                               views.images, rows, passes)  # fmt: skip
+        with CpuAccount() as loader_cpu:
+            loader = loader_epochs(table.column("image").to_pylist(), table.column("sample_id").to_numpy(),
+                                   views.images, rows, passes)  # fmt: skip
         in_memory = EpochClock()
         in_memory.run(lambda e: (b["image"] for b in memory.epoch(e)), passes)
         batches = list(memory.epoch(0))
@@ -227,6 +283,7 @@ def images_rate(*, smoke: bool, repeats: int) -> str:
         row(f"one worker's training step, small-cnn, {rows} images per step", spread(step_rate, rate), "",
             "reference", ""),
     ]  # fmt: skip
+    cpu = cpu_table(stream_cpu, streamed, loader_cpu, loader)
     mib = "n/a (this Ray does not report it)"
     store_line = (f"Object store while the stream ran: peak {store.peak_mib} MiB, spilled {store.spilled_mib} MiB."
                   if store.peak_mib is not None else f"Object store: {mib}.")  # fmt: skip
@@ -238,5 +295,20 @@ def images_rate(*, smoke: bool, repeats: int) -> str:
         f"{WARMUP_EPOCHS + 1} on over their time. The step is one process's forward + backward + update of the labels task (default "
         f"preset, small-cnn). Streamed vs DataLoader, steady: {streamed.steady / loader.steady:.2f}× (target "
         "≥ 0.9×). "
-        f"{store_line}\n\n" + "\n".join(table)
+        f"{store_line}\n\n" + "\n".join(table) + "\n\n" + cpu
     )
+
+
+def cpu_table(stream: CpuAccount, streamed: EpochClock, loader: CpuAccount, loaded: EpochClock) -> str:
+    """Where each path's CPU went: seconds per 1,000 images delivered, by role, and in cores (CPU seconds over
+    the path's wall time), all epochs of each path."""
+    lines = [("CPU per path, all epochs (CPU seconds per 1,000 images delivered; cores = CPU seconds / wall "
+              "seconds):"), "", row("path", "role", "CPU s / 1,000 images", "cores"), "|---|---|---:|---:|"]  # fmt: skip
+    for name, account, clock in (("streamed", stream, streamed), ("DataLoader", loader, loaded)):
+        images, wall = sum(clock.images), sum(clock.seconds)
+        roles = {("worker processes (decode + views)" if k == "reaped" else k): v for k, v in account.seconds.items()}
+        for role, seconds in sorted(roles.items(), key=lambda kv: -kv[1]):
+            lines.append(row(name, role, f"{seconds / images * 1e3:.2f}", f"{seconds / wall:.2f}"))
+        total = sum(roles.values())
+        lines.append(row(name, "**all**", f"{total / images * 1e3:.2f}", f"{total / wall:.2f}"))
+    return "\n".join(lines)

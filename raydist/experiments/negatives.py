@@ -13,7 +13,7 @@ from pathlib import Path
 from raydist.distributed import StepPlan
 from raydist.experiments.figures import finish, panels, save, spread_line
 from raydist.experiments.records import TrialRecord
-from raydist.experiments.spec import Experiment, Setup, Summary, Sweep
+from raydist.experiments.spec import IN_PROCESS, Experiment, Setup, Summary, Sweep
 from raydist.experiments.tables import Spread, clearly_above, group_by, markdown_table, spread
 
 SIZES = (2, 8, 32, 128, 512, 2048)
@@ -139,5 +139,5 @@ EXPERIMENT = Experiment(
     space="negative_set_size",
     sweeps=sweeps,
     summarise=summarise,
-    quick={"train.epochs": 2, "loss.warmup_sh_epochs": 1, "train.batch_size": 64},
+    quick={"train.epochs": 2, "loss.warmup_sh_epochs": 1, "train.batch_size": 64, **IN_PROCESS},
 )  # fmt: skip
