@@ -64,10 +64,12 @@ class EpochClock:
         self.seconds: list[float] = []
         self.first_batch = float("nan")
 
-    def run(self, open_epoch: Callable[[int], Iterable[Any]], epochs: int) -> None:
+    def run(self, open_epoch: Callable[[int], Iterable[Any]], epochs: int, cpu: CpuAccount | None = None) -> None:
         """Count the views of ``epochs`` epochs, ``open_epoch(e)`` giving epoch e's batches of views (timed from
-        the call: opening a pass can wait for its first block)."""
+        the call: opening a pass can wait for its first block); ``cpu`` accounts for the steady epochs."""
         for epoch in range(epochs):
+            if cpu is not None and epoch == steady_from(epochs):
+                cpu.start()
             start, n = time.perf_counter(), 0
             for views in open_epoch(epoch):
                 if not n and not self.images:
@@ -75,6 +77,8 @@ class EpochClock:
                 n += len(views)
             self.images.append(n)
             self.seconds.append(time.perf_counter() - start)
+        if cpu is not None:
+            cpu.stop()
 
     @property
     def rates(self) -> list[float]:
@@ -82,14 +86,24 @@ class EpochClock:
 
     @property
     def steady(self) -> float:
-        skip = WARMUP_EPOCHS if len(self.images) > WARMUP_EPOCHS else 0
+        skip = steady_from(len(self.images))
         return sum(self.images[skip:]) / sum(self.seconds[skip:])
 
+    def steady_images_seconds(self) -> tuple[int, float]:
+        """Images and seconds of the steady epochs."""
+        skip = steady_from(len(self.images))
+        return sum(self.images[skip:]), sum(self.seconds[skip:])
 
-def loader_epochs(images: list[bytes], sample_ids: np.ndarray, transform: Any, rows: int,
-                  passes: int) -> EpochClock:  # fmt: skip
+
+def steady_from(epochs: int) -> int:
+    """The first epoch of the steady rate of a run of ``epochs`` epochs (0 when there are too few to skip)."""
+    return WARMUP_EPOCHS if epochs > WARMUP_EPOCHS else 0
+
+
+def loader_epochs(images: list[bytes], sample_ids: np.ndarray, transform: Any, rows: int, passes: int,
+                  cpu: CpuAccount | None = None) -> EpochClock:  # fmt: skip
     """``passes`` epochs through a shuffling ``DataLoader`` with :data:`PROCESSES` workers (started anew each
-    epoch, its default), timed."""
+    epoch, its default), timed (``cpu``: accounted for, steady epochs)."""
     split = LoaderSplit(images, sample_ids, transform)
     loader = torch.utils.data.DataLoader(split, batch_size=rows, shuffle=True, num_workers=PROCESSES,
                                          generator=torch.Generator().manual_seed(0))  # fmt: skip
@@ -99,7 +113,7 @@ def loader_epochs(images: list[bytes], sample_ids: np.ndarray, transform: Any, r
         return (views for views, _ in loader)
 
     clock = EpochClock()
-    clock.run(epoch_views, passes)
+    clock.run(epoch_views, passes, cpu)
     return clock
 
 
@@ -163,10 +177,10 @@ def _cpu_seconds(proc: Any) -> float:
 
 
 class CpuAccount:
-    """CPU seconds spent while the ``with`` block runs, by this process (the consumer) and by role of its
-    descendants: :data:`RAY_ROLES` for a local Ray's processes (sampled at start and end: a process that ends
-    inside the block is not counted; Ray keeps its workers), ``reaped`` for child processes that ended and were
-    waited for inside the block (a DataLoader's workers, from ``os.times``)."""
+    """CPU seconds spent between :meth:`start` and :meth:`stop`, by this process (the consumer) and by role of
+    its descendants: :data:`RAY_ROLES` for a local Ray's processes (sampled at start and stop: a process that ends
+    in between is not counted; Ray keeps its workers), ``reaped`` for child processes that ended and were waited
+    for in between (a DataLoader's workers, from ``os.times``)."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
@@ -184,14 +198,13 @@ class CpuAccount:
                 continue
         return found
 
-    def __enter__(self) -> CpuAccount:  # noqa: PYI034 (typing.Self is 3.11+)
+    def start(self) -> None:
         import psutil
 
         self._me = psutil.Process()
         self._start = (_cpu_seconds(self._me), os.times(), self._snapshot())
-        return self
 
-    def __exit__(self, *exc: object) -> None:
+    def stop(self) -> None:
         me, times, before = self._start
         after, now = self._snapshot(), os.times()
         seconds = {"this process (the consumer)": _cpu_seconds(self._me) - me,
@@ -243,12 +256,12 @@ def images_rate(*, smoke: bool, repeats: int) -> str:
         decode_once = len(arrays["sample_id"]) / (time.perf_counter() - started)
         memory = InMemoryBatches(arrays, rows=rows, rank=0, world=1, seed=0, epoch_transform=views)
         streamed = EpochClock()
-        with ObjectStoreWatch() as store, CpuAccount() as stream_cpu:
-            streamed.run(lambda e: (b["image"] for b in stream.epoch(e)), passes)
+        stream_cpu, loader_cpu = CpuAccount(), CpuAccount()
+        with ObjectStoreWatch() as store:
+            streamed.run(lambda e: (b["image"] for b in stream.epoch(e)), passes, stream_cpu)
         table = read_split(data, "train", verify=False)
-        with CpuAccount() as loader_cpu:
-            loader = loader_epochs(table.column("image").to_pylist(), table.column("sample_id").to_numpy(),
-                                   views.images, rows, passes)  # fmt: skip
+        loader = loader_epochs(table.column("image").to_pylist(), table.column("sample_id").to_numpy(),
+                               views.images, rows, passes, loader_cpu)  # fmt: skip
         in_memory = EpochClock()
         in_memory.run(lambda e: (b["image"] for b in memory.epoch(e)), passes)
         batches = list(memory.epoch(0))
@@ -300,12 +313,13 @@ def images_rate(*, smoke: bool, repeats: int) -> str:
 
 
 def cpu_table(stream: CpuAccount, streamed: EpochClock, loader: CpuAccount, loaded: EpochClock) -> str:
-    """Where each path's CPU went: seconds per 1,000 images delivered, by role, and in cores (CPU seconds over
-    the path's wall time), all epochs of each path."""
-    lines = [("CPU per path, all epochs (CPU seconds per 1,000 images delivered; cores = CPU seconds / wall "
-              "seconds):"), "", row("path", "role", "CPU s / 1,000 images", "cores"), "|---|---|---:|---:|"]  # fmt: skip
+    """Where each path's CPU went in its steady epochs: seconds per 1,000 images delivered, by role, and in
+    cores (CPU seconds over the epochs' wall time)."""
+    lines = [(f"CPU per path, steady epochs ({WARMUP_EPOCHS + 1} on when there are more than {WARMUP_EPOCHS}; CPU "
+              "seconds per 1,000 images delivered; cores = CPU seconds / wall seconds):"), "",
+             row("path", "role", "CPU s / 1,000 images", "cores"), "|---|---|---:|---:|"]  # fmt: skip
     for name, account, clock in (("streamed", stream, streamed), ("DataLoader", loader, loaded)):
-        images, wall = sum(clock.images), sum(clock.seconds)
+        images, wall = clock.steady_images_seconds()
         roles = {("worker processes (decode + views)" if k == "reaped" else k): v for k, v in account.seconds.items()}
         for role, seconds in sorted(roles.items(), key=lambda kv: -kv[1]):
             lines.append(row(name, role, f"{seconds / images * 1e3:.2f}", f"{seconds / wall:.2f}"))
