@@ -132,8 +132,8 @@ def test_ctrl_c_stops_two_ray_workers_with_a_checkpoint_and_the_printed_command_
     after a few steps: exit 130, the real checkpoint folder and the resume command printed once; the printed
     command finishes the run with every step done exactly once."""
     runs = tmp_path / "runs"
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
-           "RAY_USAGE_STATS_ENABLED": "0", "RAY_DATA_DISABLE_PROGRESS_BARS": "1"}  # fmt: skip
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
+           "RAY_DATA_DISABLE_PROGRESS_BARS": "1"}  # fmt: skip (raydist sets Ray Train's 0.5 s poll itself)
     env.pop("RAY_ADDRESS", None)
     log = tmp_path / "first.log"
     with open(log, "w") as out:

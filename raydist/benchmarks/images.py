@@ -86,8 +86,8 @@ class EpochClock:
 
     @property
     def steady(self) -> float:
-        skip = steady_from(len(self.images))
-        return sum(self.images[skip:]) / sum(self.seconds[skip:])
+        images, seconds = self.steady_images_seconds()
+        return images / seconds
 
     def steady_images_seconds(self) -> tuple[int, float]:
         """Images and seconds of the steady epochs."""
