@@ -4,6 +4,7 @@ raw-pixel baseline to beat.
     python bench/digits_png.py write OUT_SRC            # 1,797 8×8 greyscale PNGs, one folder per digit
     raydist convert image-folder --src OUT_SRC --out DATA --split-by image
     python bench/digits_png.py baseline DATA [SPLIT]     # raw-pixel 1-NN of SPLIT (default test)
+    python bench/digits_png.py backbone RUN OUT.pth       # a run's trained image backbone as a state-dict file
 
 The baseline is the protocol the run reports as `nn1`: each image of the split against the split's other images,
 cosine similarity, the nearest one's label. Needs scikit-learn (the `experiments` or `dev` extra).
@@ -43,10 +44,30 @@ def baseline(data: Path, split: str) -> None:
     print(f"{split}: {len(labels)} images; raw-pixel 1-NN (cosine): {one_nn_accuracy(unit, labels):.1f} %")
 
 
+def backbone(run: Path, out: Path) -> None:
+    """The image encoder's backbone of ``run``'s best checkpoint, keys as the bare model names them (what
+    ``model.image_weights`` loads): pre-training on one set, then fine-tuning on another."""
+    import torch
+
+    from raydist.checkpoint import load_checkpoint
+    from raydist.inference import choose_checkpoint
+
+    chosen = choose_checkpoint(run)
+    state = load_checkpoint(chosen.path)[0]["model"]
+    trunk = {k.split(".backbone.", 1)[1]: v for k, v in state.items() if ".backbone." in k}
+    if not trunk:
+        sys.exit(f"{run}: the checkpoint's model has no image backbone")
+    torch.save(trunk, out)
+    print(f"wrote {out}: {len(trunk)} tensors of the image backbone of {chosen}")
+
+
 if __name__ == "__main__":
-    if len(sys.argv) < 3 or sys.argv[1] not in {"write", "baseline"}:
+    commands = {"write": 3, "baseline": 3, "backbone": 4}
+    if len(sys.argv) < 3 or commands.get(sys.argv[1], 99) > len(sys.argv):
         sys.exit(__doc__)
     if sys.argv[1] == "write":
         write(Path(sys.argv[2]))
+    elif sys.argv[1] == "backbone":
+        backbone(Path(sys.argv[2]), Path(sys.argv[3]))
     else:
         baseline(Path(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else "test")

@@ -74,16 +74,15 @@ def image_defaults(args: argparse.Namespace, cfg, overrides: dict) -> dict:
     the command line sets stay the user's. ``{}`` otherwise."""
     if not args.data or cfg.model.image_encoder != "linear" or "model.image_encoder" in overrides:
         return {}
-    from importlib.util import find_spec
-
     from raydist.data import load_manifest
+    from raydist.models.image_encoders import import_problem
     from raydist.presets import image_encoder_for_data
 
     manifest = load_manifest(args.data)
     if manifest.image_format != "encoded":
         return {}
     choice = image_encoder_for_data(manifest.image_size, manifest.image_channels or 3,
-                                    torchvision=find_spec("torchvision") is not None)  # fmt: skip
+                                    torchvision=import_problem("torchvision.models") is None)  # fmt: skip
     picked = {k: v for k, v in choice.overrides.items() if k not in overrides}
     if picked.get("train.min_steps", 0) <= cfg.train.min_steps:  # the preset's own floor is already as high
         picked.pop("train.min_steps", None)

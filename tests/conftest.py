@@ -93,6 +93,33 @@ def pytest_runtest_call(item: pytest.Item):
         return (yield)
 
 
+_VISION_LEFT_OUT = pytest.StashKey[tuple[int, str]]()  # (vision tests deselected, why)
+
+
+@pytest.hookimpl(trylast=True)  # after `-m` and `-k` deselected theirs: count only what would have run
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``vision`` run on a real torchvision; where none imports they are deselected (not skipped),
+    and the terminal summary says how many and why."""
+    from raydist.models.image_encoders import import_problem
+
+    vision = [item for item in items if item.get_closest_marker("vision") is not None]
+    why = import_problem("torchvision.models") if vision else None
+    if why is None:
+        return
+    config.hook.pytest_deselected(items=vision)
+    items[:] = [item for item in items if item.get_closest_marker("vision") is None]
+    config.stash[_VISION_LEFT_OUT] = (len(vision), why)
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    left_out = config.stash.get(_VISION_LEFT_OUT, None)
+    if left_out is not None:
+        count, why = left_out
+        terminalreporter.write_line(
+            f"{count} `vision` tests left out: torchvision cannot be imported here ({why.splitlines()[0][:200]}). "
+            "They run where it can (README, Tests: a venv with torch and a matching torchvision)")
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
     """A local Ray instance with 4 logical CPUs (scheduling tokens) shared by the whole session."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 import types
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -229,8 +230,30 @@ def test_torchvision_builder_replaces_the_classifier_and_loads_full_checkpoints(
     assert isinstance(enc.backbone.fc, nn.Identity) and enc.head.in_features == 6
     x = torch.randn(2, 3, 9, 9)
     assert enc(x).shape == (2, 5) and torch.equal(enc.backbone(x), reference.conv(x).mean(dim=(2, 3)))
-    with pytest.raises(ValueError, match="takes 3-channel images"):
-        build_image_encoder("torchvision:tiny_resnet", 5, channels=1)
+    with pytest.raises(ValueError, match="takes RGB or greyscale images, not 4 channels"):
+        build_image_encoder("torchvision:tiny_resnet", 5, channels=4)
+
+
+def test_greyscale_reaches_an_rgb_model_as_if_decoded_as_rgb(monkeypatch, tmp_path):
+    """A greyscale PNG, normalised as greyscale and given to a torchvision model, is what the same PNG decoded as
+    RGB (PIL copies grey to R, G, B) and normalised with ImageNet's statistics gives it."""
+    from PIL import Image
+
+    from raydist.data.image_transforms import decode_image, default_mean_std, normalize
+
+    _fake_package(monkeypatch, "torchvision", "get_model", lambda name, weights=None, **kw: _TinyClassifier(**kw))
+    reference = _TinyClassifier()
+    torch.save(reference.state_dict(), tmp_path / "rgb.pth")  # RGB weights load for a greyscale dataset
+    enc = build_image_encoder("torchvision:tiny_resnet", 5, channels=1, weights=tmp_path / "rgb.pth")
+    assert list(enc.state_dict()) == ["backbone.conv.weight", "backbone.conv.bias", "head.weight", "head.bias"]
+    pixels = np.random.default_rng(0).integers(0, 256, (9, 11), dtype=np.uint8)
+    Image.fromarray(pixels, mode="L").save(tmp_path / "g.png")
+    png = (tmp_path / "g.png").read_bytes()
+    grey = torch.as_tensor(normalize(decode_image(png, 1), *default_mean_std(1)))[None]
+    rgb = torch.as_tensor(normalize(decode_image(png, 3), *default_mean_std(3)))[None]
+    assert grey.shape == (1, 1, 9, 11) and rgb.shape == (1, 3, 9, 11)
+    torch.testing.assert_close(enc.adapter(grey), rgb, rtol=0, atol=1e-6)
+    torch.testing.assert_close(enc.backbone(enc.adapter(grey)), reference.conv(rgb).mean(dim=(2, 3)), rtol=1e-5, atol=1e-6)
 
 
 def test_image_size_goes_only_to_constructors_that_take_it(monkeypatch):

@@ -191,6 +191,15 @@ def colours(tmp_path_factory):
     return convert_image_folder(root / "src", root / "data", split_by="image", val_fraction=0.25, test_fraction=0.25)
 
 
+# the image encoders the fine-tuning tests run on: small-cnn (GroupNorm, no buffers) everywhere, and a real
+# torchvision ResNet-18 (BatchNorm: running statistics that move while the backbone is frozen) where it imports
+ENCODERS = [
+    pytest.param({"model.image_encoder": "small-cnn"}, id="small-cnn"),
+    pytest.param({"model.image_encoder": "torchvision:resnet18", "data.image_size": 32}, id="resnet18",
+                 marks=pytest.mark.vision),
+]  # fmt: skip
+
+
 def _train(data, run_dir, *, hooks=(), resume=None, **overrides):
     cfg = load_config("tiny", overrides={"data.path": str(data), "model.image_encoder": "small-cnn",
                                          "train.num_workers": 0, "train.batch_size": 8, "train.epochs": 4,
@@ -226,21 +235,26 @@ class BackboneGrads(Hook):
         self.seen.append((ctx.epoch, float(torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads])))))
 
 
-def test_frozen_backbone_has_no_gradient_and_keeps_its_weights_until_the_switch(colours, tmp_path, capsys):
+@pytest.mark.parametrize("encoder", ENCODERS)
+def test_frozen_backbone_has_no_gradient_and_keeps_its_weights_until_the_switch(colours, tmp_path, capsys, encoder):
     hook = BackboneGrads()
-    cfg, task, runtime, out = _train(colours, tmp_path / "run", hooks=[hook])
+    cfg, task, runtime, out = _train(colours, tmp_path / "run", hooks=[hook], **encoder)
     assert out["global_step"] == 12 and len(runtime.checkpoints) == 4  # 4 epochs × 3 steps, one checkpoint each
     assert [e for e, norm in hook.seen if norm is None] == [0, 0, 0, 1, 1, 1]
     assert all(norm > 0 for e, norm in hook.seen if e >= 2) and len(hook.seen) == 12
     torch.manual_seed(cfg.train.seed)  # the loop's initial weights
     initial = task.build_model().state_dict()
     epochs = [_weights(c) for c in runtime.checkpoints]
-    backbone = [n for n in initial if _is_backbone(n)]
+    names = list(dict(task.build_model().named_parameters()))
+    backbone = [n for n in names if _is_backbone(n)]
     assert backbone and all(torch.equal(epochs[e][n], initial[n]) for e in (0, 1) for n in backbone)
     assert all(not torch.equal(epochs[2][n], initial[n]) for n in backbone)
+    # buffers (BatchNorm's running mean and variance) are no parameters: they follow the data while frozen
+    stats = [n for n in initial if _is_backbone(n) and n.endswith(("running_mean", "running_var"))]
+    assert bool(stats) == (encoder["model.image_encoder"] != "small-cnn")
+    assert all(not torch.equal(epochs[0][n], initial[n]) for n in stats)
     assert not torch.equal(epochs[0]["encoder.encoder.head.weight"], initial["encoder.encoder.head.weight"])
     # Adam holds no state for the frozen backbone before the switch (one group: indices of model.parameters())
-    names = list(dict(task.build_model().named_parameters()))
     trunk = {i for i, n in enumerate(names) if _is_backbone(n)}
     optimizer_states = [set(load_checkpoint(c)[0]["optimizer"]["state"]) for c in runtime.checkpoints]
     assert not trunk & optimizer_states[1] and trunk <= optimizer_states[2]
@@ -248,12 +262,14 @@ def test_frozen_backbone_has_no_gradient_and_keeps_its_weights_until_the_switch(
     assert "epoch 1/4: backbone frozen" in printed and "epoch 3/4: backbone unfrozen" in printed
 
 
-def test_resume_before_and_after_the_switch_equals_an_uninterrupted_run(colours, tmp_path):
+@pytest.mark.parametrize("encoder", ENCODERS)
+def test_resume_before_and_after_the_switch_equals_an_uninterrupted_run(colours, tmp_path, encoder):
     """Warm-up + cosine (per-step state), AdamW with decay, a backbone at LR × 0.5 frozen for 2 epochs;
     checkpoints every 2 steps, so the runs resume mid-epoch: step 4 (epoch 2, frozen) and step 8 (epoch 3)."""
     options = {"train.lr_schedule": "cosine", "train.warmup_steps": 4, "train.optimizer": "adamw",
-               "train.weight_decay": 0.01, "train.backbone_lr_mult": 0.5, "train.checkpoint_every": 2}  # fmt: skip
-    _, _, whole, _ = _train(colours, tmp_path / "whole", **options)
+               "train.weight_decay": 0.01, "train.backbone_lr_mult": 0.5, "train.checkpoint_every": 2,
+               **encoder}  # fmt: skip
+    _, task, whole, _ = _train(colours, tmp_path / "whole", **options)
     by_step = {load_checkpoint(c)[0]["loop"]["global_step"]: c for c in whole.checkpoints}
     assert sorted(by_step) == [2, 3, 4, 6, 8, 9, 10, 12]
     # the LR of every group after 8 steps: warm-up over, cosine at (8 − 4) / (12 − 4) = ½ → factor ½
@@ -264,10 +280,10 @@ def test_resume_before_and_after_the_switch_equals_an_uninterrupted_run(colours,
         _, _, resumed, out = _train(colours, tmp_path / f"from-{step}", resume=str(by_step[step]), **options)
         assert out["resumed_at"] == [step]
         again = {load_checkpoint(c)[0]["loop"]["global_step"]: c for c in resumed.checkpoints}
-        if step == 4:  # resumed while frozen: the backbone is still the initial one at the end of epoch 2
-            for name, value in _weights(again[6]).items():
+        if step == 4:  # resumed while frozen: the backbone's weights are still the initial ones after epoch 2
+            for name, _ in task.build_model().named_parameters():
                 if _is_backbone(name):
-                    assert torch.equal(value, _weights(by_step[2])[name])
+                    assert torch.equal(_weights(again[6])[name], _weights(by_step[2])[name])
         got = _weights(again[12])
         for name in final:
             torch.testing.assert_close(got[name], final[name], rtol=0, atol=1e-6)

@@ -5,6 +5,7 @@ from a local file. torchvision and timm are optional: imported only when one of 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -20,20 +21,43 @@ from raydist.models.registry import BuilderRegistry
 
 
 class Backbone(NamedTuple):
-    """What a registered builder returns: the module mapping an input batch to [B, ``dim``] features, and the
-    state-dict key prefixes of the classifier it replaced (keys a pretrained file may hold and loading skips)."""
+    """What a registered builder returns: the module mapping an input batch to [B, ``dim``] features, the
+    state-dict key prefixes of the classifier it replaced (keys a pretrained file may hold and loading skips),
+    and a parameter-free map applied to the input first (e.g. :class:`GreyAsRGB`), if any."""
 
     module: nn.Module
     dim: int
     head_keys: tuple[str, ...] = ()
+    adapter: nn.Module | None = None
+
+
+class GreyAsRGB(nn.Module):
+    """Normalised greyscale images [B, 1, H, W] → the normalised RGB images a 3-channel model takes, exactly as if
+    the image had been decoded as RGB (grey copied to R, G and B) and normalised with ImageNet's mean and std:
+    pixel ``p = g·σ_grey + μ_grey``, channel ``c = (p − μ_c) / σ_c``. No parameters and no state-dict entries."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from raydist.data.image_transforms import GREY_MEAN, GREY_STD, IMAGENET_MEAN, IMAGENET_STD
+
+        mean, std = torch.tensor(IMAGENET_MEAN), torch.tensor(IMAGENET_STD)
+        self.register_buffer("scale", (GREY_STD[0] / std).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("shift", ((GREY_MEAN[0] - mean) / std).view(1, 3, 1, 1), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[1] != 1:
+            raise ValueError(f"GreyAsRGB takes 1-channel images, got {x.shape[1]} channels")
+        return x * self.scale.to(x.dtype) + self.shift.to(x.dtype)
 
 
 class BackboneEncoder(nn.Module):
-    """``head(backbone(x))``: [B, …] inputs → [B, out_dim] features, unnormalised (the caller normalises).
-    The head is a new Linear, initialised as VSE++'s image projection (Xavier uniform, zero bias)."""
+    """``head(backbone(adapter(x)))``: [B, …] inputs → [B, out_dim] features, unnormalised (the caller
+    normalises). The head is a new Linear, initialised as VSE++'s image projection (Xavier uniform, zero bias);
+    the adapter (identity unless the builder gives one) holds no state."""
 
-    def __init__(self, backbone: nn.Module, dim: int, out_dim: int) -> None:
+    def __init__(self, backbone: nn.Module, dim: int, out_dim: int, adapter: nn.Module | None = None) -> None:
         super().__init__()
+        self.adapter = adapter if adapter is not None else nn.Identity()
         self.backbone = backbone
         self.head = nn.Linear(dim, out_dim)
         bound = math.sqrt(6.0) / math.sqrt(dim + out_dim)
@@ -41,7 +65,7 @@ class BackboneEncoder(nn.Module):
         nn.init.zeros_(self.head.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.backbone(x))
+        return self.head(self.backbone(self.adapter(x)))
 
 
 Builder = Callable[..., Backbone]
@@ -73,7 +97,7 @@ def build_image_encoder(
     backbone = builder(*args, in_dim=in_dim, channels=channels, image_size=image_size, **options)
     if weights is not None:
         load_backbone_weights(backbone.module, weights, backbone.head_keys)
-    return BackboneEncoder(backbone.module, backbone.dim, out_dim)
+    return BackboneEncoder(backbone.module, backbone.dim, out_dim, backbone.adapter)
 
 
 class UnitImageEncoder(nn.Module):
@@ -144,6 +168,18 @@ def load_backbone_weights(module: nn.Module, path: str | Path, head_keys: tuple[
     module.load_state_dict({k: state[k] for k in own})
 
 
+def import_problem(module: str) -> str | None:
+    """None when ``module`` imports here; else why not: ``"not installed"``, or the exception a broken install
+    raises (a torchvision wheel built for other torch libraries fails with OSError or RuntimeError)."""
+    if importlib.util.find_spec(module.partition(".")[0]) is None:
+        return "not installed"
+    try:
+        importlib.import_module(module)
+    except Exception as err:  # noqa: BLE001 -- a broken install raises more than ImportError; the reason is returned
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
 def _import_optional(module: str, package: str, encoder: str) -> Any:
     """``module``, or an ImportError naming ``package`` and why it failed. Any exception counts: a broken
     install (say a wheel built for other torch libraries) fails with more than ImportError."""
@@ -190,10 +226,11 @@ def _small_cnn(*, in_dim: int | None, channels: int, image_size: int | None, wid
 def _torchvision(model: str, *, in_dim: int | None, channels: int, image_size: int | None,
                  **options: Any) -> Backbone:  # fmt: skip
     """``torchvision.models.get_model(model, weights=None, **options)`` with its classifier -- the last Linear
-    it registers (``fc``, ``heads.head``, ``classifier.N``) -- replaced by Identity. 3-channel images only."""
+    it registers (``fc``, ``heads.head``, ``classifier.N``) -- replaced by Identity. The models take RGB;
+    greyscale images reach them through :class:`GreyAsRGB` (as if decoded as RGB), so RGB weights fit."""
     models = _import_optional("torchvision.models", "torchvision", f"torchvision:{model}")
-    if channels != 3:
-        raise ValueError(f"torchvision:{model} takes 3-channel images; decode greyscale ones as RGB (channels=3)")
+    if channels not in (1, 3):
+        raise ValueError(f"torchvision:{model} takes RGB or greyscale images, not {channels} channels")
     net = _construct(models.get_model, model, "image_size", image_size, weights=None, **options)
     linears = [(name, m) for name, m in net.named_modules() if isinstance(m, nn.Linear)]
     if not linears:
@@ -201,7 +238,7 @@ def _torchvision(model: str, *, in_dim: int | None, channels: int, image_size: i
     name, classifier = linears[-1]
     parent, _, attr = name.rpartition(".")
     setattr(net.get_submodule(parent), attr, nn.Identity())
-    return Backbone(net, classifier.in_features, (name,))
+    return Backbone(net, classifier.in_features, (name,), GreyAsRGB() if channels == 1 else None)
 
 
 @register_image_encoder("timm:")

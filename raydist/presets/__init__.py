@@ -94,8 +94,8 @@ def image_encoder_for_data(image_size: list[int], channels: int, *, torchvision:
     """The encoder for encoded images of median size ``image_size`` ([height, width]) and ``channels``:
 
     - shorter side ≤ ``SMALL_CNN_MAX_SIDE`` → ``small-cnn`` at the images' own size (crop = shorter side);
-    - larger, with torchvision installed → ``torchvision:resnet18`` on crops of min(shorter side, 224);
-    - larger, without it → ``small-cnn`` on crops of ``CNN_FALLBACK_SIDE`` (the ``vision`` extra brings
+    - larger, where torchvision imports → ``torchvision:resnet18`` on crops of min(shorter side, 224);
+    - larger, where it does not → ``small-cnn`` on crops of ``CNN_FALLBACK_SIDE`` (the ``vision`` extra brings
       torchvision).
 
     Each trains from scratch, so each also asks for ``train.min_steps`` ≥ :data:`FROM_SCRATCH_MIN_STEPS`.
@@ -111,5 +111,5 @@ def image_encoder_for_data(image_size: list[int], channels: int, *, torchvision:
         return ImageChoice({"model.image_encoder": "torchvision:resnet18", "data.image_size": crop, **steps},
                            f"{facts}: a ResNet-18 (no pretrained weights unless model.image_weights=) on {crop} px crops")  # fmt: skip
     return ImageChoice({"model.image_encoder": "small-cnn", "data.image_size": CNN_FALLBACK_SIDE, **steps},
-                       f"{facts}, torchvision not installed (pip install -e \".[vision]\" for ResNets): a small CNN "
+                       f"{facts}, torchvision cannot be imported (pip install -e \".[vision]\" for ResNets): a small CNN "
                        f"on {CNN_FALLBACK_SIDE} px crops")  # fmt: skip
