@@ -242,6 +242,42 @@ def test_an_image_encoder_must_fit_the_data(shapes, tiny_dataset):
         check_image_config(pairs_config(shapes, **{"model.image_weights": str(shapes / "nope.pt")}), encoded)
 
 
+def test_an_encoder_that_cannot_be_built_is_refused_before_ray_starts(shapes, tmp_path, monkeypatch, capsys):
+    """The encoder is built on the meta device during the checks: a package that does not import, a model its
+    library does not know and a weights file of another architecture are ConfigErrors naming the key. The CLI
+    exits 2 with them (this test is not `slow`: starting Ray would fail it)."""
+    import sys
+    import types
+
+    from raydist.cli import main
+    from raydist.models.image_encoders import build_image_encoder, image_encoder_problem
+
+    encoded = DataInfo.from_dataset(shapes)
+    image_encoder_problem.cache_clear()
+    for module in ("torchvision", "torchvision.models"):  # an import of torchvision fails here
+        monkeypatch.setitem(sys.modules, module, None)
+    with pytest.raises(ConfigError, match=r"model.image_encoder=torchvision:resnet18: .*needs torchvision.*pip install"):
+        check_image_config(pairs_config(shapes, **{"model.image_encoder": "torchvision:resnet18"}), encoded)
+
+    def get_model(name, weights=None, **kwargs):
+        raise ValueError(f"Unknown model {name}")
+
+    fake = types.ModuleType("torchvision.models")
+    fake.get_model = get_model
+    monkeypatch.setitem(sys.modules, "torchvision", types.ModuleType("torchvision"))
+    monkeypatch.setitem(sys.modules, "torchvision.models", fake)
+    with pytest.raises(ConfigError, match=r"model.image_encoder=torchvision:resnet19: Unknown model resnet19"):
+        check_image_config(pairs_config(shapes, **{"model.image_encoder": "torchvision:resnet19"}), encoded)
+
+    wide = tmp_path / "wide.pt"  # a small-cnn backbone of width 48, for a run that builds width 32
+    torch.save(build_image_encoder("small-cnn", 8, channels=3, width=48).backbone.state_dict(), wide)
+    with pytest.raises(ConfigError, match=r"model.image_weights=.*wide.pt does not fit small-cnn \(wrong shape: "):
+        check_image_config(pairs_config(shapes, **{"model.image_weights": str(wide)}), encoded)
+    assert main(["train", "--data", str(shapes), "model.image_encoder=small-cnn", f"model.image_weights={wide}"]) == 2
+    assert "does not fit small-cnn" in capsys.readouterr().err
+    image_encoder_problem.cache_clear()
+
+
 def test_crop_scale_reaches_the_train_views(shapes, tiny_dataset):
     """`data.crop_scale` is the random resized crop's area range: a run's train view equals the reference view
     drawn with that range (and not the default's); eval views and feature datasets do not take it."""

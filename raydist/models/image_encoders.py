@@ -4,6 +4,7 @@ from a local file. torchvision and timm are optional: imported only when one of 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import math
@@ -100,6 +101,28 @@ def build_image_encoder(
     return BackboneEncoder(backbone.module, backbone.dim, out_dim, backbone.adapter)
 
 
+@functools.lru_cache(maxsize=32)
+def image_encoder_problem(name: str, weights: str | None, *, channels: int, image_size: int | None) -> str | None:
+    """Why the encoder ``name`` (with the backbone weights file ``weights``) cannot be built for images of
+    ``channels`` × ``image_size``², or None. The backbone is built on the meta device (no memory, no
+    initialisation) and the file's tensor names and shapes are compared with it without loading them: what
+    a training worker would otherwise find only after Ray started (a missing package, an unknown model, a
+    file of another architecture). Cached per arguments, so a sweep's trials cost one check."""
+    try:
+        builder, args = _REGISTRY.resolve(name)
+        with torch.device("meta"):
+            backbone = builder(*args, in_dim=None, channels=channels, image_size=image_size)
+    except (ImportError, ValueError, TypeError, RuntimeError, KeyError) as err:
+        return f"model.image_encoder={name}: {err}"
+    if weights is None:
+        return None
+    try:
+        found = fit_problems(backbone.module.state_dict(), read_state_dict(weights), backbone.head_keys)
+    except (OSError, ValueError, RuntimeError, ImportError) as err:
+        return f"model.image_weights={weights}: {err}"
+    return f"model.image_weights={weights} does not fit {name} ({found})" if found else None
+
+
 class UnitImageEncoder(nn.Module):
     """``normalize(encoder(x))`` (``normalize=False``: the raw output, VSE0's ``no_imgnorm``): an image encoder's
     embeddings on the unit sphere, as the feature encoders give them."""
@@ -151,6 +174,16 @@ def load_backbone_weights(module: nn.Module, path: str | Path, head_keys: tuple[
     the missing, unexpected and mis-shaped keys."""
     state = read_state_dict(path)
     own = module.state_dict()
+    found = fit_problems(own, state, head_keys)
+    if found:
+        raise ValueError(f"{path} does not fit the backbone ({found})")
+    module.load_state_dict({k: state[k] for k in own})
+
+
+def fit_problems(own: Mapping[str, torch.Tensor], state: Mapping[str, torch.Tensor],
+                 head_keys: tuple[str, ...] = ()) -> str:  # fmt: skip
+    """How the state dict ``state`` fails to fit a module whose state dict is ``own`` (names and shapes; keys
+    under ``head_keys`` may be extra): the missing, unexpected and mis-shaped keys, or "" when it fits."""
 
     def is_head(key: str) -> bool:
         return any(key == h or key.startswith(h + ".") for h in head_keys)
@@ -161,11 +194,8 @@ def load_backbone_weights(module: nn.Module, path: str | Path, head_keys: tuple[
         "wrong shape": sorted(f"{k} {tuple(state[k].shape)} (needs {tuple(own[k].shape)})"
                               for k in own if k in state and state[k].shape != own[k].shape),
     }
-    if any(problems.values()):
-        found = "; ".join(f"{what}: {', '.join(keys[:10])}{' …' if len(keys) > 10 else ''}"
-                          for what, keys in problems.items() if keys)  # fmt: skip
-        raise ValueError(f"{path} does not fit the backbone ({found})")
-    module.load_state_dict({k: state[k] for k in own})
+    return "; ".join(f"{what}: {', '.join(keys[:10])}{' …' if len(keys) > 10 else ''}"
+                     for what, keys in problems.items() if keys)  # fmt: skip
 
 
 def import_problem(module: str) -> str | None:

@@ -14,6 +14,7 @@ from raydist.data.image_transforms import ImageTransform, decode_images
 from raydist.data.stream import fits_in_memory
 from raydist.data.transforms import ImageViews
 from raydist.models import image_encoder_names
+from raydist.models.image_encoders import image_encoder_problem
 from raydist.tasks.base import DataInfo
 
 MAX_DEFAULT_SIZE = 224  # the default crop never exceeds the usual ImageNet input side
@@ -70,6 +71,11 @@ def image_config_problems(cfg: Config, info: DataInfo) -> list[str]:
     if cfg.gc.measure or cfg.gc.sample:
         problems.append("gc.measure/gc.sample: gradient clustering reads feature vectors; it does not run on "
                         f"encoded images ({where})")  # fmt: skip
+    if not problems:  # the encoder itself, built on the meta device, and its weights file's names and shapes
+        weights = str(Path(m.image_weights).expanduser()) if m.image_weights else None
+        problem = image_encoder_problem(m.image_encoder, weights, channels=info.image_channels or 3,
+                                        image_size=crop_size(cfg, info))  # fmt: skip
+        problems += [problem] if problem else []
     return problems
 
 
@@ -77,7 +83,7 @@ def check_image_config(cfg: Config, info: DataInfo) -> None:
     """Raise a ConfigError listing :func:`image_config_problems` (before Ray starts), or return."""
     problems = image_config_problems(cfg, info)
     if problems:
-        raise ConfigError("the image settings do not fit the dataset:\n  " + "\n  ".join(problems))
+        raise ConfigError("the image settings are refused:\n  " + "\n  ".join(problems))
 
 
 @torch.no_grad()
