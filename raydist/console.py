@@ -90,6 +90,19 @@ def is_verbose() -> bool:
     return _state["verbose"]
 
 
+def quiet_ray_data_console() -> None:
+    """Ray Data sets up its own logger when ``ray.data`` is first imported, with a console handler at INFO
+    (planning lines such as the parquet reader's estimates, printed by the driver); without ``-v`` lower that
+    handler to WARNING. Its session file (``logs/ray-data/ray-data.log``) keeps everything. Imports ray.data."""
+    import ray.data  # noqa: F401  (configures ray.data's logging on first import)
+
+    if is_verbose():
+        return
+    for handler in logging.getLogger("ray.data").handlers:
+        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+            handler.setLevel(logging.WARNING)
+
+
 def route_ray_output(log_file: str | Path) -> None:
     """Send every line that Ray forwards from workers and actors, and the raylet's warnings, to ``log_file``; on
     the console keep only lines starting with ``[raydist]`` (everything with ``-v``). Call after Ray is

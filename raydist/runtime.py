@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from raydist.config import Config, ConfigError
-from raydist.console import say
+from raydist.console import quiet_ray_data_console, say
 
 # Logical CPUs that Ray Data needs beside the train workers, or the streaming pipeline waits forever.
 DATA_CPUS = 1.0
@@ -34,6 +34,7 @@ def init_ray(cpus_needed: float, address: str | None = None, *, dashboard: bool 
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
+        quiet_ray_data_console()
         ray.init(address=address, log_to_driver=True, logging_level=_ray_log_level())
         return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private instance on this machine only
@@ -74,6 +75,7 @@ def start_local_ray(num_cpus: int, *, log_to_driver: bool = True, dashboard: boo
         api = f"http://127.0.0.1:{port}"
         os.environ["RAY_API_SERVER_ADDRESS"] = api
         options = {"dashboard_port": port, "runtime_env": {"env_vars": {"RAY_API_SERVER_ADDRESS": api}}}
+    quiet_ray_data_console()
     ray.init(
         address="local",
         num_cpus=num_cpus,

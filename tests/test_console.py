@@ -117,3 +117,30 @@ def test_the_cleaners_state_api_warning_is_left_out_of_the_log(monkeypatch, tmp_
     logged = (tmp_path / "raydist.log").read_text()
     assert logged == "(RayTrainWorker) [raydist] epoch 1/1 done\n(RayTrainWorker) other\n"
     assert capsys.readouterr().out == "[raydist] epoch 1/1 done\n"
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_ray_datas_planning_lines_stay_off_the_console_without_v(verbose, monkeypatch):
+    """Ray Data's own console handler (INFO, set up when ray.data is imported: the driver printed the parquet
+    reader's estimates on every streamed run) is lowered to WARNING; its session file handler keeps INFO; -v
+    leaves it as Ray Data set it."""
+    import logging
+
+    logger = logging.getLogger("ray.data")
+    streams = [h for h in logger.handlers if isinstance(h, logging.StreamHandler)
+               and not isinstance(h, logging.FileHandler)]  # fmt: skip
+    saved = [h.level for h in streams]
+    monkeypatch.setitem(console._state, "verbose", verbose)
+    try:
+        for h in streams:
+            h.setLevel(logging.INFO)  # as Ray Data configures it
+        console.quiet_ray_data_console()
+        streams = [h for h in logger.handlers if isinstance(h, logging.StreamHandler)
+                   and not isinstance(h, logging.FileHandler)]  # fmt: skip
+        others = [h for h in logger.handlers if h not in streams]
+        assert streams and others  # Ray Data's console handler and its session file handler
+        assert all(h.level == (logging.INFO if verbose else logging.WARNING) for h in streams)
+        assert all(h.level <= logging.INFO for h in others) and logger.isEnabledFor(logging.INFO)
+    finally:
+        for h, level in zip(streams, saved):
+            h.setLevel(level)
