@@ -19,6 +19,7 @@ from raydist.data.image_transforms import (
     decode_images,
     eval_view,
     normalize,
+    normalize_views,
     random_resized_crop_box,
     train_view,
     view_rng,
@@ -74,6 +75,10 @@ def test_normalize_is_x_over_255_minus_mean_over_std_per_channel():
     got = normalize(pixels, MEAN3, STD3)
     assert got.dtype == np.float32 and got.shape == (3, 5, 7)
     np.testing.assert_allclose(got, _normalised(pixels, MEAN3, STD3), rtol=0, atol=1e-6)
+    # a batch at once (the streamed path's worker side): the per-image floats, bit for bit
+    batch = np.stack([_pixels(5, 7, seed=k) for k in range(4)])  # [4, 5, 7, 3]
+    views = normalize_views(np.ascontiguousarray(batch.transpose(0, 3, 1, 2)), MEAN3, STD3)
+    assert views.dtype == np.float32 and np.array_equal(views, np.stack([normalize(b, MEAN3, STD3) for b in batch]))
 
 
 def test_crop_boxes_stay_inside_with_area_and_ratio_in_bounds():

