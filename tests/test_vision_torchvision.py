@@ -33,6 +33,8 @@ CLASSIFIERS = [
     ("convnext_tiny", "classifier.2"),
     ("swin_t", "head"),
     ("vit_b_16", "heads.head"),
+    ("googlenet", "fc"),  # auxiliary classifiers aux1, aux2 in the full model
+    ("inception_v3", "fc"),  # auxiliary classifier AuxLogits; needs ≥ 75 px
 ]
 
 
@@ -47,21 +49,28 @@ def _saved_model(name: str, path, seed: int = 0, **kwargs) -> nn.Module:
 
 @pytest.mark.parametrize(("model", "classifier"), CLASSIFIERS)
 def test_the_backbone_gives_what_the_models_own_classifier_reads(model, classifier, tmp_path):
-    full = _saved_model(model, tmp_path / "w.pth", **({"image_size": 32} if model.startswith("vit") else {}))
-    enc = build_image_encoder(f"torchvision:{model}", 16, image_size=32, weights=tmp_path / "w.pth")
+    """The full model (auxiliary classifiers included), saved; the encoder built from that file. In eval mode the
+    model's own classifier applied to our backbone's features gives the model's logits; in training mode the
+    encoder gives one embedding per image (no auxiliary outputs)."""
+    size = 96 if model == "inception_v3" else 32
+    full = _saved_model(model, tmp_path / "w.pth", **({"image_size": size} if model.startswith("vit") else {}))
+    enc = build_image_encoder(f"torchvision:{model}", 16, image_size=size, weights=tmp_path / "w.pth")
     head = full.get_submodule(classifier)
     assert isinstance(head, nn.Linear) and enc.head.in_features == head.in_features
     full.eval(), enc.eval()
-    x = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(3, 3, size, size, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         features = enc.backbone(x)
         torch.testing.assert_close(head(features), full(x), rtol=1e-4, atol=1e-5)
         assert enc(x).shape == (3, 16)
-    # the backbone's parameters are the file's; nothing of the classifier is left in it
+    # the backbone's parameters are the file's; nothing of the classifiers is left in it
     own = dict(enc.backbone.state_dict())
     saved = torch.load(tmp_path / "w.pth", weights_only=True)
-    assert set(saved) - set(own) == {f"{classifier}.weight", f"{classifier}.bias"}
+    aux = {k for k in saved if k.split(".")[0] in ("aux1", "aux2", "AuxLogits")}
+    assert bool(aux) == (model in ("googlenet", "inception_v3"))
+    assert set(saved) - set(own) == {f"{classifier}.weight", f"{classifier}.bias", *aux}
     assert all(torch.equal(own[k], saved[k]) for k in own)
+    assert enc.train()(x).shape == (3, 16)
 
 
 def test_another_architectures_weights_are_refused_by_key(tmp_path):

@@ -112,8 +112,10 @@ def image_encoder_problem(name: str, weights: str | None, *, channels: int, imag
         builder, args = _REGISTRY.resolve(name)
         with torch.device("meta"):
             backbone = builder(*args, in_dim=None, channels=channels, image_size=image_size)
-    except (ImportError, ValueError, TypeError, RuntimeError, KeyError) as err:
+    except (ImportError, ValueError, TypeError, KeyError) as err:
         return f"model.image_encoder={name}: {err}"
+    except Exception:  # noqa: BLE001 -- e.g. an init op the meta device lacks: no verdict, the workers build it
+        return None
     if weights is None:
         return None
     try:
@@ -252,23 +254,36 @@ def _small_cnn(*, in_dim: int | None, channels: int, image_size: int | None, wid
     return Backbone(cnn, cnn.out_dim)
 
 
+# the auxiliary classifiers of torchvision's GoogLeNet (aux1, aux2) and Inception v3 (AuxLogits): built without
+# them, a model's weights file that holds them still loads
+TORCHVISION_AUX_HEADS = ("aux1", "aux2", "AuxLogits")
+
+
 @register_image_encoder("torchvision:")
 def _torchvision(model: str, *, in_dim: int | None, channels: int, image_size: int | None,
                  **options: Any) -> Backbone:  # fmt: skip
-    """``torchvision.models.get_model(model, weights=None, **options)`` with its classifier -- the last Linear
-    it registers (``fc``, ``heads.head``, ``classifier.N``) -- replaced by Identity. The models take RGB;
+    """``torchvision.models.get_model(model, weights=None, **options)`` (``aux_logits=False`` where the model takes
+    it) with its classifier -- the last Linear it registers (``fc``, ``heads.head``, ``classifier.N``) -- replaced
+    by Identity. The models take RGB;
     greyscale images reach them through :class:`GreyAsRGB` (as if decoded as RGB), so RGB weights fit."""
     models = _import_optional("torchvision.models", "torchvision", f"torchvision:{model}")
     if channels not in (1, 3):
         raise ValueError(f"torchvision:{model} takes RGB or greyscale images, not {channels} channels")
-    net = _construct(models.get_model, model, "image_size", image_size, weights=None, **options)
+    try:  # GoogLeNet and Inception v3 return their auxiliary classifiers' logits too in training mode: none
+        net = _construct(models.get_model, model, "image_size", image_size, weights=None,
+                         **{"aux_logits": False, **options})  # fmt: skip
+    except TypeError as err:
+        if "aux_logits" not in str(err):
+            raise
+        net = _construct(models.get_model, model, "image_size", image_size, weights=None, **options)
     linears = [(name, m) for name, m in net.named_modules() if isinstance(m, nn.Linear)]
     if not linears:
         raise ValueError(f"torchvision:{model} has no Linear classifier to replace")
     name, classifier = linears[-1]
     parent, _, attr = name.rpartition(".")
     setattr(net.get_submodule(parent), attr, nn.Identity())
-    return Backbone(net, classifier.in_features, (name,), GreyAsRGB() if channels == 1 else None)
+    aux = tuple(a for a in TORCHVISION_AUX_HEADS if getattr(net, a, None) is None)  # a full file's: skipped
+    return Backbone(net, classifier.in_features, (name, *aux), GreyAsRGB() if channels == 1 else None)
 
 
 @register_image_encoder("timm:")
