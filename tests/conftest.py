@@ -98,12 +98,12 @@ _VISION_LEFT_OUT = pytest.StashKey[tuple[int, str]]()  # (vision tests deselecte
 
 @pytest.hookimpl(trylast=True)  # after `-m` and `-k` deselected theirs: count only what would have run
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``vision`` run on a real torchvision; where none imports they are deselected (not skipped),
-    and the terminal summary says how many and why."""
+    """Tests marked ``vision`` run on a real torchvision and timm (the ``vision`` extra); where either does not
+    import they are deselected (not skipped), and the terminal summary says how many and why."""
     from raydist.models.image_encoders import import_problem
 
     vision = [item for item in items if item.get_closest_marker("vision") is not None]
-    why = import_problem("torchvision.models") if vision else None
+    why = (import_problem("torchvision.models") or import_problem("timm")) if vision else None
     if why is None:
         return
     config.hook.pytest_deselected(items=vision)
@@ -116,8 +116,8 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     if left_out is not None:
         count, why = left_out
         terminalreporter.write_line(
-            f"{count} `vision` tests left out: torchvision cannot be imported here ({why.splitlines()[0][:200]}). "
-            "They run where it can (README, Tests: a venv with torch and a matching torchvision)")
+            f"{count} `vision` tests left out: the vision extra (torchvision, timm) cannot be imported here "
+            f"({why.splitlines()[0][:200]}). They run where it can (README, Tests: a venv of their own)")
 
 
 @pytest.fixture(scope="session")

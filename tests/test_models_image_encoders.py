@@ -291,3 +291,6 @@ def test_timm_builder_asks_for_pooled_features_and_skips_the_classifier_keys(mon
     enc = build_image_encoder("timm:tiny", 5, weights=tmp_path / "tiny.pth", drop_rate=0.1)
     assert calls == [("tiny", False, 0, 3, {"drop_rate": 0.1})]
     assert enc(torch.randn(2, 3, 8, 8)).shape == (2, 5)
+    grey = build_image_encoder("timm:tiny", 5, channels=1, weights=tmp_path / "tiny.pth")  # RGB weights, grey data
+    assert calls[-1][3] == 3 and isinstance(grey.adapter, image_encoders.GreyAsRGB)
+    assert grey(torch.randn(2, 1, 8, 8)).shape == (2, 5)

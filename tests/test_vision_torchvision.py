@@ -1,5 +1,6 @@
-"""The `torchvision:<model>` image encoders on a real torchvision (every test here is marked `vision`: where
-torchvision does not import, tests/conftest.py leaves them out and says so). Checked against torchvision's own
+"""The `torchvision:<model>` (and `timm:<model>`) image encoders on a real torchvision and timm, the `vision`
+extra (every test here is marked `vision`: where either does not import, tests/conftest.py leaves them out and
+says so). Checked against torchvision's own
 models: the backbone's features are what the model's classifier reads (the classifier of the full model applied
 to them gives the model's own logits), saved torchvision state dicts load, `raydist embed` writes torchvision's
 features, `raydist train --data` picks a ResNet for larger images, and the VSE++ fine-tuning preset runs with one.
@@ -70,6 +71,23 @@ def test_the_backbone_gives_what_the_models_own_classifier_reads(model, classifi
     assert bool(aux) == (model in ("googlenet", "inception_v3"))
     assert set(saved) - set(own) == {f"{classifier}.weight", f"{classifier}.bias", *aux}
     assert all(torch.equal(own[k], saved[k]) for k in own)
+    assert enc.train()(x).shape == (3, 16)
+
+
+@pytest.mark.parametrize("model", ["resnet18", "vit_tiny_patch16_224", "convnext_atto"])
+def test_a_timm_backbone_gives_what_the_models_own_classifier_reads(model, tmp_path):
+    """timm (the other half of the `vision` extra): the full model saved, the encoder built from the file; its
+    pooled features through the model's own classifier are the model's logits."""
+    import timm
+
+    torch.manual_seed(0)
+    full = timm.create_model(model, pretrained=False, **({"img_size": 32} if model.startswith("vit") else {}))
+    torch.save(full.state_dict(), tmp_path / "w.pth")
+    enc = build_image_encoder(f"timm:{model}", 16, image_size=32, weights=tmp_path / "w.pth")
+    full.eval(), enc.eval()
+    x = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(full.get_classifier()(enc.backbone(x)), full(x), rtol=1e-4, atol=1e-5)
     assert enc.train()(x).shape == (3, 16)
 
 

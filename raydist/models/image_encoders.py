@@ -288,11 +288,15 @@ def _torchvision(model: str, *, in_dim: int | None, channels: int, image_size: i
 
 @register_image_encoder("timm:")
 def _timm(model: str, *, in_dim: int | None, channels: int, image_size: int | None, **options: Any) -> Backbone:
-    """``timm.create_model(model, pretrained=False, num_classes=0, in_chans=channels, **options)``: pooled
-    features, its classifier (``pretrained_cfg["classifier"]``) already removed."""
+    """``timm.create_model(model, pretrained=False, num_classes=0, in_chans=3, **options)``: pooled features, its
+    classifier (``pretrained_cfg["classifier"]``) already removed. Greyscale images reach its RGB input through
+    :class:`GreyAsRGB` (as for torchvision), so an RGB weights file fits them too."""
     timm = _import_optional("timm", "timm", f"timm:{model}")
+    if channels not in (1, 3):
+        raise ValueError(f"timm:{model} takes RGB or greyscale images here, not {channels} channels")
     net = _construct(timm.create_model, model, "img_size", image_size,
-                     pretrained=False, num_classes=0, in_chans=channels, **options)  # fmt: skip
+                     pretrained=False, num_classes=0, in_chans=3, **options)  # fmt: skip
     classifier = (getattr(net, "pretrained_cfg", None) or {}).get("classifier") or ()
     head_keys = (classifier,) if isinstance(classifier, str) else tuple(classifier)
-    return Backbone(net, getattr(net, "head_hidden_size", None) or net.num_features, head_keys)
+    return Backbone(net, getattr(net, "head_hidden_size", None) or net.num_features, head_keys,
+                    GreyAsRGB() if channels == 1 else None)  # fmt: skip
