@@ -264,8 +264,8 @@ def _torchvision(model: str, *, in_dim: int | None, channels: int, image_size: i
                  **options: Any) -> Backbone:  # fmt: skip
     """``torchvision.models.get_model(model, weights=None, **options)`` (``aux_logits=False`` where the model takes
     it) with its classifier -- the last Linear it registers (``fc``, ``heads.head``, ``classifier.N``) -- replaced
-    by Identity. The models take RGB;
-    greyscale images reach them through :class:`GreyAsRGB` (as if decoded as RGB), so RGB weights fit."""
+    by Identity. The models take RGB; greyscale images reach them through :class:`GreyAsRGB` (as if decoded as
+    RGB), so RGB weights fit."""
     models = _import_optional("torchvision.models", "torchvision", f"torchvision:{model}")
     if channels not in (1, 3):
         raise ValueError(f"torchvision:{model} takes RGB or greyscale images, not {channels} channels")
