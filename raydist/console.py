@@ -28,7 +28,7 @@ def configure_console(verbose: bool) -> None:
         return
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     warnings.filterwarnings("ignore", category=FutureWarning)
-    for name in ("ray", "ray.train", "ray.tune", "ray.data"):
+    for name in ("ray", "ray.train", "ray.tune"):  # ray.data: quiet_ray_data_console, so its session file keeps INFO
         logging.getLogger(name).setLevel(logging.WARNING)
 
 

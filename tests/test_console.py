@@ -126,14 +126,20 @@ def test_ray_datas_planning_lines_stay_off_the_console_without_v(verbose, monkey
     leaves it as Ray Data set it."""
     import logging
 
+    import ray.data  # noqa: F401  (Ray Data configures its logger on first import, before the CLI's own set-up)
+
     logger = logging.getLogger("ray.data")
     streams = [h for h in logger.handlers if isinstance(h, logging.StreamHandler)
                and not isinstance(h, logging.FileHandler)]  # fmt: skip
     saved = [h.level for h in streams]
-    monkeypatch.setitem(console._state, "verbose", verbose)
+    names = ("ray", "ray.train", "ray.tune", "ray.data")
+    levels = {name: logging.getLogger(name).level for name in names}
+    monkeypatch.setitem(console._state, "verbose", verbose)  # restored after the test
     try:
         for h in streams:
             h.setLevel(logging.INFO)  # as Ray Data configures it
+        logger.setLevel(logging.DEBUG)
+        console.configure_console(verbose)  # as the CLI does first (it must not undo what Ray Data's file gets)
         console.quiet_ray_data_console()
         streams = [h for h in logger.handlers if isinstance(h, logging.StreamHandler)
                    and not isinstance(h, logging.FileHandler)]  # fmt: skip
@@ -144,3 +150,5 @@ def test_ray_datas_planning_lines_stay_off_the_console_without_v(verbose, monkey
     finally:
         for h, level in zip(streams, saved):
             h.setLevel(level)
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
