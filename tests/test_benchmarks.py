@@ -93,3 +93,19 @@ def test_dense_reference_is_max_of_hinges() -> None:
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     for a, b in zip(torch.autograd.grad(got, (img, cap)), torch.autograd.grad(want, (img, cap))):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("epochs", [5, 6, 7, 8])
+def test_the_images_steady_rate_covers_whole_pairs_of_slow_and_fast_epochs(epochs: int) -> None:
+    """The stream's epochs alternate (one streams while the next pass is read ahead, the next is mostly read
+    already): a steady pipeline of 200 images/s delivers 100-image epochs in 0.8 s and 0.2 s by turns (the
+    warm-up epochs are slower). Its steady rate is 200 whatever the number of epochs; an odd count of the
+    alternating epochs would give 100 · 3 / 1.8 = 167 (or 300 / 1.2 = 250)."""
+    from raydist.benchmarks.images import WARMUP_EPOCHS, EpochClock
+
+    clock = EpochClock()
+    clock.images = [100] * epochs
+    clock.seconds = [5.0, 0.5] + [0.8 if e % 2 == 0 else 0.2 for e in range(WARMUP_EPOCHS, epochs)]
+    assert clock.steady == pytest.approx(200.0)
+    images, seconds = clock.steady_images_seconds()
+    assert images == 100 * 2 * ((epochs - WARMUP_EPOCHS) // 2)

@@ -7,6 +7,7 @@ with the first batch's wait and the object store's peak use and spilled bytes wh
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tempfile
@@ -55,9 +56,10 @@ WARMUP_EPOCHS = 2  # epochs left out of the steady rate: the start, and the pass
 
 class EpochClock:
     """Times a run of epochs: per-epoch images/s, the wait for the first batch, and the steady rate: all images
-    of the epochs after the first :data:`WARMUP_EPOCHS` over their time together (one number however the work
-    overlaps between epochs: a pass opened ahead delivers its epoch faster than it streams, the one after it
-    slower)."""
+    of the :func:`steady_epochs` over their time together. One number however the work overlaps between
+    epochs: the stream alternates two splits, each opening the next pass on the other, so its epochs come in
+    pairs, one that streams while the next pass is being read ahead (slow) and one mostly read ahead already
+    (fast); the steady epochs are whole pairs, since an odd count weighs the slow or the fast ones twice."""
 
     def __init__(self) -> None:
         self.images: list[int] = []
@@ -68,7 +70,7 @@ class EpochClock:
         """Count the views of ``epochs`` epochs, ``open_epoch(e)`` giving epoch e's batches of views (timed from
         the call: opening a pass can wait for its first block); ``cpu`` accounts for the steady epochs."""
         for epoch in range(epochs):
-            if cpu is not None and epoch == steady_from(epochs):
+            if cpu is not None and epoch == steady_epochs(epochs).start:
                 cpu.start()
             start, n = time.perf_counter(), 0
             for views in open_epoch(epoch):
@@ -77,8 +79,8 @@ class EpochClock:
                 n += len(views)
             self.images.append(n)
             self.seconds.append(time.perf_counter() - start)
-        if cpu is not None:
-            cpu.stop()
+            if cpu is not None and epoch == steady_epochs(epochs).stop - 1:
+                cpu.stop()
 
     @property
     def rates(self) -> list[float]:
@@ -91,13 +93,23 @@ class EpochClock:
 
     def steady_images_seconds(self) -> tuple[int, float]:
         """Images and seconds of the steady epochs."""
-        skip = steady_from(len(self.images))
-        return sum(self.images[skip:]), sum(self.seconds[skip:])
+        steady = steady_epochs(len(self.images))
+        return sum(self.images[steady.start : steady.stop]), sum(self.seconds[steady.start : steady.stop])
 
 
-def steady_from(epochs: int) -> int:
-    """The first epoch of the steady rate of a run of ``epochs`` epochs (0 when there are too few to skip)."""
-    return WARMUP_EPOCHS if epochs > WARMUP_EPOCHS else 0
+def steady_epochs(epochs: int) -> range:
+    """The epochs of the steady rate in a run of ``epochs`` epochs: those after the first :data:`WARMUP_EPOCHS`,
+    as many whole pairs of them as there are (see :class:`EpochClock`); all epochs when there are too few."""
+    if epochs <= WARMUP_EPOCHS:
+        return range(epochs)
+    pairs = (epochs - WARMUP_EPOCHS) // 2
+    return range(WARMUP_EPOCHS, WARMUP_EPOCHS + 2 * pairs if pairs else epochs)
+
+
+def steady_label(epochs: int) -> str:
+    """The steady epochs of a run of ``epochs``, 1-based, for the tables."""
+    steady = steady_epochs(epochs)
+    return f"epochs {steady.start + 1}–{steady.stop}"
 
 
 def loader_epochs(images: list[bytes], sample_ids: np.ndarray, transform: Any, rows: int, passes: int,
@@ -245,7 +257,7 @@ def images_rate(*, smoke: bool, repeats: int) -> str:
         plan = StepPlan.from_config(cfg)
         rows = plan.rows_per_worker
         views = task.epoch_transform()
-        passes = 1 if smoke else repeats + WARMUP_EPOCHS
+        passes = 1 if smoke else WARMUP_EPOCHS + 2 * math.ceil(repeats / 2)  # whole pairs of steady epochs
         datasets, pass_views = train_streams(data, task.columns, task.stream_transform(), views, epochs=passes,
                                          num_cpus=1, concurrency=PROCESSES)  # fmt: skip
         stream = StreamedEpochs([ds.streaming_split(1, equal=True)[0] for ds in datasets.values()], rows=rows,
@@ -286,7 +298,7 @@ def images_rate(*, smoke: bool, repeats: int) -> str:
                    f"{clock.steady / need:.1f}×", first.format(clock.first_batch))  # fmt: skip
 
     table = [
-        row("path", f"images/s, steady (epochs {WARMUP_EPOCHS + 1} on)", "images/s per epoch", "× the step's consumption",
+        row("path", f"images/s, steady ({steady_label(passes)})", "images/s per epoch", "× the step's consumption",
             "first batch"),
         "|---|---:|---:|---:|---:|",
         path(f"streamed: Ray Data read, then decode + the epoch's views ({PROCESSES} tasks at once)", streamed),
@@ -304,8 +316,8 @@ def images_rate(*, smoke: bool, repeats: int) -> str:
     return (
         f"{n_images} train images ({classes} classes, {side}×{side} PNG), training views {crop}×{crop} (random "
         f"resized crop, flip, normalise); {passes} epoch(s) per path, the streamed one opened as training opens "
-        "it (alternate epochs on two splits, each next pass opened ahead); steady = the images of epochs "
-        f"{WARMUP_EPOCHS + 1} on over their time. The step is one process's forward + backward + update of the labels task (default "
+        "it (alternate epochs on two splits, each next pass opened ahead); steady = the images of "
+        f"{steady_label(passes)} (whole pairs of a slow and a fast epoch) over their time. The step is one process's forward + backward + update of the labels task (default "
         f"preset, small-cnn). Streamed vs DataLoader, steady: {streamed.steady / loader.steady:.2f}× (target "
         "≥ 0.9×). "
         f"{store_line}\n\n" + "\n".join(table) + "\n\n" + cpu
@@ -315,7 +327,7 @@ def images_rate(*, smoke: bool, repeats: int) -> str:
 def cpu_table(stream: CpuAccount, streamed: EpochClock, loader: CpuAccount, loaded: EpochClock) -> str:
     """Where each path's CPU went in its steady epochs: seconds per 1,000 images delivered, by role, and in
     cores (CPU seconds over the epochs' wall time)."""
-    lines = [(f"CPU per path, steady epochs ({WARMUP_EPOCHS + 1} on when there are more than {WARMUP_EPOCHS}; CPU "
+    lines = [(f"CPU per path, steady epochs ({steady_label(len(streamed.images))}; CPU "
               "seconds per 1,000 images delivered; cores = CPU seconds / wall seconds):"), "",
              row("path", "role", "CPU s / 1,000 images", "cores"), "|---|---|---:|---:|"]  # fmt: skip
     for name, account, clock in (("streamed", stream, streamed), ("DataLoader", loader, loaded)):
