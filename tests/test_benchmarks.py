@@ -107,5 +107,5 @@ def test_the_images_steady_rate_covers_whole_pairs_of_slow_and_fast_epochs(epoch
     clock.images = [100] * epochs
     clock.seconds = [5.0, 0.5] + [0.8 if e % 2 == 0 else 0.2 for e in range(WARMUP_EPOCHS, epochs)]
     assert clock.steady == pytest.approx(200.0)
-    images, seconds = clock.steady_images_seconds()
+    images, _ = clock.steady_images_seconds()
     assert images == 100 * 2 * ((epochs - WARMUP_EPOCHS) // 2)

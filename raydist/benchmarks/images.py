@@ -69,8 +69,9 @@ class EpochClock:
     def run(self, open_epoch: Callable[[int], Iterable[Any]], epochs: int, cpu: CpuAccount | None = None) -> None:
         """Count the views of ``epochs`` epochs, ``open_epoch(e)`` giving epoch e's batches of views (timed from
         the call: opening a pass can wait for its first block); ``cpu`` accounts for the steady epochs."""
+        steady = steady_epochs(epochs)
         for epoch in range(epochs):
-            if cpu is not None and epoch == steady_epochs(epochs).start:
+            if cpu is not None and epoch == steady.start:
                 cpu.start()
             start, n = time.perf_counter(), 0
             for views in open_epoch(epoch):
@@ -79,7 +80,7 @@ class EpochClock:
                 n += len(views)
             self.images.append(n)
             self.seconds.append(time.perf_counter() - start)
-            if cpu is not None and epoch == steady_epochs(epochs).stop - 1:
+            if cpu is not None and epoch == steady.stop - 1:
                 cpu.stop()
 
     @property
