@@ -1,34 +1,88 @@
 """A real small image set for `raydist train --data`, offline: scikit-learn's digits as PNG files, and the
 raw-pixel baseline to beat.
 
-    python bench/digits_png.py write OUT_SRC            # 1,797 8×8 greyscale PNGs, one folder per digit
+    python bench/digits_png.py write OUT_SRC [SIZE]      # 1,797 greyscale PNGs (8×8, or upscaled to SIZE²)
     raydist convert image-folder --src OUT_SRC --out DATA --split-by image
     python bench/digits_png.py baseline DATA [SPLIT]     # raw-pixel 1-NN of SPLIT (default test)
+    python bench/digits_png.py splits OUT_SRC SIZE       # the same digits in train/ val/ test/ folders
+    python bench/digits_png.py halves OUT_SRC SIZE       # left halves (SIZE×SIZE/2 PNGs) + dataset_digits.json
+    raydist convert karpathy --src OUT_SRC/dataset_digits.json --images OUT_SRC --out DATA
     python bench/digits_png.py backbone RUN OUT.pth       # a run's trained image backbone as a state-dict file
 
-The baseline is the protocol the run reports as `nn1`: each image of the split against the split's other images,
-cosine similarity, the nearest one's label. Needs scikit-learn (the `experiments` or `dev` extra).
+``splits`` and ``halves`` share one seeded split of the 1,797 digits (1,100 train, 300 val, 397 test; that
+of :mod:`raydist.experiments.digit_halves`), so the labels task and the pairs task see the same test digits.
+A half's caption names the right half's inked pixels of the 8×8 scan (``r{row}c{col}``, the digit halves'
+words). The baseline is the protocol the run reports as `nn1`: each image of the split against the split's
+other images, cosine similarity, the nearest one's label. Needs scikit-learn (the `experiments` or `dev`
+extra).
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
 
-def write(root: Path) -> None:
-    """The digits (16 grey levels scaled to 0–255) as ``root/<digit>/<index>.png``."""
+def digit_pixels(size: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits as uint8 [N, size, size] (16 grey levels scaled to 0–255, then resized bilinearly
+    from 8×8 when ``size`` != 8) and their labels."""
     from PIL import Image
     from sklearn.datasets import load_digits
 
     digits = load_digits()
-    for k, (image, label) in enumerate(zip(digits.images, digits.target)):
-        folder = root / str(label)
-        folder.mkdir(parents=True, exist_ok=True)
-        Image.fromarray((image * 255 / 16).round().astype(np.uint8), mode="L").save(folder / f"{k:04d}.png")
-    print(f"wrote {len(digits.images)} PNGs under {root}")
+    scans = (digits.images * 255 / 16).round().astype(np.uint8)
+    if size != 8:
+        scans = np.stack([np.asarray(Image.fromarray(s, mode="L").resize((size, size), Image.Resampling.BILINEAR))
+                          for s in scans])
+    return scans, digits.target
+
+
+def _save(pixels: np.ndarray, path: Path) -> None:
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(pixels, mode="L").save(path)
+
+
+def write(root: Path, size: int = 8) -> None:
+    """The digits as ``root/<digit>/<index>.png`` (one folder per class, no split)."""
+    scans, labels = digit_pixels(size)
+    for k, (image, label) in enumerate(zip(scans, labels)):
+        _save(image, root / str(label) / f"{k:04d}.png")
+    print(f"wrote {len(scans)} {size}×{size} PNGs under {root}")
+
+
+def splits(root: Path, size: int) -> None:
+    """The digits as ``root/{train,val,test}/<digit>/<index>.png`` on the digit halves' split."""
+    from raydist.experiments.digit_halves import split_indices
+
+    scans, labels = digit_pixels(size)
+    for split, idx in split_indices(len(scans)).items():
+        for k in idx:
+            _save(scans[k], root / split / str(labels[k]) / f"{k:04d}.png")
+    print(f"wrote {len(scans)} {size}×{size} PNGs under {root}/{{train,val,test}}")
+
+
+def halves(root: Path, size: int) -> None:
+    """Each digit's left half (``size`` × ``size // 2``) as ``root/halves/<index>.png`` and a Karpathy split JSON
+    whose one caption per image names the right half's inked pixels, on the digit halves' split."""
+    from sklearn.datasets import load_digits
+
+    from raydist.experiments.digit_halves import caption_of, split_indices
+
+    scans, _ = digit_pixels(size)
+    images = load_digits().images
+    entries = []
+    for split, idx in split_indices(len(scans)).items():
+        for k in idx:
+            _save(np.ascontiguousarray(scans[k][:, : size // 2]), root / "halves" / f"{k:04d}.png")
+            entries.append({"filepath": "halves", "filename": f"{k:04d}.png", "split": split, "imgid": int(k),
+                            "sentences": [{"raw": caption_of(images[k][:, 4:])}]})
+    (root / "dataset_digits.json").write_text(json.dumps({"images": entries}))
+    print(f"wrote {len(entries)} {size}×{size // 2} left halves and {root}/dataset_digits.json")
 
 
 def baseline(data: Path, split: str) -> None:
@@ -62,12 +116,17 @@ def backbone(run: Path, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    commands = {"write": 3, "baseline": 3, "backbone": 4}
+    commands = {"write": 3, "baseline": 3, "backbone": 4, "splits": 4, "halves": 4}
     if len(sys.argv) < 3 or commands.get(sys.argv[1], 99) > len(sys.argv):
         sys.exit(__doc__)
-    if sys.argv[1] == "write":
-        write(Path(sys.argv[2]))
-    elif sys.argv[1] == "backbone":
-        backbone(Path(sys.argv[2]), Path(sys.argv[3]))
+    command, first = sys.argv[1], Path(sys.argv[2])
+    if command == "write":
+        write(first, int(sys.argv[3]) if len(sys.argv) > 3 else 8)
+    elif command == "splits":
+        splits(first, int(sys.argv[3]))
+    elif command == "halves":
+        halves(first, int(sys.argv[3]))
+    elif command == "backbone":
+        backbone(first, Path(sys.argv[3]))
     else:
-        baseline(Path(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else "test")
+        baseline(first, sys.argv[3] if len(sys.argv) > 3 else "test")

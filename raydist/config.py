@@ -55,9 +55,16 @@ class DataSection(_Section):
     # encoded images: the side of the square train crop and eval centre crop; null = the shorter side of the
     # manifest's median image size, at most 224
     image_size: int | None = Field(None, ge=1)
-    flip: bool = True  # encoded images: random left-right flips in training (false where flipping changes meaning)
-    # encoded images: the train crop's area as a fraction of the image, drawn from [lo, hi] (torchvision's
-    # RandomResizedCrop scale; (0.08, 1) is the ImageNet recipe, small images keep more of themselves)
+    # encoded images: random left-right flips in training; "auto" = decided from the data (raydist.data.mirror:
+    # off where mirrored images look unlike the data -- digits, text, halves -- or captions name left/right)
+    flip: bool | Literal["auto"] = "auto"
+    # encoded images: the train crop. "pad" = pad by data.crop_pad pixels, then a random window at the image's own
+    # size (CIFAR's recipe); "resized" = Inception's random resized crop of data.crop_scale of the area (ImageNet's);
+    # "none" = the whole image; "auto" = pad for images up to 64 px, resized for larger ones
+    crop: Literal["auto", "resized", "pad", "none"] = "auto"
+    crop_pad: int | None = Field(None, ge=1)  # "pad" crops: pixels of padding; null = an eighth of the crop side
+    # encoded images, "resized" crops: the area as a fraction of the image, drawn from [lo, hi] (torchvision's
+    # RandomResizedCrop scale; (0.08, 1) is the ImageNet recipe)
     crop_scale: tuple[float, float] = (0.08, 1.0)
     # captions → token ids: "vocab" (the dataset's word vocabulary), "subword" (the dataset's tokenizer.json,
     # from `raydist tokenizer train|set`), "auto" = subword when the dataset has one and the text encoder is not gru
@@ -82,6 +89,11 @@ class ModelSection(_Section):
     # "torchvision:<model>", "timm:<model>" (raydist.models.image_encoders)
     image_encoder: str = "linear"
     image_weights: str = ""  # a local state-dict file of the image encoder's backbone ("" = random init)
+    # small-cnn: first block's width (doubling per block), blocks, and the side of the grid its last map is
+    # averaged over before the head (1 = a global average pool, which forgets where things are)
+    cnn_width: int = Field(32, ge=1)
+    cnn_depth: int = Field(3, ge=1)
+    cnn_grid: int = Field(2, ge=1)
     # the caption side: "gru" (VSE++), "transformer" (torch TransformerEncoder, learned positions), or
     # "hf:<folder or hub name>" (a pretrained HuggingFace AutoModel) (raydist.models.text_encoders)
     text_encoder: str = "gru"

@@ -20,7 +20,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("formats and numerics", ("raydist.data", "raydist.losses", "raydist.models", "raydist.distributed",
                               "raydist.checkpoint", "raydist.train.malloc", "raydist.tune.space", "raydist.runtime")),
     ("metrics and statistics", ("raydist.eval", "raydist.gradclust", "raydist.plots")),
-    ("tasks", ("raydist.tasks",)),
+    ("tasks", ("raydist.tasks", "raydist.recipe")),
     ("trained models", ("raydist.inference", "raydist.extract", ROOT)),
     ("loop and hooks", ("raydist.train", "raydist.train.hooks", "raydist.gradclust.hook")),
     ("wiring and Ray Train", ("raydist.train.wiring", "raydist.train.ray_worker", "raydist.train.trainer",

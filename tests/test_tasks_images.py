@@ -127,7 +127,7 @@ def test_one_caption_per_image_per_epoch_follows_the_seeded_rule(shapes):
 
 
 def test_every_epoch_draws_new_views_and_a_rerun_the_same_pixels(shapes):
-    cfg = pairs_config(shapes, **{"train.seed": 2})
+    cfg = pairs_config(shapes, **{"train.seed": 2, "data.crop": "resized", "data.flip": True})
     task = build_task(cfg, DataInfo.from_dataset(shapes))
     table = read_split(shapes, "train")
     raw = dict(zip(table.column("sample_id").to_pylist(), table.column("image").to_pylist()))
@@ -216,12 +216,14 @@ def test_labels_on_encoded_images_train_and_evaluate_eval_views(colour_folders, 
     assert batch["image"].shape == (12, 3, SIZE, SIZE) and batch["label"].dtype == np.int64
     out = run_loop(cfg, task, runtime, plan, hooks=[ValidationHook(task)])
     assert out["history"][-1]["val/top1"] > 33.3 + 30, out["history"]  # 3 classes: chance 33 %
-    # evaluation embeds each image's eval view (resize + centre crop), computed here from the pixels
+    # evaluation embeds each image's eval view (the whole image: 16 px images train with pad-and-crop at their
+    # own scale), computed here from the pixels
     model = task.build_model()
     table = read_split(colour_folders, "val")
     emb, _, labels = task.embed_split(model, "val")
     mean, std = default_mean_std(3)
-    views = np.stack([eval_view(decode_image(b, 3), SIZE, mean=mean, std=std) for b in table.column("image").to_pylist()])
+    views = np.stack([eval_view(decode_image(b, 3), SIZE, mean=mean, std=std, crop_fraction=1.0)
+                      for b in table.column("image").to_pylist()])  # fmt: skip
     with torch.no_grad():
         want, _ = model.eval()(torch.as_tensor(views))
     torch.testing.assert_close(emb, want)
@@ -292,7 +294,8 @@ def test_crop_scale_reaches_the_train_views(shapes, tiny_dataset):
 
     views = {}
     for scale in ((0.08, 1.0), (0.7, 0.7)):
-        cfg = pairs_config(shapes, **{"data.crop_scale": list(scale), "train.seed": 0})
+        cfg = pairs_config(shapes, **{"data.crop_scale": list(scale), "train.seed": 0, "data.crop": "resized",
+                                      "data.flip": True})  # fmt: skip
         views[scale] = image_transform(cfg, info, train=True).view(image, sample_id, 2)
         np.testing.assert_array_equal(views[scale], reference(scale))
     assert not np.array_equal(views[(0.08, 1.0)], views[(0.7, 0.7)])

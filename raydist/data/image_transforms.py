@@ -1,5 +1,6 @@
-"""Encoded images (PNG/JPEG bytes) → normalised float32 C×H×W views: decode, random resized crop + flip (train) or
-resize + centre crop (eval). numpy and Pillow only, so Ray Data's tasks run it without importing torch; a train
+"""Encoded images (PNG/JPEG bytes) → normalised float32 C×H×W views: decode, a random crop -- Inception's resized
+crop (large images) or pad-and-crop at the image's own size (CIFAR's, small images) -- + flip (train), or resize +
+centre crop (eval). numpy and Pillow only, so Ray Data's tasks run it without importing torch; a train
 view is a pure function of (bytes, seed, epoch, sample_id), so streamed, in-memory and resumed runs agree."""
 
 from __future__ import annotations
@@ -123,20 +124,63 @@ def train_view(
     return np.ascontiguousarray(out.transpose(2, 0, 1)) if uint8 else normalize(out, mean, std)
 
 
-def eval_view(
-    pixels: np.ndarray, size: int, *, mean: Sequence[float], std: Sequence[float], crop_fraction: float = 0.875,
+CROPS = ("resized", "pad", "none")  # a train view's crop: random resized, pad-and-crop, or none (resize + centre)
+
+
+def pad_crop_offsets(pad: int, rng: np.random.Generator) -> tuple[int, int]:
+    """(top, left) of a ``size``² window in an image padded by ``pad`` on every side, each uniform on
+    0 … 2·pad (torchvision's ``RandomCrop(size, padding=pad)`` draws the same): a shift of at most ``pad``."""
+    top, left = rng.integers(0, 2 * pad + 1, size=2)
+    return int(top), int(left)
+
+
+def pad_crop_view(
+    pixels: np.ndarray, shape: tuple[int, int], rng: np.random.Generator, *, pad: int, flip: bool,
 ) -> np.ndarray:  # fmt: skip
-    """The shorter side resized to ``round(size / crop_fraction)`` (the longer side in proportion, truncated),
-    bilinearly, then the centre ``size``×``size`` crop (offsets rounded), normalised. Deterministic."""
+    """The CIFAR recipe (He et al. 2016, §4.2): the image at ``shape`` = (height, width) (:func:`resize_centre`),
+    zero-padded by ``pad`` pixels on each side, a random ``shape`` window of it (:func:`pad_crop_offsets`, drawn
+    first), mirrored left–right when ``flip`` and a fair coin (drawn next) say so: uint8 height×width×C. Nothing
+    is resized after the crop, so strokes keep their width; at most ``pad`` pixels of the image leave the window."""
+    height, width = shape
+    base = resize_centre(pixels, shape, 1.0)
+    top, left = pad_crop_offsets(pad, rng)
+    padded = np.pad(base, ((pad, pad), (pad, pad), (0, 0)))
+    out = padded[top : top + height, left : left + width]
+    return out[:, ::-1] if flip and rng.random() < 0.5 else out
+
+
+def resize_centre(pixels: np.ndarray, shape: int | tuple[int, int], crop_fraction: float) -> np.ndarray:
+    """The image scaled bilinearly so that it covers ``shape`` / ``crop_fraction`` (for a square ``size``: the
+    shorter side to ``round(size / crop_fraction)``, the longer side in proportion, truncated), then the centre
+    ``shape`` crop (offsets rounded): uint8 height×width×C. An image already of ``shape`` with ``crop_fraction``
+    1 comes back as it is."""
+    out_h, out_w = view_shape(shape)
     height, width = pixels.shape[:2]
-    short = round(size / crop_fraction)
-    if height <= width:
-        new_h, new_w = short, int(short * width / height)
+    if out_h * width >= out_w * height:  # the height binds
+        new_h = round(out_h / crop_fraction)
+        new_w = max(int(new_h * width / height), out_w)
     else:
-        new_h, new_w = int(short * height / width), short
-    resized = _resize(pixels, new_w, new_h)
-    top, left = round((new_h - size) / 2), round((new_w - size) / 2)
-    return normalize(resized[top: top + size, left: left + size], mean, std)
+        new_w = round(out_w / crop_fraction)
+        new_h = max(int(new_w * height / width), out_h)
+    resized = pixels if (new_h, new_w) == (height, width) else _resize(pixels, new_w, new_h)
+    top, left = round((new_h - out_h) / 2), round((new_w - out_w) / 2)
+    return resized[top : top + out_h, left : left + out_w]
+
+
+def view_shape(size: int | Sequence[int]) -> tuple[int, int]:
+    """(height, width) of a view: ``size``² for an int, else the pair."""
+    if isinstance(size, (int, np.integer)):
+        return int(size), int(size)
+    height, width = size
+    return int(height), int(width)
+
+
+def eval_view(
+    pixels: np.ndarray, size: int | tuple[int, int], *, mean: Sequence[float], std: Sequence[float],
+    crop_fraction: float = 0.875,
+) -> np.ndarray:  # fmt: skip
+    """:func:`resize_centre` of the image, normalised. Deterministic."""
+    return normalize(resize_centre(pixels, size, crop_fraction), mean, std)
 
 
 @dataclass(frozen=True)
@@ -147,12 +191,15 @@ class ImageTransform:
     :func:`view_rng` (seed, epoch, the row's ``sample_id``), so any batch split gives the same pixels.
 
     The epoch of a pass: ``transform.for_epoch(e)`` (a copy), or ``fn_kwargs={"epoch": e}`` in ``map_batches``.
-    ``mean``/``std`` default to :func:`default_mean_std`; eval views ignore seed, epoch, flip, scale, ratio.
+    ``crop`` (train views): ``"resized"`` (:func:`train_view`, with ``scale`` and ``ratio``), ``"pad"``
+    (:func:`pad_crop_view`, a shift of at most ``pad`` pixels) or ``"none"`` (:func:`resize_centre` of the whole
+    image); then the flip. ``mean``/``std`` default to :func:`default_mean_std`; eval views ignore seed, epoch,
+    crop, pad, flip, scale, ratio.
     ``uint8`` (train views): the views before normalising, uint8 (a quarter of the bytes to move between
     processes); :meth:`normalize_batch` finishes them.
     """
 
-    size: int
+    size: int | tuple[int, int]  # a square side, or (height, width) ("pad"/"none" crops and eval views)
     channels: int
     train: bool
     flip: bool
@@ -165,6 +212,8 @@ class ImageTransform:
     crop_fraction: float = 0.875
     epoch: int = 0
     uint8: bool = False
+    crop: str = "resized"
+    pad: int = 0
 
     def __post_init__(self) -> None:
         default_mean, default_std = default_mean_std(self.channels)
@@ -172,11 +221,16 @@ class ImageTransform:
         std = tuple(float(s) for s in (default_std if self.std is None else self.std))
         if len(mean) != self.channels or len(std) != self.channels or min(std) <= 0:
             raise ValueError(f"mean {mean} and std {std} need {self.channels} values each, std > 0")
-        if self.size < 1:
+        if min(view_shape(self.size)) < 1:
             raise ValueError(f"size must be positive, got {self.size}")
+        if self.train and self.crop == "resized" and len(set(view_shape(self.size))) != 1:
+            raise ValueError(f"a random resized crop is square: size must be one side, got {self.size}")
         if not 0 < self.scale[0] <= self.scale[1] <= 1 or not 0 < self.ratio[0] <= self.ratio[1]:
             raise ValueError(f"need 0 < scale[0] <= scale[1] <= 1 and 0 < ratio[0] <= ratio[1], "
                              f"got scale={self.scale}, ratio={self.ratio}")  # fmt: skip
+        if self.crop not in CROPS or self.pad < 0 or (self.crop == "pad") != (self.pad > 0):
+            raise ValueError(f"crop must be one of {CROPS} and pad > 0 exactly when crop is 'pad', got crop="
+                             f"{self.crop!r}, pad={self.pad}")  # fmt: skip
         if not 0 < self.crop_fraction <= 1:
             raise ValueError(f"crop_fraction must be in (0, 1], got {self.crop_fraction}")
         object.__setattr__(self, "mean", mean)
@@ -192,8 +246,15 @@ class ImageTransform:
         if not self.train:
             return eval_view(pixels, self.size, mean=self.mean, std=self.std, crop_fraction=self.crop_fraction)
         rng = view_rng(self.seed, epoch, sample_id)
-        return train_view(pixels, self.size, rng, flip=self.flip, mean=self.mean, std=self.std,
-                          scale=self.scale, ratio=self.ratio, uint8=self.uint8)  # fmt: skip
+        if self.crop == "resized":
+            return train_view(pixels, self.size, rng, flip=self.flip, mean=self.mean, std=self.std,
+                              scale=self.scale, ratio=self.ratio, uint8=self.uint8)  # fmt: skip
+        if self.crop == "pad":
+            out = pad_crop_view(pixels, view_shape(self.size), rng, pad=self.pad, flip=self.flip)
+        else:
+            out = resize_centre(pixels, self.size, 1.0)
+            out = out[:, ::-1] if self.flip and rng.random() < 0.5 else out
+        return np.ascontiguousarray(out.transpose(2, 0, 1)) if self.uint8 else normalize(out, self.mean, self.std)
 
     def normalize_batch(self, views: np.ndarray) -> np.ndarray:
         """uint8 [B, C, S, S] train views (``uint8=True``) → the float32 views ``uint8=False`` makes."""
@@ -207,7 +268,7 @@ class ImageTransform:
         ids = batch["sample_id"] if self.train else np.zeros(len(images), dtype=np.int64)
         epoch = self.epoch if epoch is None else epoch
         dtype = np.uint8 if self.uint8 and self.train else np.float32
-        out = np.empty((len(images), self.channels, self.size, self.size), dtype=dtype)
+        out = np.empty((len(images), self.channels, *view_shape(self.size)), dtype=dtype)
         for i, (image, sample_id) in enumerate(zip(images, ids)):
             out[i] = self.view(image, int(sample_id), epoch)
         return {**batch, self.column: out}

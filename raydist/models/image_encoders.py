@@ -138,12 +138,20 @@ class UnitImageEncoder(nn.Module):
         return l2_normalize(out) if self.normalize else out
 
 
+def encoder_options(model: ModelSection) -> dict[str, Any]:
+    """The builder options the config gives ``model.image_encoder``: ``small-cnn`` takes ``model.cnn_width``,
+    ``model.cnn_depth`` and ``model.cnn_grid``; other encoders take none from the config."""
+    if model.image_encoder != "small-cnn":
+        return {}
+    return {"width": model.cnn_width, "depth": model.cnn_depth, "grid": model.cnn_grid}
+
+
 def image_encoder_from_config(model: ModelSection, *, channels: int, image_size: int,
                               normalize: bool = True) -> UnitImageEncoder:  # fmt: skip
     """``model.image_encoder`` for images of ``channels`` × ``image_size``², ending in a Linear to
     ``model.embed_dim``, its backbone loaded from ``model.image_weights`` when set."""
     encoder = build_image_encoder(model.image_encoder, model.embed_dim, channels=channels, image_size=image_size,
-                                  weights=model.image_weights or None)  # fmt: skip
+                                  weights=model.image_weights or None, **encoder_options(model))  # fmt: skip
     return UnitImageEncoder(encoder, normalize)
 
 
@@ -248,9 +256,9 @@ def _linear(*, in_dim: int | None, channels: int, image_size: int | None) -> Bac
 
 @register_image_encoder("small-cnn")
 def _small_cnn(*, in_dim: int | None, channels: int, image_size: int | None, width: int = 32,
-               depth: int = 3) -> Backbone:  # fmt: skip
+               depth: int = 3, grid: int = 1) -> Backbone:  # fmt: skip
     """:class:`SmallCNN` over [B, channels, H, W] images of any size."""
-    cnn = SmallCNN(channels, width=width, depth=depth)
+    cnn = SmallCNN(channels, width=width, depth=depth, grid=grid)
     return Backbone(cnn, cnn.out_dim)
 
 

@@ -79,30 +79,37 @@ FROM_SCRATCH_MIN_STEPS = 585
 
 @dataclass(frozen=True)
 class ImageChoice:
-    """The image encoder and crop a run on encoded images gets when its config names no encoder, and why."""
+    """The keys a run on encoded images gets from the images (the encoder when its config names none; the rules
+    of training from scratch), and why."""
 
     overrides: dict[str, object]
     reason: str
 
     def line(self) -> str:
-        """The one console line a run prints about the choice."""
+        """The one console line a run prints about the choice: every key it set."""
         picked = " ".join(f"{k}={v}" for k, v in self.overrides.items())
-        return f"[raydist] images: {self.reason} → {picked} -- set model.image_encoder= to choose"
+        return f"[raydist] images: {self.reason} → {picked} -- set a key to choose"
 
 
-def image_encoder_for_data(image_size: list[int], channels: int, *, torchvision: bool) -> ImageChoice:
-    """The encoder for encoded images of median size ``image_size`` ([height, width]) and ``channels``:
+def image_encoder_for_data(image_size: list[int], channels: int, *, torchvision: bool, named: str | None = None,
+                           pretrained: bool = False) -> ImageChoice:  # fmt: skip
+    """The keys for encoded images of median size ``image_size`` ([height, width]) and ``channels``. With no
+    encoder ``named``:
 
     - shorter side ≤ ``SMALL_CNN_MAX_SIDE`` → ``small-cnn`` at the images' own size (crop = shorter side);
     - larger, where torchvision imports → ``torchvision:resnet18`` on crops of min(shorter side, 224);
     - larger, where it does not → ``small-cnn`` on crops of ``CNN_FALLBACK_SIDE`` (the ``vision`` extra brings
       torchvision).
 
-    Each trains from scratch, so each also asks for ``train.min_steps`` ≥ :data:`FROM_SCRATCH_MIN_STEPS`.
+    An encoder trained from scratch -- each of those, or a ``named`` one without ``pretrained`` backbone weights
+    -- also gets ``train.min_steps`` ≥ :data:`FROM_SCRATCH_MIN_STEPS`, whether it was picked or named.
     """
     side = min(image_size)
     facts = f"median {image_size[0]}×{image_size[1]} {'greyscale' if channels == 1 else 'colour'}"
-    steps = {"train.min_steps": FROM_SCRATCH_MIN_STEPS}
+    steps = {} if pretrained else {"train.min_steps": FROM_SCRATCH_MIN_STEPS}
+    if named is not None:
+        what = "pretrained backbone weights" if pretrained else "trains from scratch"
+        return ImageChoice(steps, f"{facts}, model.image_encoder={named} {what}")
     if side <= SMALL_CNN_MAX_SIDE:
         return ImageChoice({"model.image_encoder": "small-cnn", **steps},
                            f"{facts} (shorter side ≤ {SMALL_CNN_MAX_SIDE}): a small GroupNorm CNN at their size")  # fmt: skip

@@ -119,7 +119,8 @@ class StepContext:
 COMMON_CONFIG_KEYS = (
     "data.path", "data.shuffle_buffer", "data.in_memory_max_mb", "data.train_fraction", "model.embed_dim",
     "model.nesting", "loss.kind", "loss.nesting_weights", "train.*", "eval.batch_size", "gc.*", "debug.*",
-    "model.image_encoder", "model.image_weights", "data.image_size", "data.flip", "data.crop_scale",
+    "model.image_encoder", "model.image_weights", "data.image_size", "data.flip", "data.crop", "data.crop_pad", "data.crop_scale",
+    "model.cnn_width", "model.cnn_depth", "model.cnn_grid",
     "data.transform_cpus",
     "data.transform_concurrency",
 )  # fmt: skip

@@ -3,6 +3,7 @@ asks for, the refusal of an image encoder that does not fit the data, and a spli
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ from torch import nn
 
 from raydist.config import Config, ConfigError
 from raydist.data.image_transforms import ImageTransform, decode_images
+from raydist.data.mirror import mirror_verdict
 from raydist.data.stream import fits_in_memory
 from raydist.data.transforms import ImageViews
 from raydist.models import image_encoder_names
@@ -30,11 +32,90 @@ def crop_size(cfg: Config, info: DataInfo) -> int:
     return min(min(info.image_size), MAX_DEFAULT_SIZE)
 
 
+PAD_CROP_MAX_SIDE = 64  # data.crop=auto: crops up to this side pad-and-crop (CIFAR), larger ones resize (ImageNet)
+
+
+@dataclass(frozen=True)
+class Augmentation:
+    """A run's train-view transforms, in order, each with the reason it is on (or off): the crop (``"pad"``
+    with ``pad`` pixels, ``"resized"`` with ``scale``, or ``"none"``), then the flip. ``data.crop=auto`` and
+    ``data.flip=auto`` are decided here from the data."""
+
+    crop: str
+    pad: int
+    scale: tuple[float, float]
+    flip: bool
+    crop_reason: str
+    flip_reason: str
+
+    def line(self) -> str:
+        """The one console line a run prints about its augmentation."""
+        crop = {"pad": f"pad {self.pad} px + random crop at the image's size",
+                "resized": f"random resized crop of {self.scale[0]:g}–{self.scale[1]:g} of the area",
+                "none": "no crop (the whole image)"}[self.crop]  # fmt: skip
+        flip = "left–right flips" if self.flip else "no flips"
+        return f"augment: {crop} ({self.crop_reason}); {flip} ({self.flip_reason})"
+
+    def overrides(self) -> dict[str, object]:
+        """The config values this augmentation resolves ``auto`` to."""
+        return {"data.crop": self.crop, "data.crop_pad": self.pad or None, "data.flip": self.flip}
+
+
+def crop_choice(cfg: Config, info: DataInfo) -> tuple[str, str]:
+    """``data.crop``, ``auto`` resolved by the crop side (:func:`augmentation`), and the reason."""
+    if cfg.data.crop != "auto":
+        return cfg.data.crop, "data.crop"
+    size = crop_size(cfg, info)
+    small = size <= PAD_CROP_MAX_SIDE
+    return ("pad" if small else "resized"), (f"{size} px {'≤' if small else '>'} {PAD_CROP_MAX_SIDE}: the "
+                                             f"{'CIFAR' if small else 'ImageNet'} recipe; data.crop= to choose")  # fmt: skip
+
+
+def view_size(cfg: Config, info: DataInfo) -> int | tuple[int, int]:
+    """The side (or [height, width]) of a run's train and eval views: ``data.image_size``; else, for ``pad`` and
+    ``none`` crops, the train split's median image as it is (a 32×16 half-digit stays 32×16: a square crop
+    would cut half of it away); else :func:`crop_size` (a random resized crop is square)."""
+    if cfg.data.image_size is None and info.image_size is not None and crop_choice(cfg, info)[0] != "resized":
+        height, width = info.image_size
+        return height if height == width else (height, width)
+    return crop_size(cfg, info)
+
+
+def augmentation(cfg: Config, info: DataInfo) -> Augmentation:
+    """The train views' transforms for ``cfg`` on the encoded dataset ``info`` describes:
+
+    - ``data.crop=auto``: ``pad`` for crops up to :data:`PAD_CROP_MAX_SIDE` px -- the recipe small images are
+      trained with (CIFAR/MNIST: pad, then a random window at the image's own size; a shift, no rescaling) --
+      and ``resized`` for larger ones (ImageNet's random resized crop of ``data.crop_scale`` of the area);
+    - ``data.crop_pad`` null: an eighth of the crop side (4 px at 32 px, CIFAR's);
+    - ``data.flip=auto``: :func:`raydist.data.mirror.mirror_verdict` (flips only where the data looks the same
+      mirrored and no caption names a side).
+    """
+    d = cfg.data
+    size = crop_size(cfg, info)
+    crop, crop_reason = crop_choice(cfg, info)
+    pad = (d.crop_pad or max(1, round(size / 8))) if crop == "pad" else 0
+    flip, flip_reason = d.flip, "data.flip"
+    if flip == "auto":
+        if info.data_dir is None:
+            raise ValueError("data.flip=auto is decided from the dataset's images: it needs the dataset folder")
+        verdict = mirror_verdict(str(info.data_dir))
+        flip, flip_reason = verdict.flip, f"{verdict.reason}; data.flip= to choose"
+    return Augmentation(crop, pad, tuple(d.crop_scale), bool(flip), crop_reason, flip_reason)
+
+
 def image_transform(cfg: Config, info: DataInfo, *, train: bool) -> ImageTransform:
-    """The :class:`ImageTransform` of a run: random resized crop (+ flip when ``data.flip``) seeded by
-    ``train.seed`` for training, resize + centre crop for evaluation, both to :func:`crop_size`."""
-    return ImageTransform(size=crop_size(cfg, info), channels=info.image_channels or 3, train=train,
-                          flip=cfg.data.flip, seed=cfg.train.seed, scale=tuple(cfg.data.crop_scale))  # fmt: skip
+    """The :class:`ImageTransform` of a run: the :func:`augmentation`'s crop and flip seeded by ``train.seed``
+    for training, resize + centre crop for evaluation (the whole image after ``pad``/``none`` crops, 87.5 % of it
+    after resized ones), both to :func:`view_size`."""
+    size, channels = view_size(cfg, info), info.image_channels or 3
+    if not train:  # pad/none crops train at the images' own scale, so evaluation takes the whole image too
+        whole = crop_choice(cfg, info)[0] != "resized"
+        return ImageTransform(size=size, channels=channels, train=False, flip=False, seed=cfg.train.seed,
+                              crop_fraction=1.0 if whole else 0.875)  # fmt: skip
+    aug = augmentation(cfg, info)
+    return ImageTransform(size=size, channels=channels, train=True, flip=aug.flip, seed=cfg.train.seed,
+                          scale=aug.scale, crop=aug.crop, pad=aug.pad)  # fmt: skip
 
 
 def _known_encoder(name: str) -> bool:
@@ -59,7 +140,7 @@ def image_config_problems(cfg: Config, info: DataInfo) -> list[str]:
                             "needs encoded images (raydist convert karpathy | coco-json --images | image-folder); "
                             "use model.image_encoder=linear")  # fmt: skip
         defaults = type(d)()  # the keys' own defaults (raydist.config.DataSection)
-        for name in ("image_size", "flip", "crop_scale"):
+        for name in ("image_size", "flip", "crop", "crop_pad", "crop_scale"):
             key, value, default = f"data.{name}", getattr(d, name), getattr(defaults, name)
             if value != default:
                 problems.append(f"{key}={value}: {where} holds feature vectors; {key} is for encoded images")

@@ -32,7 +32,7 @@ from raydist.runtime import (
     storage_root,
 )
 from raydist.tasks import DataInfo, build_task, check_task_config, get_task, task_names
-from raydist.tasks.images import check_image_config
+from raydist.tasks.images import augmentation, check_image_config
 from raydist.train.malloc import worker_env
 from raydist.train.stopping import stop_on_signals
 
@@ -139,6 +139,10 @@ def resolve_schedule(cfg: Config, data_dir: Path) -> tuple[Config, str]:
     resolved.train.epochs, resolved.loss.warmup_sh_epochs = epochs, max(warmup, lo.warmup_sh_epochs)
     resolved.train.lr_decay_epoch, resolved.train.early_stop_patience = decay, patience
     resolved.train.freeze_backbone_epochs = freeze
+    info = DataInfo.from_dataset(data_dir)
+    if info.encoded:  # data.crop/flip=auto decided once, here, so workers and checkpoints hold the choice
+        for key, value in augmentation(cfg, info).overrides().items():
+            setattr(resolved.data, key.split(".")[1], value)
     return resolved, note
 
 
@@ -250,6 +254,9 @@ def run_training(
     from raydist.train.ray_worker import UNSCORED
 
     data_dir = checked_data_dir(cfg)
+    info = DataInfo.from_dataset(data_dir)
+    if info.encoded:
+        print(f"[raydist] {augmentation(cfg, info).line()}", flush=True)
     cfg, schedule = resolve_schedule(cfg, data_dir)
     print(f"[raydist] {schedule}", flush=True)
     for note in build_task(cfg, DataInfo.from_dataset(data_dir)).data_notes():

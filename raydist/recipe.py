@@ -1,0 +1,88 @@
+"""The run config `raydist train --data DIR` builds: preset (named, or picked from the dataset's shape), preset
+file, the image rules that follow from the data, and the user's overrides on top. One function for the CLI, the
+benchmarks and `--auto`, so "the defaults" mean the same run everywhere."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from raydist.config import Config, chosen_preset, load_config
+from raydist.data import dataset_task, load_manifest
+from raydist.data.shape import dataset_shape
+from raydist.models.image_encoders import import_problem
+from raydist.presets import image_encoder_for_data, preset_for_data
+
+
+@dataclass(frozen=True)
+class RunRecipe:
+    """A run's config and the console lines that say what was chosen for it from the data, and why."""
+
+    config: Config
+    preset: str | None
+    lines: list[str] = field(default_factory=list)
+
+
+def data_preset(data: str | Path | None, preset: str | None, preset_file: str | Path | None) -> tuple[str | None, str]:
+    """The shipped preset a run starts from and the line saying why ("" when it was named or is the default
+    without data): the one named; none for a preset file alone; with ``data`` and neither, the one the dataset's
+    shape picks (:func:`raydist.presets.preset_for_data`); else the default."""
+    if preset or preset_file or not data:
+        return chosen_preset(preset, preset_file), ""
+    choice = preset_for_data(dataset_shape(data))
+    return choice.name, choice.line()
+
+
+def image_rules(cfg: Config, overrides: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+    """The keys an encoded-images dataset adds to ``cfg`` and their line ("" when none):
+
+    - no image encoder named (``linear``, which takes vectors): the one
+      :func:`raydist.presets.image_encoder_for_data` picks from the images;
+    - an encoder trained from scratch (picked *or* named, no ``model.image_weights``): at least
+      :data:`raydist.presets.FROM_SCRATCH_MIN_STEPS` optimizer steps, unless the preset's own floor is as high.
+
+    Keys in ``overrides`` (the command line) stay the user's."""
+    data = cfg.data.path
+    if not data:
+        return {}, ""
+    manifest = load_manifest(data)
+    if manifest.image_format != "encoded":
+        return {}, ""
+    named = cfg.model.image_encoder != "linear"
+    choice = image_encoder_for_data(manifest.image_size, manifest.image_channels or 3,
+                                    torchvision=not named and import_problem("torchvision.models") is None,
+                                    named=cfg.model.image_encoder if named else None,
+                                    pretrained=bool(cfg.model.image_weights))  # fmt: skip
+    picked = {k: v for k, v in choice.overrides.items() if k not in overrides}
+    if picked.get("train.min_steps", 0) <= cfg.train.min_steps:  # the preset's own floor is already as high
+        picked.pop("train.min_steps", None)
+    if not picked:
+        return {}, ""
+    return picked, dataclasses.replace(choice, overrides=picked).line()
+
+
+def run_recipe(
+    data: str | Path | None = None,
+    *,
+    preset: str | None = None,
+    preset_file: str | Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> RunRecipe:
+    """The Config of ``raydist train [--data DATA] [--preset …] [--preset-file …] [key=value …]``: the preset
+    (:func:`data_preset`), then :func:`image_rules`, then ``overrides`` (which win). ``overrides`` are dotted
+    keys as :func:`raydist.config.run_overrides` gives them (``data.path`` included when ``data`` is set)."""
+    overrides = dict(overrides or {})
+    if data and "data.path" not in overrides:
+        overrides["data.path"] = str(Path(data).expanduser().resolve())
+    name, preset_line = data_preset(data, preset, preset_file)
+    lines = [preset_line] if preset_line else []
+    cfg = load_config(preset=name, preset_file=preset_file, overrides=overrides, task_of=dataset_task)
+    picked, line = image_rules(cfg, overrides)
+    if picked:
+        cfg = load_config(preset=name, preset_file=preset_file, overrides={**picked, **overrides},
+                          task_of=dataset_task)  # fmt: skip
+        lines.append(line)
+    return RunRecipe(cfg, name, lines)
