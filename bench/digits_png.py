@@ -67,18 +67,22 @@ def splits(root: Path, size: int) -> None:
 
 
 def halves(root: Path, size: int) -> None:
-    """Each digit's left half (``size`` × ``size // 2``) as ``root/halves/<index>.png`` and a Karpathy split JSON
-    whose one caption per image names the right half's inked pixels, on the digit halves' split."""
+    """Each digit's left half (the 8×4 scan's, resized to ``size`` × ``size // 2``: cut first, so no pixel of the
+    right half reaches the image through the interpolation) as ``root/halves/<index>.png`` and a Karpathy split
+    JSON whose one caption per image names the right half's inked pixels, on the digit halves' split."""
     from sklearn.datasets import load_digits
 
     from raydist.experiments.digit_halves import caption_of, split_indices
 
-    scans, _ = digit_pixels(size)
+    from PIL import Image
+
     images = load_digits().images
+    left = (images[:, :, :4] * 255 / 16).round().astype(np.uint8)  # cut before resizing: no right-half pixel leaks
     entries = []
-    for split, idx in split_indices(len(scans)).items():
+    for split, idx in split_indices(len(images)).items():
         for k in idx:
-            _save(np.ascontiguousarray(scans[k][:, : size // 2]), root / "halves" / f"{k:04d}.png")
+            half = Image.fromarray(left[k], mode="L").resize((size // 2, size), Image.Resampling.BILINEAR)
+            _save(np.asarray(half), root / "halves" / f"{k:04d}.png")
             entries.append({"filepath": "halves", "filename": f"{k:04d}.png", "split": split, "imgid": int(k),
                             "sentences": [{"raw": caption_of(images[k][:, 4:])}]})
     (root / "dataset_digits.json").write_text(json.dumps({"images": entries}))
