@@ -42,7 +42,8 @@ def image_rules(cfg: Config, overrides: Mapping[str, Any]) -> tuple[dict[str, An
     - no image encoder named (``linear``, which takes vectors): the one
       :func:`raydist.presets.image_encoder_for_data` picks from the images;
     - an encoder trained from scratch (picked *or* named, no ``model.image_weights``): at least
-      :data:`raydist.presets.FROM_SCRATCH_MIN_STEPS` optimizer steps, unless the preset's own floor is as high.
+      :data:`raydist.presets.FROM_SCRATCH_MIN_STEPS` optimizer steps, unless the preset's own floor is as high,
+      and on a small set early stopping on the val metric (unless the preset sets a patience).
 
     Keys in ``overrides`` (the command line) stay the user's."""
     data = cfg.data.path
@@ -52,11 +53,15 @@ def image_rules(cfg: Config, overrides: Mapping[str, Any]) -> tuple[dict[str, An
     if manifest.image_format != "encoded":
         return {}, ""
     named = cfg.model.image_encoder != "linear"
+    train = manifest.splits["train"]
     choice = image_encoder_for_data(manifest.image_size, manifest.image_channels or 3,
                                     torchvision=not named and import_problem("torchvision.models") is None,
                                     named=cfg.model.image_encoder if named else None,
-                                    pretrained=bool(cfg.model.image_weights))  # fmt: skip
+                                    pretrained=bool(cfg.model.image_weights), train_images=train.images or train.rows,
+                                    steps_per_epoch=int(train.rows * cfg.data.train_fraction) // cfg.train.batch_size)  # fmt: skip
     picked = {k: v for k, v in choice.overrides.items() if k not in overrides}
+    if cfg.train.early_stop_patience is not None:  # the preset's or preset file's own
+        picked.pop("train.early_stop_patience", None)
     if picked.get("train.min_steps", 0) <= cfg.train.min_steps:  # the preset's own floor is already as high
         picked.pop("train.min_steps", None)
     if not picked:

@@ -253,4 +253,6 @@ def test_naming_the_encoder_keeps_the_step_floor_and_the_line_names_every_key(tm
     assert main(["train", "--data", str(data), "--print-config", "model.image_encoder=small-cnn",
                  "train.min_steps=7"]) == 0  # fmt: skip
     out = capsys.readouterr()
-    assert yaml.safe_load(out.out)["train"]["min_steps"] == 7 and "[raydist] images:" not in out.err
+    assert yaml.safe_load(out.out)["train"]["min_steps"] == 7 and "train.min_steps" not in out.err
+    # a small set from scratch also stops early: 200 steps of patience, here 1 step per epoch
+    assert "train.early_stop_patience=200" in out.err

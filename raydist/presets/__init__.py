@@ -75,6 +75,10 @@ RESNET_MAX_SIDE = 224  # the crop side a torchvision ResNet trains at, at most
 # an encoder trained from scratch gets at least this many steps (the default run's 585); without it a small labelled
 # set (1,259 scikit-learn digits: 45 steps) ends far below raw-pixel 1-NN (bench/RESULTS.md, "small CNN default")
 FROM_SCRATCH_MIN_STEPS = 585
+# an encoder trained from scratch on a small set stops after this many optimizer steps without a better val metric
+# (in epochs, rounded up; at least 3): the digit halves' val rsum peaked at epoch 17 of 125 and fell while the
+# train loss kept dropping (the encoders memorised 1,100 pairs); the best checkpoint is kept either way
+FROM_SCRATCH_PATIENCE_STEPS = 200
 
 
 @dataclass(frozen=True)
@@ -92,7 +96,8 @@ class ImageChoice:
 
 
 def image_encoder_for_data(image_size: list[int], channels: int, *, torchvision: bool, named: str | None = None,
-                           pretrained: bool = False) -> ImageChoice:  # fmt: skip
+                           pretrained: bool = False, train_images: int | None = None,
+                           steps_per_epoch: int = 1) -> ImageChoice:  # fmt: skip
     """The keys for encoded images of median size ``image_size`` ([height, width]) and ``channels``. With no
     encoder ``named``:
 
@@ -102,11 +107,17 @@ def image_encoder_for_data(image_size: list[int], channels: int, *, torchvision:
       torchvision).
 
     An encoder trained from scratch -- each of those, or a ``named`` one without ``pretrained`` backbone weights
-    -- also gets ``train.min_steps`` ≥ :data:`FROM_SCRATCH_MIN_STEPS`, whether it was picked or named.
+    -- also gets ``train.min_steps`` ≥ :data:`FROM_SCRATCH_MIN_STEPS`, whether it was picked or named, and on a
+    small set (``train_images`` < :data:`SMALL_MAX_IMAGES`) early stopping after
+    :data:`FROM_SCRATCH_PATIENCE_STEPS` steps (``steps_per_epoch`` converts them to epochs) without a better val
+    metric.
     """
     side = min(image_size)
     facts = f"median {image_size[0]}×{image_size[1]} {'greyscale' if channels == 1 else 'colour'}"
-    steps = {} if pretrained else {"train.min_steps": FROM_SCRATCH_MIN_STEPS}
+    steps: dict[str, object] = {} if pretrained else {"train.min_steps": FROM_SCRATCH_MIN_STEPS}
+    if not pretrained and train_images is not None and train_images < SMALL_MAX_IMAGES:
+        patience = max(3, -(-FROM_SCRATCH_PATIENCE_STEPS // max(steps_per_epoch, 1)))
+        steps["train.early_stop_patience"] = patience
     if named is not None:
         what = "pretrained backbone weights" if pretrained else "trains from scratch"
         return ImageChoice(steps, f"{facts}, model.image_encoder={named} {what}")
