@@ -180,7 +180,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from raydist.benchmarks import append_results, recorded_command, run_benchmarks
 
-    table = run_benchmarks(args.names or None, smoke=args.smoke, repeats=args.repeats)
+    table = run_benchmarks(args.names or None, smoke=args.smoke, repeats=args.repeats,
+                           options={"data": args.data, "in_process": args.in_process})  # fmt: skip
     if args.record:
         append_results(args.record, recorded_command(["raydist", "bench", *sys.argv[2:]]), table)
         print(f"appended to {args.record}")
@@ -478,9 +479,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="run benchmarks side by side with their references (table + ratios)")
     p.add_argument("names", nargs="*", help="benchmarks to run: loss, loss-memory, data, step, gather, gc, startup, "
-                   "retrieval, real-cross-view, text-encoders, tokenize, images (default: all)")
+                   "retrieval, real-cross-view, text-encoders, tokenize, images, pixels-vs-vectors (default: all)")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, one repetition (what the tests run)")
     p.add_argument("--repeats", type=int, default=5, help="repetitions per measurement (median and spread)")
+    p.add_argument("--data", help="pixels-vs-vectors: an encoded-image dataset folder (task labels or pairs; "
+                   "default: scikit-learn's digits as PNGs); the other benchmarks ignore it")
+    p.add_argument("--in-process", action="store_true", help="pixels-vs-vectors: train in process with one torch "
+                   "thread (train.num_workers=0) instead of the Ray Train workers `raydist train` starts")
     p.add_argument("--record", help="append the table with command, machine and versions to this file")
     p.set_defaults(func=cmd_bench)
 

@@ -14,15 +14,16 @@ from raydist.benchmarks.loss import dense_max_of_hinges
 from raydist.losses import l2_normalize, ranking_loss
 
 NAMES = ["loss", "loss-memory", "data", "step", "gather", "gc", "startup", "retrieval", "real-cross-view",
-         "text-encoders", "tokenize", "images"]
-NEEDS_SKLEARN = {"real-cross-view"}  # the experiments extra
+         "text-encoders", "tokenize", "images", "pixels-vs-vectors"]
+NEEDS_SKLEARN = {"real-cross-view", "pixels-vs-vectors"}  # the experiments extra (pixels-vs-vectors: its default data)
 
 
-# slow: the benchmarks that run on Ray (data, step) or spawn two gloo processes (gather, gc), even in smoke mode
-@pytest.mark.parametrize(
-    "name",
-    [pytest.param(n, marks=pytest.mark.slow) if n in {"data", "step", "gather", "gc", "tokenize", "images"} else n for n in NAMES],
-)
+# the benchmarks that run on Ray (data, step, …, pixels-vs-vectors without --in-process) or spawn two gloo processes
+# (gather, gc), even in smoke mode
+SLOW = {"data", "step", "gather", "gc", "tokenize", "images", "pixels-vs-vectors"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in NAMES])
 def test_benchmark_runs_in_smoke_mode(
     name: str, capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest
 ) -> None:

@@ -4,14 +4,16 @@ names (:data:`BENCHMARKS`) and runs a selection of them (:func:`run_benchmarks`)
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from raydist.benchmarks.data import data_rate
 from raydist.benchmarks.gather import gather_share
 from raydist.benchmarks.gc import gc_cost
 from raydist.benchmarks.images import images_rate
 from raydist.benchmarks.loss import loss_memory, loss_time
+from raydist.benchmarks.pixels_vs_vectors import pixels_vs_vectors
 from raydist.benchmarks.real_cross_view import real_cross_view
 from raydist.benchmarks.retrieval import retrieval
 from raydist.benchmarks.startup import startup
@@ -28,10 +30,13 @@ class BenchmarkFn(Protocol):
 
 @dataclass(frozen=True)
 class Benchmark:
-    """A named benchmark function."""
+    """A named benchmark function; ``options``: the command-line options it takes as keyword arguments (``raydist
+    bench --data DIR`` → ``data``), which the others ignore; ``repeated``: whether it uses ``repeats``."""
 
     name: str
     run: BenchmarkFn
+    options: tuple[str, ...] = ()
+    repeated: bool = True
 
     @property
     def summary(self) -> str:
@@ -54,13 +59,17 @@ BENCHMARKS: dict[str, Benchmark] = {
         Benchmark("text-encoders", text_encoders),
         Benchmark("tokenize", tokenize_rate),
         Benchmark("images", images_rate),
+        Benchmark("pixels-vs-vectors", pixels_vs_vectors, options=("data", "in_process"), repeated=False),
     )
 }
 
 
-def run_benchmarks(names: list[str] | None, *, smoke: bool, repeats: int) -> str:
+def run_benchmarks(
+    names: list[str] | None, *, smoke: bool, repeats: int, options: Mapping[str, Any] | None = None
+) -> str:
     """Run the named benchmarks (all of :data:`BENCHMARKS`, in its order, for None), print each one's markdown
-    as it finishes and return them all. ``smoke``: tiny sizes and one repetition."""
+    as it finishes and return them all. ``smoke``: tiny sizes and one repetition. ``options``: keyword
+    arguments handed to the benchmarks that name them in :attr:`Benchmark.options` (None values left out)."""
     chosen = list(BENCHMARKS) if names is None else names
     unknown = [n for n in chosen if n not in BENCHMARKS]
     if unknown:
@@ -70,9 +79,10 @@ def run_benchmarks(names: list[str] | None, *, smoke: bool, repeats: int) -> str
     sections = []
     for name in chosen:
         benchmark = BENCHMARKS[name]
-        mode = "smoke" if smoke else f"{repeats} repeats"
+        mode = "smoke" if smoke else f"{repeats} repeats" if benchmark.repeated else "one run"
         load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-        body = benchmark.run(smoke=smoke, repeats=1 if smoke else repeats)
+        extra = {k: v for k, v in (options or {}).items() if k in benchmark.options and v is not None}
+        body = benchmark.run(smoke=smoke, repeats=1 if smoke else repeats, **extra)
         section = (
             f"### {name} ({mode}): {benchmark.summary}\n\n"
             f"Load average (1, 5, 15 min) at its start: {load}.\n\n{body.strip()}\n"
