@@ -9,15 +9,24 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from raydist.config import load_config
+from raydist.data import read_split
 from raydist.data.convert_images import convert_image_folder, convert_karpathy
-from raydist.data.image_transforms import ImageTransform, default_mean_std, resize_centre, view_rng
-from raydist.data.mirror import MIRROR_SHARE_OFF, farther_share, mirror_verdict, side_caption_share, thumbnails
+from raydist.data.image_transforms import ImageTransform, default_mean_std, resize_centre
+from raydist.data.mirror import (
+    MIRROR_SHARE_OFF,
+    farther_share,
+    mirror_verdict,
+    side_caption_share,
+    thumbnails,
+)
 from raydist.dataset_task import dataset_task
 from raydist.tasks import DataInfo
 from raydist.tasks.images import augmentation, image_transform, view_size
+from raydist.train.trainer import run_training
 
 
 def reference_pad_crop(image: np.ndarray, pad: int, seed: int, epoch: int, sample_id: int, flip: bool) -> np.ndarray:
@@ -25,7 +34,7 @@ def reference_pad_crop(image: np.ndarray, pad: int, seed: int, epoch: int, sampl
     out[y, x] = image[y + top − pad, x + left − pad] inside the image, 0 outside; then mirrored."""
     rng = np.random.default_rng([seed, epoch, sample_id])
     top, left = (int(v) for v in rng.integers(0, 2 * pad + 1, size=2))
-    height, width, channels = image.shape
+    height, width = image.shape[:2]
     out = np.zeros_like(image)
     for y in range(height):
         for x in range(width):
@@ -256,3 +265,62 @@ def test_naming_the_encoder_keeps_the_step_floor_and_the_line_names_every_key(tm
     assert yaml.safe_load(out.out)["train"]["min_steps"] == 7 and "train.min_steps" not in out.err
     # a small set from scratch also stops early: 200 steps of patience, here 1 step per epoch
     assert "train.early_stop_patience=200" in out.err
+
+
+@pytest.fixture(scope="module")
+def digit_folders(tmp_path_factory):
+    """scikit-learn's 1,797 handwritten digits (real scans, 8×8, 16 grey levels), each at a seeded random place
+    on a black 16×16 canvas, as an ImageFolder of PNGs, converted with a seeded split by image (train 70 %, val
+    10 %, test 20 %). The shift is what a camera does and what raw pixels cannot see past: their nearest
+    neighbour falls to about 40 % (at 8×8, centred, it is 96 % and leaves a test no margin to show)."""
+    from sklearn.datasets import load_digits
+
+    root = tmp_path_factory.mktemp("digits")
+    digits = load_digits()
+    rng = np.random.default_rng(0)
+    for k, (image, label) in enumerate(zip(digits.images, digits.target)):
+        folder = root / "src" / str(label)
+        folder.mkdir(parents=True, exist_ok=True)
+        canvas = np.zeros((16, 16), dtype=np.uint8)
+        y, x = rng.integers(0, 9, size=2)
+        canvas[y : y + 8, x : x + 8] = (image * 255 / 16).round().astype(np.uint8)
+        Image.fromarray(canvas, mode="L").save(folder / f"{k:04d}.png")
+    return convert_image_folder(root / "src", root / "data", split_by="image", val_fraction=0.1, test_fraction=0.2)
+
+
+def leave_one_out_nn1(x: np.ndarray, labels: np.ndarray) -> float:
+    """1-NN accuracy (%) within a split by cosine similarity, each row against the others: brute force, float64."""
+    unit = x / np.linalg.norm(x, axis=1, keepdims=True)
+    sims = unit @ unit.T
+    np.fill_diagonal(sims, -np.inf)
+    return 100.0 * float((labels[sims.argmax(1)] == labels).mean())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_ray_workers_train_real_digits_from_pngs_with_the_defaults_and_beat_raw_pixel_nearest_neighbour(
+    ray_cluster, digit_folders, tmp_path
+):
+    """End to end from PNG files of real handwritten digits, with the recipe `raydist train --data DIR` builds
+    (preset, picked small-cnn, pad-and-crop, flips decided from the data: off) and 2 Ray Train workers; only
+    the step floor is lowered for the suite's time. The test split's 1-NN accuracy on the learnt embeddings
+    beats the raw pixels' 1-NN under the same protocol (cosine, each test image against the others) by a wide
+    margin (in process, 150 steps: 89.7 vs 38.2 %), and the same network untrained (so training, not the
+    architecture alone, made the difference)."""
+    from raydist.recipe import run_recipe
+    from raydist.tasks import build_task
+
+    recipe = run_recipe(digit_folders, overrides={"train.min_steps": 150, "train.storage_path": str(tmp_path)})
+    cfg = recipe.config
+    assert (cfg.model.image_encoder, cfg.train.num_workers, cfg.data.flip) == ("small-cnn", 2, "auto")
+    task = build_task(cfg, DataInfo.from_dataset(digit_folders))
+    torch.manual_seed(cfg.train.seed)
+    untrained = task.evaluate(task.build_model(), "test")["nn1"]
+    outcome = run_training(cfg)
+    table = read_split(digit_folders, "test")
+    pixels = np.stack([np.frombuffer(np.asarray(Image.open(__import__("io").BytesIO(b))).tobytes(), np.uint8)
+                       for b in table.column("image").to_pylist()]).astype(np.float64)  # fmt: skip
+    raw = leave_one_out_nn1(pixels, table.column("label").to_numpy())
+    assert outcome.history[-1]["step"] >= 150
+    learnt = outcome.test_metrics["nn1"]
+    assert learnt > raw + 20 and learnt > untrained + 5, (raw, untrained, outcome.test_metrics, outcome.history)

@@ -389,59 +389,6 @@ def test_two_ray_workers_stream_pngs_and_beat_a_linear_cca(ray_cluster, bars, tm
     assert outcome.test_metrics["rsum"] > baseline + 50, (baseline, outcome.test_metrics, outcome.history)
 
 
-@pytest.fixture(scope="module")
-def bar_folders(tmp_path_factory):
-    """An encoded labels dataset from an ImageFolder tree: 4 bar orientations (the classes), 60 PNGs of 32×32
-    each, the bar anywhere in a 22×22 square: too many places and two polarities for 36 train images a class to
-    cover, so the raw pixels' nearest neighbour is often of another class."""
-    root = tmp_path_factory.mktemp("bar-folders")
-    rng = np.random.default_rng(0)
-    for orientation in ORIENTATIONS:
-        (root / "src" / orientation).mkdir(parents=True)
-        for k in range(60):
-            cy, cx = (int(v) for v in rng.integers(5, 27, 2))
-            Image.fromarray(bar_image(orientation, cy, cx, rng, size=32)).save(root / "src" / orientation / f"{k}.png")
-    return convert_image_folder(root / "src", root / "data", split_by="image", val_fraction=0.2,
-                                test_fraction=0.2)  # fmt: skip
-
-
-def raw_pixel_nn1(data) -> float:
-    """Top-1 accuracy (%) of the nearest train image by Euclidean distance between raw pixels, brute force."""
-
-    def pixels(split):
-        table = read_split(data, split)
-        x = np.stack([decode_image(b, 3).astype(np.float64).ravel() for b in table.column("image").to_pylist()])
-        return x, table.column("label").to_numpy()
-
-    x_train, y_train = pixels("train")
-    x_test, y_test = pixels("test")
-    distances = ((x_test[:, None, :] - x_train[None, :, :]) ** 2).sum(-1)
-    return 100.0 * float((y_train[distances.argmin(1)] == y_test).mean())
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_two_ray_workers_learn_labels_from_pngs_and_beat_raw_pixel_nearest_neighbour(ray_cluster, bar_folders,
-                                                                                     tmp_path):  # fmt: skip
-    """End to end from an ImageFolder of PNGs: the labels task (small-cnn, triplet loss mined over both workers'
-    rows) with 2 Ray Train workers. The test split's 1-NN accuracy on the learnt embeddings beats the raw
-    pixels' 1-NN by a wide margin, and beats the same network untrained (so training, not the architecture
-    alone, made the difference)."""
-    cfg = load_config("default", overrides={
-        "data.path": str(bar_folders), "model.image_encoder": "small-cnn", "loss.kind": "triplet",
-        "train.num_workers": 2, "train.epochs": 20, "train.min_steps": 0, "train.batch_size": 32,
-        "train.storage_path": str(tmp_path), "data.flip": False, "data.crop_scale": [0.6, 1.0],
-    }, task_of=dataset_task)  # fmt: skip
-    task = build_task(cfg, DataInfo.from_dataset(bar_folders))
-    torch.manual_seed(cfg.train.seed)
-    untrained = task.evaluate(task.build_model(), "test")["nn1"]
-    outcome = run_training(cfg)
-    raw = raw_pixel_nn1(bar_folders)
-    assert outcome.history[-1]["step"] == 20 * (144 // 32)
-    learnt = outcome.test_metrics["nn1"]
-    assert learnt > raw + 30 and learnt > untrained + 5, (raw, untrained, outcome.test_metrics)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_streamed_epochs_make_the_same_views_as_the_in_memory_cache(ray_cluster, shapes):
