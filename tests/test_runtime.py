@@ -14,6 +14,7 @@ from raydist.config import load_config
 from raydist.runtime import is_uri, run_name, storage_root
 
 
+@pytest.mark.cluster  # each `raydist train` starts a private Ray instance of its own (not the session's)
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_two_concurrent_runs_both_finish(tiny_dataset, tmp_path):

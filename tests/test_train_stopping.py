@@ -125,6 +125,7 @@ def test_ctrl_c_in_process_checkpoints_the_step_and_the_same_name_resumes_exactl
         torch.testing.assert_close(resumed[key], whole[key], rtol=0, atol=1e-6, msg=key)
 
 
+@pytest.mark.cluster  # both `raydist train` processes start a private Ray instance (not the session's)
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_ctrl_c_stops_two_ray_workers_with_a_checkpoint_and_the_printed_command_resumes(small_dataset, tmp_path):
