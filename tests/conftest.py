@@ -2,8 +2,11 @@
 
 `slow` marks every test that pays seconds of multi-process start-up: it starts Ray or uses the session's
 Ray (`ray_cluster`: Ray Train fits with workers, Tune sweeps, Ray Data pipelines executed in Ray tasks),
-runs a `raydist train` subprocess that starts Ray, starts a `ray start` cluster and submits jobs (those are
-also marked `cluster`), or spawns a gloo process group of more than one process. `pytest -m "not slow"`
+runs a `raydist train` subprocess that starts Ray, starts a `ray start` cluster and submits jobs, or spawns a
+gloo process group of more than one process. Tests that start Ray of their own instead of using the session's
+(`ray start` + jobs, simulated multi-node clusters, the autoscaler, `raydist train` subprocesses with private
+Ray instances) are also marked `cluster`: the README's test command (`-m "not cluster"`) leaves them out and
+CI runs them as a second step (`.ci/run`). `pytest -m "not slow"`
 runs the rest: in-process code, including `train.num_workers=0` runs and single `python -c` subprocesses.
 
 Enforced here, before fixtures are set up: a test without `slow` that requests `ray_cluster` (directly or
@@ -139,6 +142,16 @@ def tiny_dataset(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("data") / "tiny"
     return make_synthetic(out, images=400, captions_per_image=5, dim=32, seed=3, val_images=100, test_images=100)
+
+
+@pytest.fixture(scope="session")
+def small_pairs(tmp_path_factory):
+    """A fifth of ``tiny_dataset`` (400 train rows: 12 steps of the tiny preset's global batch of 32), for tests
+    whose claim holds on any data and whose cost grows with the rows (per-row gradients, whole in-process runs)."""
+    from raydist.data import make_synthetic
+
+    out = tmp_path_factory.mktemp("data") / "small-pairs"
+    return make_synthetic(out, images=80, captions_per_image=5, dim=32, seed=3, val_images=24, test_images=24)
 
 
 @pytest.fixture(scope="session")

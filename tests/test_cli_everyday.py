@@ -28,8 +28,8 @@ def test_version():
 
 
 @pytest.mark.timeout(240)
-def test_in_process_run_resume_and_eval(tiny_dataset, tmp_path, capsys):
-    code, first = _train(tmp_path, tiny_dataset, "train.epochs=1", "--name", "run1")
+def test_in_process_run_resume_and_eval(small_pairs, tmp_path, capsys):  # 400 rows: any data will do
+    code, first = _train(tmp_path, small_pairs, "train.epochs=1", "--name", "run1")
     assert code == 0
     run = Path(first["run_dir"])
     assert run == tmp_path / "runs" / "run1" and (run / "history.json").is_file()

@@ -72,10 +72,10 @@ def test_metric_loss_samples_by_row_contributions_and_meters_the_variance(labels
 
 
 @pytest.mark.timeout(240)
-def test_pairs_ranking_loss_gets_reassignment_and_the_variance_meter(tiny_dataset, tmp_path):
+def test_pairs_ranking_loss_gets_reassignment_and_the_variance_meter(small_pairs, tmp_path):
     """The pairs task (VSE++ ranking loss, per-row contributions): gc.measure with a reassignment pass each
-    epoch and the meter every few steps."""
-    out, _, hook = _run(tiny_dataset, tmp_path, **{"gc.measure": True, "gc.reassign_every": 1, "train.epochs": 1})
+    epoch and the meter every few steps (steps 5 and 10 of 12)."""
+    out, _, hook = _run(small_pairs, tmp_path, **{"gc.measure": True, "gc.reassign_every": 1, "train.epochs": 1})
     last = out["history"][-1]
     for key in ("gvar/sgd_var", "gvar/sgd_nvar", "gvar/gc_var", "gvar/gc_nvar", "gc/distortion"):
         assert key in last and last[key] > 0

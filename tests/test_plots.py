@@ -44,9 +44,9 @@ def _switch_lines(fig):
     return [line for ax in fig.axes for line in ax.get_lines() if line.get_label() == SWITCH_LABEL]
 
 
-def test_a_finished_run_is_plotted_and_marks_the_switch_at_the_first_mh_step(tiny_dataset, tmp_path):
-    cfg = load_config("tiny", overrides={
-        "data.path": str(tiny_dataset), "data.train_fraction": 0.5, "train.num_workers": 0, "train.epochs": 2,
+def test_a_finished_run_is_plotted_and_marks_the_switch_at_the_first_mh_step(small_pairs, tmp_path):
+    cfg = load_config("tiny", overrides={  # 200 rows: 6 steps per epoch (steps 5 and 10 logged)
+        "data.path": str(small_pairs), "data.train_fraction": 0.5, "train.num_workers": 0, "train.epochs": 2,
         "train.storage_path": str(tmp_path), "train.run_name": "run",
     })  # fmt: skip
     outcome = run_training(cfg, evaluate_test=False)

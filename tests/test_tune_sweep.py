@@ -251,11 +251,12 @@ def test_in_process_trials_hold_their_training_cpu_and_refuse_remote_storage(tin
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_in_process_trials_report_what_a_plain_in_process_run_trains(ray_cluster, tiny_dataset, tmp_path):
+def test_in_process_trials_report_what_a_plain_in_process_run_trains(ray_cluster, small_pairs, tmp_path):
     """Each trial's per-epoch metrics and its best checkpoint are those of ``raydist train`` run in process with
-    the trial's values: the trial forwards the loop's own reports (same seed, same data order)."""
+    the trial's values: the trial forwards the loop's own reports (same seed, same data order). On 400 rows:
+    the claim holds on any data, and the four in-process runs cost a fifth of what they do on 2000."""
     space = parse_space(IN_PROCESS_SPACE, name="inproc")
-    cfg = resolve_base_config(space, preset="tiny", overrides={"data.path": str(tiny_dataset)})
+    cfg = resolve_base_config(space, preset="tiny", overrides={"data.path": str(small_pairs)})
     outcome = run_sweep(space, cfg, storage_path=str(tmp_path / "tune"))
     assert {r.status for r in outcome.rows} == {"TERMINATED"} and {r.epochs for r in outcome.rows} == {2}
     for row in outcome.rows:
