@@ -109,10 +109,19 @@ def cmd_train(args: argparse.Namespace) -> int:
     from raydist.train.trainer import format_history, format_startup, run_training
 
     imported = time.time()
+    if args.budget is not None and not args.auto:
+        raise ConfigError("--budget is the --auto search's minutes: add --auto")
+    if args.auto and (args.resume or args.print_config):
+        raise ConfigError("--auto searches, then starts a new run: drop --resume/--print-config")
     cfg = resume_config_from_args(args) if args.resume else config_from_args(args)
     if args.print_config:
         print(dump_yaml(cfg))
         return 0
+    if args.auto:
+        from raydist.tune.auto import DEFAULT_BUDGET_MIN, auto_search
+
+        budget = DEFAULT_BUDGET_MIN if args.budget is None else args.budget
+        cfg = auto_search(cfg, fixed=parse_overrides(args.overrides), budget_min=budget, address=args.address).config
     outcome = run_training(cfg, resume_from=args.resume, address=args.address, force=args.force)
     if outcome.stopped:
         resume = f"raydist train --resume {shlex.quote(str(outcome.latest_checkpoint))}"
@@ -459,6 +468,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("--force", action="store_true",
                    help="--name of an existing run: delete that run folder and start the run over")
+    p.add_argument("--auto", action="store_true", help="first search lr, crops, flips, the small CNN's width and "
+                   "grid, MH/SH with short Tune trials (ASHA, the defaults first), then train the winner; keys set "
+                   "as key=value stay fixed")
+    p.add_argument("--budget", type=float, metavar="MIN", help="--auto: minutes of search (default 5)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("eval", help="evaluate a checkpoint with the VSE++ retrieval protocol")

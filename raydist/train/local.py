@@ -4,8 +4,10 @@ to a run folder (the best ``keep`` by the task's validation metric and the newes
 
 from __future__ import annotations
 
+import pickle
 import shutil
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,31 +17,68 @@ from torch import nn
 
 from raydist.checkpoint import newest_checkpoint
 from raydist.config import Config
-from raydist.data.stream import InMemoryBatches, train_arrays
+from raydist.console import say
+from raydist.data.stream import Batch, InMemoryBatches, train_arrays
 from raydist.distributed import StepPlan
 from raydist.tasks import Task
 
 ReportListener = Callable[[dict[str, Any], "Path | None"], None]
 
 
+def split_key(cfg: Config, task: Task) -> tuple[Any, ...]:
+    """What a run's in-memory train split depends on: the dataset, the columns read, the once-only transform
+    (:meth:`Task.stream_transform`: decoded images, tokenised captions, noisy labels) and the subset
+    (``data.train_fraction`` drawn with ``train.seed``)."""
+    return (str(task.info.data_dir), tuple(task.columns), task.stream_transform(), cfg.data.train_fraction,
+            cfg.train.seed)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SharedSplit:
+    """A train split read and transformed once (images decoded) by one process, for other in-process runs of the
+    same data to take instead of reading and decoding it again (the Tune trials of ``raydist train --auto``, which
+    get it through Ray's object store). A run takes it only when its :func:`split_key` is ``key``."""
+
+    key: tuple[Any, ...]
+    arrays: Batch
+
+    @classmethod
+    def read(cls, cfg: Config, task: Task) -> SharedSplit:
+        return cls(split_key(cfg, task), train_arrays(task.info.data_dir, task.columns, task.transform,
+                                                      fraction=cfg.data.train_fraction, seed=cfg.train.seed))
+
+    def fits(self, cfg: Config, task: Task) -> bool:
+        return self.key == split_key(cfg, task)
+
+    def travels(self) -> bool:
+        """Whether another process can tell that it fits: the key equals itself after pickling (a caption
+        transform holds a tokenizer object, which compares by identity)."""
+        return pickle.loads(pickle.dumps(self.key)) == self.key
+
+
 class LocalRuntime:
     """Rank 0 of 1 in this process; reports are kept in :attr:`reports`, checkpoints in ``run_dir``; each report
-    is also passed to ``on_report(metrics, checkpoint folder or None)`` when given."""
+    is also passed to ``on_report(metrics, checkpoint folder or None)`` when given. A ``shared`` split that fits
+    the run (:meth:`SharedSplit.fits`) is its train split; otherwise the split is read here."""
 
     rank = 0
     world = 1
 
     def __init__(
         self, cfg: Config, task: Task, plan: StepPlan, run_dir: str | Path, device: str = "cpu", *,
-        keep: int | None = None, on_report: ReportListener | None = None,
+        keep: int | None = None, on_report: ReportListener | None = None, shared: SharedSplit | None = None,
     ) -> None:  # fmt: skip
         self.device = torch.device(device)
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metric, self.keep = f"val/{task.primary_metric}", keep
         self.plan = plan
-        arrays = self.arrays = train_arrays(task.info.data_dir, task.columns, task.transform,
-                                  fraction=cfg.data.train_fraction, seed=cfg.train.seed)
+        if shared is not None and shared.fits(cfg, task):
+            arrays = self.arrays = shared.arrays
+            say(f"[raydist] train split: {len(next(iter(arrays.values())))} rows shared by the driver, not read again")
+        else:
+            arrays = self.arrays = train_arrays(task.info.data_dir, task.columns, task.transform,
+                                                fraction=cfg.data.train_fraction, seed=cfg.train.seed)  # fmt: skip
         self.batches = InMemoryBatches(arrays, rows=plan.rows_per_worker, rank=0, world=1, seed=cfg.train.seed,
                                        epoch_transform=task.epoch_transform())  # fmt: skip
         self.reports: list[dict[str, Any]] = []

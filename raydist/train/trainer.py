@@ -37,7 +37,7 @@ from raydist.train.malloc import worker_env
 from raydist.train.stopping import stop_on_signals
 
 if TYPE_CHECKING:
-    from raydist.train.local import ReportListener
+    from raydist.train.local import ReportListener, SharedSplit
 
 # Ray Train's worker-group start timeout (its env var; default 60 s) and the restarts of a start that timed out
 # (FailureConfig.controller_failure_limit; default -1 = forever, which looks like a hang)
@@ -455,10 +455,12 @@ def _session_log_dir() -> str:
 
 
 def train_in_process(cfg: Config, data_dir: Path, *, resume_from: str | None = None, run_dir: Path | None = None,
-                     on_report: ReportListener | None = None) -> TrainOutcome:  # fmt: skip
+                     on_report: ReportListener | None = None,
+                     shared: SharedSplit | None = None) -> TrainOutcome:  # fmt: skip
     """``train.num_workers=0``: the same loop in this process, no Ray (raydist.train.local.LocalRuntime); the
     run folder (``run_dir``, default ``storage/run_name``) holds its checkpoints, and a run restarted under
-    its name resumes. ``on_report(metrics, checkpoint)`` hears every report (a Tune trial forwards them)."""
+    its name resumes. ``on_report(metrics, checkpoint)`` hears every report (a Tune trial forwards them);
+    ``shared``: a train split already read and decoded (:class:`raydist.train.local.SharedSplit`)."""
     import torch
 
     from raydist.train.local import LocalRuntime
@@ -473,7 +475,8 @@ def train_in_process(cfg: Config, data_dir: Path, *, resume_from: str | None = N
             raise ValueError(f"train.num_workers=0 writes to a local folder, not {storage}")
         run_dir = Path(storage) / run_name(cfg)
     device = "cuda" if cfg.train.use_gpu and torch.cuda.is_available() else "cpu"
-    runtime = LocalRuntime(cfg, task, plan, run_dir, device, keep=cfg.train.keep_checkpoints, on_report=on_report)
+    runtime = LocalRuntime(cfg, task, plan, run_dir, device, keep=cfg.train.keep_checkpoints, on_report=on_report,
+                           shared=shared)  # fmt: skip
     with stop_on_signals(run_dir / STOP_FILE):
         result = run_loop(cfg, task, runtime, plan, hooks=build_hooks(cfg, task, runtime, str(run_dir)),
                           resume_from=resume_from)  # fmt: skip

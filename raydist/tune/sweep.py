@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -32,7 +32,25 @@ from raydist.runtime import (
 from raydist.train.trainer import build_trainer, checked_data_dir, resolve_schedule
 from raydist.tune.space import SweepSpace, parse_space, trial_config, trial_configs
 
+if TYPE_CHECKING:
+    from raydist.train.local import SharedSplit
+
 TRAIN_RUN_NAME = "train"  # each trial's Train run: <experiment>/<trial folder>/train
+TRIAL_CONSOLE_FILE = "console.log"  # a quiet trial's own console lines, in its Train run folder
+
+
+@dataclass(frozen=True)
+class TrialSetup:
+    """How a sweep of in-process trials (``train.num_workers=0``) runs, as ``raydist train --auto`` starts it
+    (:mod:`raydist.tune.auto`); the defaults are those of ``raydist tune``."""
+
+    first: tuple[dict[str, Any], ...] = ()  # the swept values of the first trials (Tune's points_to_evaluate)
+    deadline: float | None = None  # time.time() when Tune stops the sweep (its time_budget_s, counted at fit)
+    shared: SharedSplit | None = None  # the train split the driver read and decoded, for every trial it fits
+    threads: int | None = None  # torch threads of each in-process trial (None: torch's default)
+    quiet: bool = False  # a trial's own lines (epochs, notes) go to <trial>/train/console.log, not the console
+    reuse_actors: bool = False  # Tune runs the next trial in a finished trial's actor (imports done, split held)
+    seed: int | None = None  # the random search's draws
 
 
 @dataclass
@@ -104,17 +122,25 @@ def tune_param_space(space: SweepSpace) -> dict[str, Any]:
 
 
 def trial_driver(
-    config: dict[str, Any], *, base: dict[str, Any], data_dir: str, experiment_path: str
+    config: dict[str, Any],
+    *,
+    base: dict[str, Any],
+    data_dir: str,
+    experiment_path: str,
+    setup: TrialSetup | None = None,
 ) -> None:
     """Tune function trainable: one training run with this trial's values. Train workers report per
     epoch; ``TuneReportCallback`` forwards rank 0's metrics to Tune, so ASHA can stop the trial. With
     ``train.num_workers=0`` the trial trains in its own process (no worker group to start: seconds less per
-    trial) and forwards each report itself, the checkpoint's folder as ``checkpoint_path`` as Train's does."""
+    trial) and forwards each report itself, the checkpoint's folder as ``checkpoint_path`` as Train's does;
+    ``setup`` (:class:`TrialSetup`) may give it the driver's decoded train split, its torch threads, and a quiet
+    console."""
     from ray import tune
     from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY, TuneReportCallback
 
     from raydist.train.trainer import train_in_process
 
+    setup = setup or TrialSetup()
     cfg, _ = resolve_schedule(trial_config(from_dict(base), config), Path(data_dir))
     trial_folder = f"{experiment_path}/{Path(tune.get_context().get_trial_dir()).name}"
     if cfg.train.num_workers == 0:
@@ -122,7 +148,13 @@ def trial_driver(
         def forward(metrics: dict[str, Any], checkpoint: Path | None) -> None:
             tune.report({**metrics, **({CHECKPOINT_PATH_KEY: str(checkpoint)} if checkpoint else {})})
 
-        train_in_process(cfg, Path(data_dir), run_dir=Path(trial_folder) / TRAIN_RUN_NAME, on_report=forward)
+        run_dir = Path(trial_folder) / TRAIN_RUN_NAME
+        if setup.threads:
+            import torch
+
+            torch.set_num_threads(setup.threads)
+        with _trial_console(run_dir if setup.quiet else None):
+            train_in_process(cfg, Path(data_dir), run_dir=run_dir, on_report=forward, shared=setup.shared)
         return
     trainer = build_trainer(
         cfg,
@@ -132,6 +164,17 @@ def trial_driver(
         storage_path=trial_folder,
     )
     trainer.fit()
+
+
+@contextlib.contextmanager
+def _trial_console(run_dir: Path | None) -> Iterator[None]:
+    """With a run folder: this trial's console lines (stdout) go to its :data:`TRIAL_CONSOLE_FILE`."""
+    if run_dir is None:
+        yield
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / TRIAL_CONSOLE_FILE, "a") as f, contextlib.redirect_stdout(f):
+        yield
 
 
 def tune_verbosity() -> int:
@@ -220,12 +263,19 @@ def trial_dirname(trial: Any) -> str:
 
 
 def run_sweep(
-    space: SweepSpace, cfg: Config, *, storage_path: str | None = None, address: str | None = None
+    space: SweepSpace,
+    cfg: Config,
+    *,
+    storage_path: str | None = None,
+    address: str | None = None,
+    setup: TrialSetup | None = None,
 ) -> SweepOutcome:
-    """Check data and resources, run every trial, summarise, write the best config."""
+    """Check data and resources, run every trial, summarise, write the best config. ``setup``: how in-process
+    trials run (:class:`TrialSetup`; ``raydist train --auto``)."""
     from ray import tune
 
-    search_alg = _search_alg(space)
+    setup = setup or TrialSetup()
+    search_alg = _search_alg(space, setup)
     data_dir = _checked_data(space, cfg)
     storage = _absolute(storage_path or cfg.train.storage_path or "runs")
     name = f"tune-{space.name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -244,16 +294,19 @@ def run_sweep(
         ),
     )
     tuner = tune.Tuner(
-        _trainable(space, cfg, data_dir, experiment_path),
+        _trainable(space, cfg, data_dir, experiment_path, setup),
         param_space=tune_param_space(space),
         tune_config=tune.TuneConfig(
             metric=space.metric,
             mode=space.mode,
             num_samples=space.num_samples,
-            max_concurrent_trials=space.max_concurrent_trials,
+            # a BasicVariantGenerator of ours limits itself (Tune's limit applies to Searchers only)
+            max_concurrent_trials=None if _generates(search_alg) else space.max_concurrent_trials,
             scheduler=_scheduler(space, cfg, data_dir),
             search_alg=search_alg,
             trial_dirname_creator=trial_dirname,
+            reuse_actors=setup.reuse_actors,
+            time_budget_s=None if setup.deadline is None else max(1.0, setup.deadline - time.time()),
         ),
         run_config=tune.RunConfig(
             name=name,
@@ -402,11 +455,14 @@ def _start_ray(space: SweepSpace, cfg: Config, address: str | None, experiment_p
         route_ray_output(Path(experiment_path) / LOG_FILE)
 
 
-def _trainable(space: SweepSpace, cfg: Config, data_dir: Path, experiment_path: str) -> Any:
+def _trainable(
+    space: SweepSpace, cfg: Config, data_dir: Path, experiment_path: str, setup: TrialSetup | None = None
+) -> Any:
     from ray import tune
 
+    options = {} if setup is None else {"setup": setup}  # with_parameters puts it in Ray's object store once
     driver = tune.with_parameters(
-        trial_driver, base=cfg.to_dict(), data_dir=str(data_dir), experiment_path=experiment_path
+        trial_driver, base=cfg.to_dict(), data_dir=str(data_dir), experiment_path=experiment_path, **options
     )
     return tune.with_resources(driver, partial(trial_resources, space.trial_cpus, cfg.to_dict()))
 
@@ -437,10 +493,17 @@ def _scheduler(space: SweepSpace, cfg: Config, data_dir: Path) -> Any:
     )
 
 
-def _search_alg(space: SweepSpace) -> Any:
-    """None (Tune's BasicVariantGenerator: random draws, grid entries crossed) or OptunaSearch."""
+def _search_alg(space: SweepSpace, setup: TrialSetup | None = None) -> Any:
+    """None (Tune's BasicVariantGenerator: random draws, grid entries crossed) or OptunaSearch; with
+    ``setup.first`` or ``setup.seed``, a BasicVariantGenerator (or OptunaSearch) that runs those values first."""
+    first = list(setup.first) if setup else []
     if space.search != "optuna":
-        return None
+        if not first and (setup is None or setup.seed is None):
+            return None
+        from ray.tune.search import BasicVariantGenerator
+
+        return BasicVariantGenerator(points_to_evaluate=first or None, random_state=setup.seed,
+                                     max_concurrent=space.max_concurrent_trials)  # fmt: skip
     if importlib.util.find_spec("optuna") is None:
         raise ConfigError(
             f"space {space.name!r} uses search: optuna but optuna is not installed: "
@@ -448,7 +511,14 @@ def _search_alg(space: SweepSpace) -> Any:
         )
     from ray.tune.search.optuna import OptunaSearch
 
-    return OptunaSearch()
+    return OptunaSearch(points_to_evaluate=first or None)
+
+
+def _generates(search_alg: Any) -> bool:
+    """Whether ``search_alg`` is a BasicVariantGenerator (:func:`_search_alg` with first trials or a seed)."""
+    from ray.tune.search import BasicVariantGenerator
+
+    return isinstance(search_alg, BasicVariantGenerator)
 
 
 def _trial_values(result: Any, space: SweepSpace) -> dict[str, Any]:
