@@ -17,7 +17,6 @@ from raydist.config import (
     ConfigError,
     chosen_preset,
     dump_yaml,
-    load_config,
     parse_overrides,
     preset_names,
     run_overrides,
@@ -43,52 +42,26 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 def preset_from_args(args: argparse.Namespace) -> str | None:
     """``--preset``; none for ``--preset-file`` alone; with ``--data`` and neither, the preset the dataset's
     shape picks (one line says which and why: on stderr under ``--print-config``); else the default."""
-    if args.preset or args.preset_file or not args.data:
-        return chosen_preset(args.preset, args.preset_file)
-    from raydist.data.shape import dataset_shape
-    from raydist.presets import preset_for_data
+    from raydist.recipe import data_preset
 
-    choice = preset_for_data(dataset_shape(args.data))
-    print(choice.line(), file=sys.stderr if getattr(args, "print_config", False) else sys.stdout)
-    return choice.name
+    name, line = data_preset(args.data, args.preset, args.preset_file)
+    if line:
+        print(line, file=sys.stderr if getattr(args, "print_config", False) else sys.stdout)
+    return name
 
 
 def config_from_args(args: argparse.Namespace):
-    """The run Config an argparse namespace describes (preset, preset file, --data, overrides)."""
-    from raydist.data import dataset_task
+    """The run Config an argparse namespace describes (:func:`raydist.recipe.run_recipe`: preset, preset file,
+    the image rules that follow from --data, overrides); the lines saying what was chosen are printed (on
+    stderr under ``--print-config``)."""
+    from raydist.recipe import run_recipe
 
     overrides = run_overrides(args.overrides, data=args.data, storage=args.storage, name=args.name,
                               storage_shared=args.storage_shared)  # fmt: skip
-    preset = preset_from_args(args)
-    cfg = load_config(preset=preset, preset_file=args.preset_file, overrides=overrides, task_of=dataset_task)
-    picked = image_defaults(args, cfg, overrides)
-    if picked:
-        cfg = load_config(preset=preset, preset_file=args.preset_file, overrides={**picked, **overrides},
-                          task_of=dataset_task)  # fmt: skip
-    return cfg
-
-
-def image_defaults(args: argparse.Namespace, cfg, overrides: dict) -> dict:
-    """On encoded images with no image encoder named (``linear``, which takes feature vectors): the encoder
-    and crop :func:`raydist.presets.image_encoder_for_data` picks from the images, printed in one line; keys
-    the command line sets stay the user's. ``{}`` otherwise."""
-    if not args.data or cfg.model.image_encoder != "linear" or "model.image_encoder" in overrides:
-        return {}
-    from raydist.data import load_manifest
-    from raydist.models.image_encoders import import_problem
-    from raydist.presets import image_encoder_for_data
-
-    manifest = load_manifest(args.data)
-    if manifest.image_format != "encoded":
-        return {}
-    choice = image_encoder_for_data(manifest.image_size, manifest.image_channels or 3,
-                                    torchvision=import_problem("torchvision.models") is None)  # fmt: skip
-    picked = {k: v for k, v in choice.overrides.items() if k not in overrides}
-    if picked.get("train.min_steps", 0) <= cfg.train.min_steps:  # the preset's own floor is already as high
-        picked.pop("train.min_steps", None)
-    choice = dataclasses.replace(choice, overrides=picked)  # the line names what the run takes
-    print(choice.line(), file=sys.stderr if getattr(args, "print_config", False) else sys.stdout)
-    return picked
+    recipe = run_recipe(args.data, preset=args.preset, preset_file=args.preset_file, overrides=overrides)
+    for line in recipe.lines:
+        print(line, file=sys.stderr if getattr(args, "print_config", False) else sys.stdout)
+    return recipe.config
 
 
 def resume_config_from_args(args: argparse.Namespace):
