@@ -35,8 +35,12 @@ def digit_pixels(size: int = 8) -> tuple[np.ndarray, np.ndarray]:
     digits = load_digits()
     scans = (digits.images * 255 / 16).round().astype(np.uint8)
     if size != 8:
-        scans = np.stack([np.asarray(Image.fromarray(s, mode="L").resize((size, size), Image.Resampling.BILINEAR))
-                          for s in scans])
+        scans = np.stack(
+            [
+                np.asarray(Image.fromarray(s, mode="L").resize((size, size), Image.Resampling.BILINEAR))
+                for s in scans
+            ]
+        )
     return scans, digits.target
 
 
@@ -70,21 +74,29 @@ def halves(root: Path, size: int) -> None:
     """Each digit's left half (the 8×4 scan's, resized to ``size`` × ``size // 2``: cut first, so no pixel of the
     right half reaches the image through the interpolation) as ``root/halves/<index>.png`` and a Karpathy split
     JSON whose one caption per image names the right half's inked pixels, on the digit halves' split."""
+    from PIL import Image
     from sklearn.datasets import load_digits
 
     from raydist.experiments.digit_halves import caption_of, split_indices
 
-    from PIL import Image
-
     images = load_digits().images
-    left = (images[:, :, :4] * 255 / 16).round().astype(np.uint8)  # cut before resizing: no right-half pixel leaks
+    left = (
+        (images[:, :, :4] * 255 / 16).round().astype(np.uint8)
+    )  # cut before resizing: no right-half pixel leaks
     entries = []
     for split, idx in split_indices(len(images)).items():
         for k in idx:
             half = Image.fromarray(left[k], mode="L").resize((size // 2, size), Image.Resampling.BILINEAR)
             _save(np.asarray(half), root / "halves" / f"{k:04d}.png")
-            entries.append({"filepath": "halves", "filename": f"{k:04d}.png", "split": split, "imgid": int(k),
-                            "sentences": [{"raw": caption_of(images[k][:, 4:])}]})
+            entries.append(
+                {
+                    "filepath": "halves",
+                    "filename": f"{k:04d}.png",
+                    "split": split,
+                    "imgid": int(k),
+                    "sentences": [{"raw": caption_of(images[k][:, 4:])}],
+                }
+            )
     (root / "dataset_digits.json").write_text(json.dumps({"images": entries}))
     print(f"wrote {len(entries)} {size}×{size // 2} left halves and {root}/dataset_digits.json")
 
@@ -96,7 +108,9 @@ def baseline(data: Path, split: str) -> None:
     from raydist.eval.label_metrics import one_nn_accuracy
 
     table = read_split(data, split)
-    pixels = np.stack([decode_image(b, 1).astype(np.float64).ravel() for b in table.column("image").to_pylist()])
+    pixels = np.stack(
+        [decode_image(b, 1).astype(np.float64).ravel() for b in table.column("image").to_pylist()]
+    )
     labels = np.asarray(table.column("label").to_pylist())
     unit = pixels / np.linalg.norm(pixels, axis=1, keepdims=True)
     print(f"{split}: {len(labels)} images; raw-pixel 1-NN (cosine): {one_nn_accuracy(unit, labels):.1f} %")

@@ -41,7 +41,9 @@ FAKE_NODE_ID_ENV = "RAY_OVERRIDE_NODE_ID_FOR_TESTING"
 # names the count, type and reason; v2 logs each instance's way to TERMINATED, the reason on its way to TERMINATING
 ADDED = re.compile(r"Adding (\d+) node\(s\) of type (\S+)\.")
 REMOVED_V1 = re.compile(r":event_summary:Removing (\d+) nodes of type (\S+) \((.*)\)\.")
-TERMINATING_V2 = re.compile(r"Update instance (\S+)->TERMINATING \(id=([^,]+), type=([^,]+),[^)]*\)(?::\s*(.*))?")
+TERMINATING_V2 = re.compile(
+    r"Update instance (\S+)->TERMINATING \(id=([^,]+), type=([^,]+),[^)]*\)(?::\s*(.*))?"
+)
 TERMINATED_V2 = re.compile(r"Update instance \S+->TERMINATED \(id=([^,]+),")
 START_WAIT_S = 120.0  # how long the head and its autoscaler may take to come up on a busy machine
 # Autoscaler v2 for the head (as ray.cluster_utils.AutoscalingCluster starts it): it reconciles its instances with
@@ -71,7 +73,10 @@ class LocalCluster:
             return [], []
         added = [(m.group(2), int(m.group(1))) for m in ADDED.finditer(text)]
         removed = [(m.group(2), int(m.group(1)), m.group(3)) for m in REMOVED_V1.finditer(text)]
-        why = {m.group(2): (m.group(3), (m.group(4) or m.group(1)).strip()) for m in TERMINATING_V2.finditer(text)}
+        why = {
+            m.group(2): (m.group(3), (m.group(4) or m.group(1)).strip())
+            for m in TERMINATING_V2.finditer(text)
+        }
         for m in TERMINATED_V2.finditer(text):
             kind, reason = why.get(m.group(1), ("?", "?"))
             removed.append((kind, 1, reason))
@@ -101,22 +106,42 @@ def autoscaling_cluster(config: Path, *, idle_timeout_s: float | None = None) ->
     config_copy = Path(temp_dir) / "cluster.yaml"
     config_copy.write_text(yaml.safe_dump(cfg, sort_keys=False))
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
-    env.update({
-        "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1", "RAY_AUTH_MODE": "disabled",
-        "RAY_USAGE_STATS_ENABLED": "0", "RAY_TMPDIR": temp_dir,
-        # no dashboard (a dozen fewer processes on a small machine), so no State API: Ray Train's placement-group
-        # cleaner must not find another instance's (raydist.runtime.start_local_ray)
-        "RAY_API_SERVER_ADDRESS": NO_STATE_API,
-        "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",  # the Train controller sees a lost worker sooner
-    })  # fmt: skip
+    env.update(
+        {
+            "RAY_FAKE_CLUSTER": "1",
+            "AUTOSCALER_UPDATE_INTERVAL_S": "1",
+            "RAY_AUTH_MODE": "disabled",
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "RAY_TMPDIR": temp_dir,
+            # no dashboard (a dozen fewer processes on a small machine), so no State API: Ray Train's placement-group
+            # cleaner must not find another instance's (raydist.runtime.start_local_ray)
+            "RAY_API_SERVER_ADDRESS": NO_STATE_API,
+            "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",  # the Train controller sees a lost worker sooner
+        }
+    )
     head = subprocess.Popen(
-        [str(Path(sys.executable).parent / "ray"), "start", "--head", f"--port={port}", f"--num-cpus={head_cpus}",
-         f"--autoscaling-config={config_copy}", f"--temp-dir={temp_dir}", "--disable-usage-stats",
-         "--include-dashboard=false", f"--dashboard-port={free_port()}", f"--ray-client-server-port={free_port()}",
-         f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={free_port()}",
-         f"--system-config={json.dumps(HEAD_SYSTEM_CONFIG, separators=(',', ':'))}"],
-        env={**env, **HEAD_ENV}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
+        [
+            str(Path(sys.executable).parent / "ray"),
+            "start",
+            "--head",
+            f"--port={port}",
+            f"--num-cpus={head_cpus}",
+            f"--autoscaling-config={config_copy}",
+            f"--temp-dir={temp_dir}",
+            "--disable-usage-stats",
+            "--include-dashboard=false",
+            f"--dashboard-port={free_port()}",
+            f"--ray-client-server-port={free_port()}",
+            f"--dashboard-agent-listen-port={free_port()}",
+            f"--metrics-export-port={free_port()}",
+            f"--system-config={json.dumps(HEAD_SYSTEM_CONFIG, separators=(',', ':'))}",
+        ],
+        env={**env, **HEAD_ENV},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, _ = head.communicate(timeout=START_WAIT_S)
         if head.returncode != 0:
@@ -227,10 +252,22 @@ def autoscaling_drill(
     started = time.time()
     report = AutoscalingReport(returncode=None)
     with autoscaling_cluster(config, idle_timeout_s=idle_timeout_s) as cluster:
-        argv = [sys.executable, "-c", "import sys; from raydist.cli import main; sys.exit(main())", *command,
-                "--address", cluster.address]  # fmt: skip
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cluster.env,
-                                start_new_session=True)  # fmt: skip
+        argv = [
+            sys.executable,
+            "-c",
+            "import sys; from raydist.cli import main; sys.exit(main())",
+            *command,
+            "--address",
+            cluster.address,
+        ]
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=cluster.env,
+            start_new_session=True,
+        )
         report.cluster_up_s = round(time.time() - started, 1)
 
         def read() -> None:
@@ -277,8 +314,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m raydist.autoscaling --config cluster.local.yaml [--preempt-in RUNS] -- tune margin ...``"""
     p = argparse.ArgumentParser(prog="python -m raydist.autoscaling", description=__doc__)
     p.add_argument("--config", type=Path, default=Path("cluster.local.yaml"), help="the cluster YAML")
-    p.add_argument("--preempt-in", type=Path,
-                   help="once a run under this folder has a checkpoint, kill a node hosting a Train worker")  # fmt: skip
+    p.add_argument(
+        "--preempt-in",
+        type=Path,
+        help="once a run under this folder has a checkpoint, kill a node hosting a Train worker",
+    )
     p.add_argument("--idle-timeout-s", type=float, help="override the YAML's idle_timeout_minutes")
     p.add_argument("--timeout", type=float, default=900, help="give up after this many seconds")
     p.add_argument("--report", type=Path, help="write the drill's report here as JSON")
@@ -286,9 +326,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("command", nargs=argparse.REMAINDER, help="the raydist command, after --")
     args = p.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    report = autoscaling_drill(command, config=args.config, preempt_in=args.preempt_in,
-                               idle_timeout_s=args.idle_timeout_s, timeout=args.timeout,
-                               keep_log=args.keep_log)  # fmt: skip
+    report = autoscaling_drill(
+        command,
+        config=args.config,
+        preempt_in=args.preempt_in,
+        idle_timeout_s=args.idle_timeout_s,
+        timeout=args.timeout,
+        keep_log=args.keep_log,
+    )
     return print_report(report, "autoscaling", args.report)
 
 

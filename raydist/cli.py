@@ -26,17 +26,28 @@ from raydist.console import configure_console
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", help="dataset folder (default: the embedded synthetic dataset, cached)")
-    p.add_argument("--preset", help=f"shipped preset: {', '.join(preset_names())} (default: with --data, the one "
-                   "the dataset's size and captions pick, said in one line; else default)")
+    p.add_argument(
+        "--preset",
+        help=f"shipped preset: {', '.join(preset_names())} (default: with --data, the one "
+        "the dataset's size and captions pick, said in one line; else default)",
+    )
     p.add_argument("--preset-file", help="a preset YAML file (e.g. the best config a Tune sweep wrote)")
     p.add_argument("--storage", help="train.storage_path: local folder, or s3:// gs:// NFS on clusters")
-    p.add_argument("--storage-shared", action="store_true",
-                   help="train.storage_shared: the local --storage folder is mounted on every node (NFS), so a "
-                   "multi-node cluster may use it")
-    p.add_argument("--name", help="train.run_name: an existing run of this name continues if it is unfinished "
-                   "and has the same config")
+    p.add_argument(
+        "--storage-shared",
+        action="store_true",
+        help="train.storage_shared: the local --storage folder is mounted on every node (NFS), so a "
+        "multi-node cluster may use it",
+    )
+    p.add_argument(
+        "--name",
+        help="train.run_name: an existing run of this name continues if it is unfinished "
+        "and has the same config",
+    )
     p.add_argument("--address", help="join this Ray cluster (default: RAY_ADDRESS, else a private local Ray)")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides, e.g. loss.margin=0.1")
+    p.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="dotted config overrides, e.g. loss.margin=0.1"
+    )
 
 
 def preset_from_args(args: argparse.Namespace) -> str | None:
@@ -56,8 +67,13 @@ def config_from_args(args: argparse.Namespace):
     stderr under ``--print-config``)."""
     from raydist.recipe import run_recipe
 
-    overrides = run_overrides(args.overrides, data=args.data, storage=args.storage, name=args.name,
-                              storage_shared=args.storage_shared)  # fmt: skip
+    overrides = run_overrides(
+        args.overrides,
+        data=args.data,
+        storage=args.storage,
+        name=args.name,
+        storage_shared=args.storage_shared,
+    )
     recipe = run_recipe(args.data, preset=args.preset, preset_file=args.preset_file, overrides=overrides)
     for line in recipe.lines:
         print(line, file=sys.stderr if getattr(args, "print_config", False) else sys.stdout)
@@ -94,19 +110,30 @@ def cmd_train(args: argparse.Namespace) -> int:
         from raydist.tune.auto import DEFAULT_BUDGET_MIN, auto_search
 
         budget = DEFAULT_BUDGET_MIN if args.budget is None else args.budget
-        cfg = auto_search(cfg, fixed=parse_overrides(args.overrides), budget_min=budget, address=args.address).config
+        cfg = auto_search(
+            cfg, fixed=parse_overrides(args.overrides), budget_min=budget, address=args.address
+        ).config
     outcome = run_training(cfg, resume_from=args.resume, address=args.address, force=args.force)
     if outcome.stopped:
         resume = f"raydist train --resume {shlex.quote(str(outcome.latest_checkpoint))}"
         print(f"\nstopped on request; run folder: {outcome.run_dir}")
         print(f"checkpoint:        {outcome.latest_checkpoint}")
-        print(f"resume with:       {resume}" + (f" --address {shlex.quote(args.address)}" if args.address else ""))
+        print(
+            f"resume with:       {resume}"
+            + (f" --address {shlex.quote(args.address)}" if args.address else "")
+        )
         return 130
     if outcome.first_step_unix is not None:
-        print(f"[raydist] first optimizer step {outcome.first_step_unix - STARTED:.1f} s after `raydist` started "
-              "(Python's own start-up not counted)")  # fmt: skip
-        outcome.startup = {"launch": STARTED, "imports": imported, **outcome.startup,
-                           "first_step": outcome.first_step_unix}  # fmt: skip
+        print(
+            f"[raydist] first optimizer step {outcome.first_step_unix - STARTED:.1f} s after `raydist` started "
+            "(Python's own start-up not counted)"
+        )
+        outcome.startup = {
+            "launch": STARTED,
+            "imports": imported,
+            **outcome.startup,
+            "first_step": outcome.first_step_unix,
+        }
         print(f"[raydist] start-up: {format_startup(outcome.startup, STARTED)} after `raydist` started")
     print("\n== per-epoch metrics ==")
     print(format_history(outcome.history, outcome.columns))
@@ -162,8 +189,12 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from raydist.benchmarks import append_results, recorded_command, run_benchmarks
 
-    table = run_benchmarks(args.names or None, smoke=args.smoke, repeats=args.repeats,
-                           options={"data": args.data, "in_process": args.in_process})  # fmt: skip
+    table = run_benchmarks(
+        args.names or None,
+        smoke=args.smoke,
+        repeats=args.repeats,
+        options={"data": args.data, "in_process": args.in_process},
+    )
     if args.record:
         append_results(args.record, recorded_command(["raydist", "bench", *sys.argv[2:]]), table)
         print(f"appended to {args.record}")
@@ -174,9 +205,17 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     from raydist.experiments import run_experiment
 
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
-    result = run_experiment(args.name, quick=args.quick, seeds=seeds, data=args.data, out_dir=args.out,
-                            preset=args.preset, overrides=parse_overrides(args.overrides), storage=args.storage,
-                            address=args.address)  # fmt: skip
+    result = run_experiment(
+        args.name,
+        quick=args.quick,
+        seeds=seeds,
+        data=args.data,
+        out_dir=args.out,
+        preset=args.preset,
+        overrides=parse_overrides(args.overrides),
+        storage=args.storage,
+        address=args.address,
+    )
     for key, value in result.items():
         if isinstance(value, (str, Path)):
             print(f"{key + ':':18} {value}")
@@ -188,9 +227,18 @@ def cmd_index(args: argparse.Namespace) -> int:
 
     chosen = choose_checkpoint(args.checkpoint, latest=args.latest)
     print(f"checkpoint {chosen}")
-    rset, dims = write_checkpoint_indexes(chosen.path, args.out, args.data, split=args.split,
-                                          dims=_dims(args.dims), kind=args.kind, hnsw_m=args.hnsw_m)  # fmt: skip
-    print(f"wrote {args.kind} indexes at dims {dims} of {rset.database.shape[0]} vectors ({rset.split}) to {args.out}")
+    rset, dims = write_checkpoint_indexes(
+        chosen.path,
+        args.out,
+        args.data,
+        split=args.split,
+        dims=_dims(args.dims),
+        kind=args.kind,
+        hnsw_m=args.hnsw_m,
+    )
+    print(
+        f"wrote {args.kind} indexes at dims {dims} of {rset.database.shape[0]} vectors ({rset.split}) to {args.out}"
+    )
     return 0
 
 
@@ -202,8 +250,10 @@ def cmd_search(args: argparse.Namespace) -> int:
     queries = [args.query] if args.query is not None else read_queries(args.queries)
     result = search_index(args.index, queries, k=args.k, dim=args.dim, checkpoint=args.checkpoint)
     meta = result.meta
-    print(f"index {args.index}: {len(meta['database_ids'])} {meta['task']} vectors of {meta['split']}, dim {result.dim}; "
-          f"queries embedded by {result.checkpoint.path}")  # fmt: skip
+    print(
+        f"index {args.index}: {len(meta['database_ids'])} {meta['task']} vectors of {meta['split']}, dim {result.dim}; "
+        f"queries embedded by {result.checkpoint.path}"
+    )
     for q, (ids, scores) in enumerate(zip(result.ids, result.scores)):
         print(f"query {q}: {queries[q]!r}" if isinstance(queries, list) else f"query {q}")
         for rank, (i, score) in enumerate(zip(ids, scores), 1):
@@ -220,9 +270,18 @@ def cmd_retrieve(args: argparse.Namespace) -> int:
     if args.funnel:
         stages, _, sizes = args.funnel.partition(":")
         funnel = (_dims(stages), _dims(sizes))
-    report = checkpoint_retrieval_report(chosen.path, args.data, split=args.split, dims=_dims(args.dims),
-                                         kind=args.kind, baseline_checkpoint=args.baseline, out_dir=args.out,
-                                         shortlist=args.shortlist, funnel=funnel, k=args.k)  # fmt: skip
+    report = checkpoint_retrieval_report(
+        chosen.path,
+        args.data,
+        split=args.split,
+        dims=_dims(args.dims),
+        kind=args.kind,
+        baseline_checkpoint=args.baseline,
+        out_dir=args.out,
+        shortlist=args.shortlist,
+        funnel=funnel,
+        k=args.k,
+    )
     print(report["table"])
     for path in report["files"]:
         print(f"wrote {Path(args.out) / path}")
@@ -286,8 +345,13 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from raydist.data.convert_images import convert_coco_images, convert_image_folder, convert_karpathy
     from raydist.data.labels_io import convert_npz
 
-    needs = {"karpathy": ("src", "images"), "coco-json": ("captions",), "image-folder": ("src",), "npz": ("src",),
-             "vsepp-precomp": ("src",)}
+    needs = {
+        "karpathy": ("src", "images"),
+        "coco-json": ("captions",),
+        "image-folder": ("src",),
+        "npz": ("src",),
+        "vsepp-precomp": ("src",),
+    }
     missing = [f"--{name}" for name in needs[args.format] if not getattr(args, name)]
     if missing:
         raise ValueError(f"convert {args.format}: give {' and '.join(missing)}")
@@ -295,18 +359,40 @@ def cmd_convert(args: argparse.Namespace) -> int:
         raise ValueError("convert coco-json: give either --images DIR or --features and --feature-ids")
     split_pairs = _split_pairs(args.splits)
     if args.format == "karpathy":
-        out = convert_karpathy(args.src, args.images, args.out, min_count=args.min_count, overwrite=args.overwrite)
+        out = convert_karpathy(
+            args.src, args.images, args.out, min_count=args.min_count, overwrite=args.overwrite
+        )
     elif args.format == "image-folder":
-        out = convert_image_folder(args.src, args.out, split_by=args.split_by, val_fraction=args.val_fraction,
-                                   test_fraction=args.test_fraction, seed=args.seed, overwrite=args.overwrite)
+        out = convert_image_folder(
+            args.src,
+            args.out,
+            split_by=args.split_by,
+            val_fraction=args.val_fraction,
+            test_fraction=args.test_fraction,
+            seed=args.seed,
+            overwrite=args.overwrite,
+        )
     elif args.format == "coco-json" and args.images:
-        out = convert_coco_images(args.captions, args.images, args.out, min_count=args.min_count,
-                                  val_images=args.val_images, test_images=args.test_images,
-                                  split_map={src: dst for dst, src in split_pairs} if split_pairs else None,
-                                  overwrite=args.overwrite)
+        out = convert_coco_images(
+            args.captions,
+            args.images,
+            args.out,
+            min_count=args.min_count,
+            val_images=args.val_images,
+            test_images=args.test_images,
+            split_map={src: dst for dst, src in split_pairs} if split_pairs else None,
+            overwrite=args.overwrite,
+        )
     elif args.format == "npz":
-        out = convert_npz(args.src, args.out, val_fraction=args.val_fraction, test_fraction=args.test_fraction,
-                          seed=args.seed, overwrite=args.overwrite, standardize=args.standardize)  # fmt: skip
+        out = convert_npz(
+            args.src,
+            args.out,
+            val_fraction=args.val_fraction,
+            test_fraction=args.test_fraction,
+            seed=args.seed,
+            overwrite=args.overwrite,
+            standardize=args.standardize,
+        )
     elif args.format == "vsepp-precomp":
         out = convert_vsepp_precomp(
             args.src,
@@ -337,21 +423,35 @@ def cmd_embed(args: argparse.Namespace) -> int:
     from raydist.extract import checkpoint_encoder, extract_features, pretrained_encoder
 
     if (args.checkpoint is None) == (args.image_encoder is None):
-        raise ValueError("give one of --checkpoint RUN (a trained image encoder) or --image-encoder NAME "
-                         "(a pretrained, not fine-tuned one)")
+        raise ValueError(
+            "give one of --checkpoint RUN (a trained image encoder) or --image-encoder NAME "
+            "(a pretrained, not fine-tuned one)"
+        )
     if args.checkpoint is not None:
         if args.image_weights or args.image_size:
             raise ValueError("--image-weights/--image-size go with --image-encoder; a checkpoint has its own")
         encoder = checkpoint_encoder(args.checkpoint, args.data, output=args.output, latest=args.latest)
-        print(f"[raydist] embed: the image encoder of checkpoint {encoder.source['checkpoint']} ({args.output})")
+        print(
+            f"[raydist] embed: the image encoder of checkpoint {encoder.source['checkpoint']} ({args.output})"
+        )
     else:
         if args.output != "backbone":
-            raise ValueError("--output head needs --checkpoint: a pretrained encoder's projection head is untrained")
-        encoder = pretrained_encoder(args.image_encoder, load_manifest(args.data), weights=args.image_weights,
-                                     image_size=args.image_size)  # fmt: skip
-        print(f"[raydist] embed: {args.image_encoder} backbone, weights "
-              f"{args.image_weights or 'as initialised (no --image-weights)'}")  # fmt: skip
-    manifest = extract_features(args.data, args.out, encoder, batch_size=args.batch_size, overwrite=args.overwrite)
+            raise ValueError(
+                "--output head needs --checkpoint: a pretrained encoder's projection head is untrained"
+            )
+        encoder = pretrained_encoder(
+            args.image_encoder,
+            load_manifest(args.data),
+            weights=args.image_weights,
+            image_size=args.image_size,
+        )
+        print(
+            f"[raydist] embed: {args.image_encoder} backbone, weights "
+            f"{args.image_weights or 'as initialised (no --image-weights)'}"
+        )
+    manifest = extract_features(
+        args.data, args.out, encoder, batch_size=args.batch_size, overwrite=args.overwrite
+    )
     rows = ", ".join(f"{s} {info.rows}" for s, info in manifest.splits.items())
     print(f"wrote {args.out}: task {manifest.task}, {manifest.feature_dim}-d features, rows {rows}")
     print(f"train on it with:  raydist train --data {args.out}")
@@ -391,7 +491,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.resume and started:
         raise ConfigError("--resume continues a sweep as it was started: drop the other arguments")
     if not args.resume and not args.space:
-        raise ConfigError("give a space file or a shipped space's name (e.g. margin) or --resume EXPERIMENT_FOLDER")
+        raise ConfigError(
+            "give a space file or a shipped space's name (e.g. margin) or --resume EXPERIMENT_FOLDER"
+        )
     from raydist.tune.sweep import format_results, resume_sweep, run_sweep
 
     if args.resume:
@@ -401,8 +503,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
         if args.num_samples:
             space = dataclasses.replace(space, num_samples=args.num_samples)
         overrides = run_overrides(args.overrides, data=args.data, storage_shared=args.storage_shared)
-        cfg = resolve_base_config(space, preset=chosen_preset(args.preset, args.preset_file),
-                                  preset_file=args.preset_file, overrides=overrides)
+        cfg = resolve_base_config(
+            space,
+            preset=chosen_preset(args.preset, args.preset_file),
+            preset_file=args.preset_file,
+            overrides=overrides,
+        )
         outcome = run_sweep(space, cfg, storage_path=args.storage, address=args.address)
     print("\n== sweep results ==")
     print(format_results(outcome))
@@ -430,8 +536,12 @@ def build_parser() -> argparse.ArgumentParser:
         "class-labelled vectors): data, training, evaluation, retrieval and sweeps.",
     )
     parser.add_argument("--version", action="version", version=f"raydist {_version()}")
-    parser.add_argument("-v", "--verbose", action="store_true",
-                        help="also show Ray's own logs and worker output (always in the run's raydist.log)")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="also show Ray's own logs and worker output (always in the run's raydist.log)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train with Ray Train (default: short run on the embedded dataset)")
@@ -439,39 +549,68 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", help="checkpoint folder (or run folder) to resume from")
     p.add_argument("--json", help="also write the outcome (history, checkpoints, test metrics) as JSON")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    p.add_argument("--force", action="store_true",
-                   help="--name of an existing run: delete that run folder and start the run over")
-    p.add_argument("--auto", action="store_true", help="first search lr, crops, flips, the small CNN's width and "
-                   "grid, MH/SH with short Tune trials (ASHA, the defaults first), then train the winner; keys set "
-                   "as key=value stay fixed")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="--name of an existing run: delete that run folder and start the run over",
+    )
+    p.add_argument(
+        "--auto",
+        action="store_true",
+        help="first search lr, crops, flips, the small CNN's width and "
+        "grid, MH/SH with short Tune trials (ASHA, the defaults first), then train the winner; keys set "
+        "as key=value stay fixed",
+    )
     p.add_argument("--budget", type=float, metavar="MIN", help="--auto: minutes of search (default 5)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("eval", help="evaluate a checkpoint with the VSE++ retrieval protocol")
-    p.add_argument("--checkpoint", required=True, help="checkpoint folder or run folder (its best checkpoint)")
-    p.add_argument("--latest", action="store_true", help="a run folder means its newest checkpoint, not its best")
+    p.add_argument(
+        "--checkpoint", required=True, help="checkpoint folder or run folder (its best checkpoint)"
+    )
+    p.add_argument(
+        "--latest", action="store_true", help="a run folder means its newest checkpoint, not its best"
+    )
     p.add_argument("--data", help="dataset folder (default: the dataset the checkpoint was trained on)")
     p.add_argument("--split", default="test", help="split to evaluate: train, val or test")
-    p.add_argument("--folds", type=int, default=None, help="5 = COCO 1K protocol (default: checkpoint config)")
+    p.add_argument(
+        "--folds", type=int, default=None, help="5 = COCO 1K protocol (default: checkpoint config)"
+    )
     p.add_argument("--json", help="write the metrics to this JSON file")
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("plot", help="PNG plots of a run (loss with the SH→MH switch, validation, negatives) "
-                       "or of a Tune sweep (metric against each searched key)")
-    p.add_argument("run", help="a run folder (with history.json / steps.jsonl) or a sweep's experiment folder")
+    p = sub.add_parser(
+        "plot",
+        help="PNG plots of a run (loss with the SH→MH switch, validation, negatives) "
+        "or of a Tune sweep (metric against each searched key)",
+    )
+    p.add_argument(
+        "run", help="a run folder (with history.json / steps.jsonl) or a sweep's experiment folder"
+    )
     p.add_argument("--metric", help="sweeps: the metric to plot (default: the space file's)")
     p.add_argument("--out", help="folder for the PNGs (default: RUN/plots)")
     p.set_defaults(func=cmd_plot)
 
     p = sub.add_parser("bench", help="run benchmarks side by side with their references (table + ratios)")
-    p.add_argument("names", nargs="*", help="benchmarks to run: loss, loss-memory, data, step, gather, gc, startup, "
-                   "retrieval, real-cross-view, text-encoders, tokenize, images, pixels-vs-vectors (default: all)")
+    p.add_argument(
+        "names",
+        nargs="*",
+        help="benchmarks to run: loss, loss-memory, data, step, gather, gc, startup, "
+        "retrieval, real-cross-view, text-encoders, tokenize, images, pixels-vs-vectors (default: all)",
+    )
     p.add_argument("--smoke", action="store_true", help="tiny sizes, one repetition (what the tests run)")
     p.add_argument("--repeats", type=int, default=5, help="repetitions per measurement (median and spread)")
-    p.add_argument("--data", help="pixels-vs-vectors: an encoded-image dataset folder (task labels or pairs; "
-                   "default: scikit-learn's digits as PNGs); the other benchmarks ignore it")
-    p.add_argument("--in-process", action="store_true", help="pixels-vs-vectors: train in process with one torch "
-                   "thread (train.num_workers=0) instead of the Ray Train workers `raydist train` starts")
+    p.add_argument(
+        "--data",
+        help="pixels-vs-vectors: an encoded-image dataset folder (task labels or pairs; "
+        "default: scikit-learn's digits as PNGs); the other benchmarks ignore it",
+    )
+    p.add_argument(
+        "--in-process",
+        action="store_true",
+        help="pixels-vs-vectors: train in process with one torch "
+        "thread (train.num_workers=0) instead of the Ray Train workers `raydist train` starts",
+    )
     p.add_argument("--record", help="append the table with command, machine and versions to this file")
     p.set_defaults(func=cmd_bench)
 
@@ -479,8 +618,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", help="negatives, mh-vs-sh, gather, label-noise, matryoshka or gc-variance")
     p.add_argument("--quick", action="store_true", help="tiny preset, one seed, 1-2 epochs (a smoke run)")
     p.add_argument("--seeds", help="comma-separated seeds (default: the experiment's)")
-    p.add_argument("--data", help="dataset folder, or a named dataset: synthetic-pairs, digit-halves (pairs); "
-                   "synthetic, digits, duplicated, no-duplicates (labels) (default: the experiment's own data)")
+    p.add_argument(
+        "--data",
+        help="dataset folder, or a named dataset: synthetic-pairs, digit-halves (pairs); "
+        "synthetic, digits, duplicated, no-duplicates (labels) (default: the experiment's own data)",
+    )
     p.add_argument("--preset", help="base preset of every trial (default: the experiment's)")
     p.add_argument("--out", help="folder for the table, figures and records")
     p.add_argument("--storage", help="experiment folders' parent: ./runs, or s3:// gs:// NFS on clusters")
@@ -489,31 +631,49 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_experiment)
 
     p = sub.add_parser("index", help="build FAISS indexes of a checkpoint's embeddings at nested dims")
-    p.add_argument("--checkpoint", required=True, help="checkpoint folder or run folder (its best checkpoint)")
-    p.add_argument("--latest", action="store_true", help="a run folder means its newest checkpoint, not its best")
+    p.add_argument(
+        "--checkpoint", required=True, help="checkpoint folder or run folder (its best checkpoint)"
+    )
+    p.add_argument(
+        "--latest", action="store_true", help="a run folder means its newest checkpoint, not its best"
+    )
     p.add_argument("--data", help="dataset folder (default: the dataset the checkpoint was trained on)")
     p.add_argument("--split", default="test", help="train, val, test, or all (every split, one index)")
-    p.add_argument("--dims", help="comma-separated prefix dims (default: the trained model.nesting, else 8,16,…,D)")
+    p.add_argument(
+        "--dims", help="comma-separated prefix dims (default: the trained model.nesting, else 8,16,…,D)"
+    )
     p.add_argument("--kind", default="flat", choices=["flat", "hnsw"], help="index type (inner product)")
     p.add_argument("--hnsw-m", type=int, default=32, help="HNSW graph degree M")
     p.add_argument("--out", required=True, help="folder for the index files and indexes.json")
     p.set_defaults(func=cmd_index)
 
-    p = sub.add_parser("search", help="search an index built by `raydist index` with texts or feature vectors")
+    p = sub.add_parser(
+        "search", help="search an index built by `raydist index` with texts or feature vectors"
+    )
     p.add_argument("--index", required=True, help="folder `raydist index --out` wrote")
     p.add_argument("--query", help="one text query (pairs: a caption; its top-k images)")
-    p.add_argument("--queries", help="a file of queries: one text per line, or a .npy of feature vectors [N, D]")
+    p.add_argument(
+        "--queries", help="a file of queries: one text per line, or a .npy of feature vectors [N, D]"
+    )
     p.add_argument("--k", type=int, default=10, help="results per query")
     p.add_argument("--dim", type=int, help="search the index at this prefix dim (default: its largest)")
-    p.add_argument("--checkpoint", help="embed the queries with this checkpoint (default: the one the index records)")
+    p.add_argument(
+        "--checkpoint", help="embed the queries with this checkpoint (default: the one the index records)"
+    )
     p.set_defaults(func=cmd_search)
 
     p = sub.add_parser("retrieve", help="retrieval per dim, adaptive and funnel retrieval, cost, baselines")
-    p.add_argument("--checkpoint", required=True, help="checkpoint folder or run folder (its best checkpoint)")
-    p.add_argument("--latest", action="store_true", help="a run folder means its newest checkpoint, not its best")
+    p.add_argument(
+        "--checkpoint", required=True, help="checkpoint folder or run folder (its best checkpoint)"
+    )
+    p.add_argument(
+        "--latest", action="store_true", help="a run folder means its newest checkpoint, not its best"
+    )
     p.add_argument("--data", help="dataset folder (default: the dataset the checkpoint was trained on)")
     p.add_argument("--split", default="test")
-    p.add_argument("--dims", help="comma-separated prefix dims (default: the trained model.nesting, else 8,16,…,D)")
+    p.add_argument(
+        "--dims", help="comma-separated prefix dims (default: the trained model.nesting, else 8,16,…,D)"
+    )
     p.add_argument("--kind", default="flat", choices=["flat", "hnsw", "ivf-prefix"], help="index type")
     p.add_argument("--shortlist", type=int, default=200, help="adaptive retrieval: shortlist size at D_s")
     p.add_argument("--funnel", help="funnel cascade DIMS:SHORTLISTS, e.g. 16,32,64,128:200,100,50")
@@ -526,16 +686,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("kind", choices=["synthetic", "synthetic-labels"])
     p.add_argument("--out", required=True)
     p.add_argument("--images", type=int, default=3000, help="synthetic: train images")
-    p.add_argument("--val-images", type=int, default=None, help="synthetic: val images (default: images // 6)")
-    p.add_argument("--test-images", type=int, default=None, help="synthetic: test images (default: images // 3)")
+    p.add_argument(
+        "--val-images", type=int, default=None, help="synthetic: val images (default: images // 6)"
+    )
+    p.add_argument(
+        "--test-images", type=int, default=None, help="synthetic: test images (default: images // 3)"
+    )
     p.add_argument("--captions-per-image", type=int, default=5)
     p.add_argument("--dim", type=int, default=None, help="feature dimension (default 128; labels: 32)")
     p.add_argument("--classes", type=int, default=10, help="synthetic-labels: classes K")
     p.add_argument("--train-per-class", type=int, default=100, help="synthetic-labels: train rows per class")
     p.add_argument("--val-per-class", type=int, default=20, help="synthetic-labels: val rows per class")
     p.add_argument("--test-per-class", type=int, default=40, help="synthetic-labels: test rows per class")
-    p.add_argument("--overlap", type=float, default=0.5,
-                   help="synthetic-labels: class overlap in [0, 1] (shared probability mass of two classes)")
+    p.add_argument(
+        "--overlap",
+        type=float,
+        default=0.5,
+        help="synthetic-labels: class overlap in [0, 1] (shared probability mass of two classes)",
+    )
     p.add_argument("--duplicates", type=int, default=1, help="synthetic-labels: copies of each train example")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset folder")
@@ -544,21 +712,42 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("convert", help="convert a public layout into a raydist dataset")
     p.add_argument("format", choices=["vsepp-precomp", "coco-json", "npz", "karpathy", "image-folder"])
     p.add_argument("--out", required=True)
-    p.add_argument("--src", help="vsepp-precomp: folder with {split}_ims.npy and {split}_caps.txt; "
-                   "npz: a .npz file with X (N×D features), y (labels) and optional split; karpathy: "
-                   "dataset_*.json; image-folder: DIR/<class>/<images> (or DIR/train, DIR/val, DIR/test)")
-    p.add_argument("--images", help="karpathy: image root (ROOT/filepath/filename); coco-json: image folder "
-                   "(DIR/file_name), instead of --features/--feature-ids")
-    p.add_argument("--split-by", choices=["class", "image"], default="image",
-                   help="image-folder without split folders: disjoint classes per split, or stratified by class")
-    p.add_argument("--val-fraction", type=float, default=0.1,
-                   help="npz without split, image-folder: val share (of each class's rows, or of the classes)")
-    p.add_argument("--test-fraction", type=float, default=0.2,
-                   help="npz without split, image-folder: test share (of each class's rows, or of the classes)")
+    p.add_argument(
+        "--src",
+        help="vsepp-precomp: folder with {split}_ims.npy and {split}_caps.txt; "
+        "npz: a .npz file with X (N×D features), y (labels) and optional split; karpathy: "
+        "dataset_*.json; image-folder: DIR/<class>/<images> (or DIR/train, DIR/val, DIR/test)",
+    )
+    p.add_argument(
+        "--images",
+        help="karpathy: image root (ROOT/filepath/filename); coco-json: image folder "
+        "(DIR/file_name), instead of --features/--feature-ids",
+    )
+    p.add_argument(
+        "--split-by",
+        choices=["class", "image"],
+        default="image",
+        help="image-folder without split folders: disjoint classes per split, or stratified by class",
+    )
+    p.add_argument(
+        "--val-fraction",
+        type=float,
+        default=0.1,
+        help="npz without split, image-folder: val share (of each class's rows, or of the classes)",
+    )
+    p.add_argument(
+        "--test-fraction",
+        type=float,
+        default=0.2,
+        help="npz without split, image-folder: test share (of each class's rows, or of the classes)",
+    )
     p.add_argument("--seed", type=int, default=0, help="npz without split, image-folder: seed of the split")
-    p.add_argument("--standardize", action="store_true",
-                   help="npz: scale each feature to (x - mean) / std with the train split's mean and std (saved "
-                   "in the dataset as standardization.json, for new query vectors)")
+    p.add_argument(
+        "--standardize",
+        action="store_true",
+        help="npz: scale each feature to (x - mean) / std with the train split's mean and std (saved "
+        "in the dataset as standardization.json, for new query vectors)",
+    )
     p.add_argument("--captions", help="coco-json: captions JSON file")
     p.add_argument("--features", help="coco-json: .npy feature matrix, one row per image")
     p.add_argument("--feature-ids", help="coco-json: .npy/.json image id of each feature row")
@@ -577,41 +766,71 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("corrupt-labels", help="copy a labelled dataset with train labels flipped at rate p")
     p.add_argument("--src", required=True, help="labelled dataset folder")
     p.add_argument("--out", required=True)
-    p.add_argument("--p", type=float, required=True, help="flip probability in [0, 1): uniform to another class")
+    p.add_argument(
+        "--p", type=float, required=True, help="flip probability in [0, 1): uniform to another class"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset folder")
     p.set_defaults(func=cmd_corrupt_labels)
 
-    p = sub.add_parser("embed", help="an image encoder's outputs over an encoded-image dataset, written as a "
-                       "precomputed-feature dataset (a trained checkpoint's, or a pretrained one's)")
+    p = sub.add_parser(
+        "embed",
+        help="an image encoder's outputs over an encoded-image dataset, written as a "
+        "precomputed-feature dataset (a trained checkpoint's, or a pretrained one's)",
+    )
     p.add_argument("--data", required=True, help="a dataset of encoded images (pairs or labels)")
     p.add_argument("--out", required=True, help="the feature dataset to write")
-    p.add_argument("--checkpoint", help="checkpoint folder or run folder (its best checkpoint) of a run on images")
-    p.add_argument("--latest", action="store_true", help="a run folder means its newest checkpoint, not its best")
-    p.add_argument("--image-encoder", help="instead of a checkpoint: an image encoder name (small-cnn, "
-                   "torchvision:resnet50, timm:…), its backbone's outputs")
-    p.add_argument("--image-weights", help="with --image-encoder: the backbone's weights (a local state-dict file)")
-    p.add_argument("--image-size", type=int, help="with --image-encoder: the crop side (default: the median "
-                   "image's shorter side, at most 224)")
-    p.add_argument("--output", choices=["backbone", "head"], default="backbone",
-                   help="backbone: the features before the projection head (default; the VSE++ precomp route); "
-                   "head: the trained projection's output, before normalisation (with --checkpoint)")
+    p.add_argument(
+        "--checkpoint", help="checkpoint folder or run folder (its best checkpoint) of a run on images"
+    )
+    p.add_argument(
+        "--latest", action="store_true", help="a run folder means its newest checkpoint, not its best"
+    )
+    p.add_argument(
+        "--image-encoder",
+        help="instead of a checkpoint: an image encoder name (small-cnn, "
+        "torchvision:resnet50, timm:…), its backbone's outputs",
+    )
+    p.add_argument(
+        "--image-weights", help="with --image-encoder: the backbone's weights (a local state-dict file)"
+    )
+    p.add_argument(
+        "--image-size",
+        type=int,
+        help="with --image-encoder: the crop side (default: the median image's shorter side, at most 224)",
+    )
+    p.add_argument(
+        "--output",
+        choices=["backbone", "head"],
+        default="backbone",
+        help="backbone: the features before the projection head (default; the VSE++ precomp route); "
+        "head: the trained projection's output, before normalisation (with --checkpoint)",
+    )
     p.add_argument("--batch-size", type=int, default=128, help="images per forward pass")
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
     p.set_defaults(func=cmd_embed)
 
     p = sub.add_parser("validate", help="run every data check without training and print a summary")
     p.add_argument("dir")
-    p.add_argument("--image-sample", type=int, metavar="N",
-                   help="encoded images: decode N per split, drawn with a fixed seed (default: every image)")
+    p.add_argument(
+        "--image-sample",
+        type=int,
+        metavar="N",
+        help="encoded images: decode N per split, drawn with a fixed seed (default: every image)",
+    )
     p.set_defaults(func=cmd_validate)
 
-    p = sub.add_parser("tokenizer", help="train a subword tokenizer on a dataset's train captions, or set a given "
-                       "tokenizer.json, as the dataset's tokenizer (model.text_encoder=transformer|hf:PATH use it)")
+    p = sub.add_parser(
+        "tokenizer",
+        help="train a subword tokenizer on a dataset's train captions, or set a given "
+        "tokenizer.json, as the dataset's tokenizer (model.text_encoder=transformer|hf:PATH use it)",
+    )
     p.add_argument("action", choices=["train", "set"])
     p.add_argument("--data", required=True, help="the dataset folder (task pairs)")
     p.add_argument("--vocab-size", type=int, help="train: at most this many tokens")
-    p.add_argument("--kind", choices=["wordpiece", "bpe"], default="wordpiece", help="train: the subword model")
+    p.add_argument(
+        "--kind", choices=["wordpiece", "bpe"], default="wordpiece", help="train: the subword model"
+    )
     p.add_argument("--tokenizer", help="set: a tokenizer.json file (e.g. a pretrained model folder's)")
     p.set_defaults(func=cmd_tokenizer)
 
@@ -620,9 +839,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", help=f"trials' base preset: {', '.join(preset_names())} (default: default)")
     p.add_argument("--preset-file", help="a preset YAML file as the base of every trial")
     p.add_argument("--storage", help="experiment folder's parent: ./runs, or s3:// gs:// NFS on clusters")
-    p.add_argument("--storage-shared", action="store_true",
-                   help="train.storage_shared: the local --storage folder is mounted on every node (NFS), so a "
-                   "multi-node cluster may use it")
+    p.add_argument(
+        "--storage-shared",
+        action="store_true",
+        help="train.storage_shared: the local --storage folder is mounted on every node (NFS), so a "
+        "multi-node cluster may use it",
+    )
     p.add_argument("--num-samples", type=int, help="override the space file's num_samples")
     p.add_argument("--resume", metavar="EXPERIMENT_FOLDER", help="continue an interrupted sweep")
     p.add_argument("--resume-errored", action="store_true", help="with --resume: also re-run failed trials")
@@ -642,7 +864,11 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if "default" in text or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+        if (
+            "default" in text
+            or action.default in (None, False, argparse.SUPPRESS)
+            or not action.option_strings
+        ):
             return text
         return f"{text} (default: %(default)s)"
 

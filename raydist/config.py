@@ -25,7 +25,9 @@ from raydist.nesting import check_embedding_dim, check_nesting, check_weights
 
 AMP_MODES = ("none", "bf16", "fp16")
 DEFAULT_PRESET = "default"  # what `raydist train` and `raydist tune` start from
-DEFAULT_TASK = "pairs"  # the task of the embedded default dataset: the preset part a config gets without a task
+DEFAULT_TASK = (
+    "pairs"  # the task of the embedded default dataset: the preset part a config gets without a task
+)
 TASKS_KEY = "tasks"  # a preset's ``tasks: {<task>: {...}}`` block: values only for that task's datasets
 
 
@@ -62,7 +64,9 @@ class DataSection(_Section):
     # size (CIFAR's recipe); "resized" = Inception's random resized crop of data.crop_scale of the area (ImageNet's);
     # "none" = the whole image; "auto" = pad for images up to 64 px, resized for larger ones
     crop: Literal["auto", "resized", "pad", "none"] = "auto"
-    crop_pad: int | None = Field(None, ge=1)  # "pad" crops: pixels of padding; null = an eighth of the crop side
+    crop_pad: int | None = Field(
+        None, ge=1
+    )  # "pad" crops: pixels of padding; null = an eighth of the crop side
     # encoded images, "resized" crops: the area as a fraction of the image, drawn from [lo, hi] (torchvision's
     # RandomResizedCrop scale; (0.08, 1) is the ImageNet recipe)
     crop_scale: tuple[float, float] = (0.08, 1.0)
@@ -101,7 +105,9 @@ class ModelSection(_Section):
     text_heads: int = Field(4, ge=1)  # transformer: attention heads (text_width must divide by it)
     text_width: int = Field(256, ge=1)  # transformer: token width (d_model); feed-forward 4× that
     text_dropout: float = Field(0.1, ge=0, lt=1)  # transformer: dropout in its layers
-    text_pooling: Literal["mean", "cls"] = "mean"  # transformer / hf: masked mean over tokens, or the first token
+    text_pooling: Literal["mean", "cls"] = (
+        "mean"  # transformer / hf: masked mean over tokens, or the first token
+    )
 
 
 class LossSection(_Section):
@@ -143,18 +149,28 @@ class TrainSection(_Section):
     lr_decay_factor: float = Field(0.1, gt=0)
     # optimisation (raydist.train.optim); the defaults are Adam + StepLR per epoch, as before these keys
     optimizer: Literal["adam", "adamw"] = "adam"  # adamw: decoupled weight decay
-    weight_decay: float = Field(0.0, ge=0)  # on every weight except biases and normalisation layers' parameters
-    lr_schedule: Literal["step", "cosine"] = "step"  # step: lr_decay_epoch/factor; cosine: to 0 at the run's end
+    weight_decay: float = Field(
+        0.0, ge=0
+    )  # on every weight except biases and normalisation layers' parameters
+    lr_schedule: Literal["step", "cosine"] = (
+        "step"  # step: lr_decay_epoch/factor; cosine: to 0 at the run's end
+    )
     warmup_steps: int = Field(0, ge=0)  # linear LR warm-up over this many optimizer steps
-    backbone_lr_mult: float = Field(1.0, gt=0)  # the image encoder's backbone (and an hf: text model) at lr × this
-    freeze_backbone_epochs: int = Field(0, ge=0)  # backbone frozen for the first N epochs, then trained (fine-tuning)
+    backbone_lr_mult: float = Field(
+        1.0, gt=0
+    )  # the image encoder's backbone (and an hf: text model) at lr × this
+    freeze_backbone_epochs: int = Field(
+        0, ge=0
+    )  # backbone frozen for the first N epochs, then trained (fine-tuning)
     grad_clip: float = Field(2.0, ge=0)  # max grad norm; 0 disables
     seed: int = 0
     num_workers: int = Field(2, ge=0)  # Ray Train workers; 0 = in-process local mode
     # elastic: train with any count from min_workers to num_workers, shrinking when nodes go and growing back
     # when they return (null = num_workers: a fixed-size run); the global batch and negative set stay fixed
     min_workers: int | None = Field(None, ge=1)
-    elastic_resize_check_s: float = Field(60.0, gt=0)  # elastic: seconds between looks for capacity to grow into
+    elastic_resize_check_s: float = Field(
+        60.0, gt=0
+    )  # elastic: seconds between looks for capacity to grow into
     # how long a worker group waits for its CPUs/GPUs (at the start, and after a node loss) before the run fails
     capacity_wait_s: float = Field(600.0, gt=0)
     use_gpu: bool = False
@@ -168,7 +184,9 @@ class TrainSection(_Section):
     tensorboard: bool = True  # TensorBoard event files in the run folder (rank 0)
     mlflow_uri: str = ""  # also log to this MLflow tracking URI ("" = off; needs `pip install mlflow`)
     storage_path: str = ""  # "" = ./runs (local); shared storage on multi-node clusters
-    storage_shared: bool = False  # a local storage_path that every node mounts (NFS): allowed on multi-node clusters
+    storage_shared: bool = (
+        False  # a local storage_path that every node mounts (NFS): allowed on multi-node clusters
+    )
     run_name: str = ""  # "" = a fresh unique name; a stable name resumes
 
 
@@ -200,7 +218,9 @@ class DebugSection(_Section):
 
     fail_at_step: int = -1  # worker `fail_rank` exits hard once at this global step (-1 = never)
     fail_rank: int = Field(0, ge=0)
-    step_delay_s: float = Field(0.0, ge=0)  # every worker sleeps this long before each step (a slow run for drills)
+    step_delay_s: float = Field(
+        0.0, ge=0
+    )  # every worker sleeps this long before each step (a slow run for drills)
 
 
 class Config(_Section):
@@ -388,8 +408,12 @@ def parse_overrides(items: list[str]) -> dict[str, str]:
 
 
 def run_overrides(
-    items: Sequence[str] = (), *, data: str | Path | None = None, storage: str | None = None,
-    name: str | None = None, storage_shared: bool = False,
+    items: Sequence[str] = (),
+    *,
+    data: str | Path | None = None,
+    storage: str | None = None,
+    name: str | None = None,
+    storage_shared: bool = False,
 ) -> dict[str, Any]:
     """Command-line ``key=value`` words plus the ``--data`` (made absolute), ``--storage``, ``--name`` and
     ``--storage-shared`` options as the dotted keys they set."""
@@ -479,8 +503,10 @@ def validate(cfg: Config) -> None:
     if t.batch_size < 2:
         problems.append(f"train.batch_size={t.batch_size}: need at least 2 rows for negatives")
     if t.min_workers is not None and (t.num_workers == 0 or t.min_workers > t.num_workers):
-        problems.append(f"train.min_workers={t.min_workers} must be between 1 and train.num_workers={t.num_workers} "
-                        "(an elastic run needs Ray Train workers)")  # fmt: skip
+        problems.append(
+            f"train.min_workers={t.min_workers} must be between 1 and train.num_workers={t.num_workers} "
+            "(an elastic run needs Ray Train workers)"
+        )
     elif t.batch_size % workers:
         problems.append(
             f"train.batch_size={t.batch_size} is the global batch and must divide evenly over "
@@ -499,8 +525,11 @@ def validate(cfg: Config) -> None:
         elif lo.negative_set_size > t.batch_size and lo.negative_set_size % worker_counts_multiple(t):
             problems.append(
                 f"loss.negative_set_size={lo.negative_set_size} > batch size must divide evenly over "
-                + (f"train.num_workers={t.num_workers}" if t.min_workers is None else
-                   f"every worker count from train.min_workers={t.min_workers} to train.num_workers={t.num_workers}")
+                + (
+                    f"train.num_workers={t.num_workers}"
+                    if t.min_workers is None
+                    else f"every worker count from train.min_workers={t.min_workers} to train.num_workers={t.num_workers}"
+                )
             )
     if cfg.model.nesting or cfg.loss.nesting_weights:
         try:
@@ -508,20 +537,26 @@ def validate(cfg: Config) -> None:
             check_embedding_dim(dims, cfg.model.embed_dim)
             check_weights(cfg.loss.nesting_weights or None, len(dims))
         except ValueError as e:
-            problems.append(f"model.nesting={cfg.model.nesting}, loss.nesting_weights={cfg.loss.nesting_weights}: {e}")
+            problems.append(
+                f"model.nesting={cfg.model.nesting}, loss.nesting_weights={cfg.loss.nesting_weights}: {e}"
+            )
     lo_scale, hi_scale = cfg.data.crop_scale
     if not 0 < lo_scale <= hi_scale <= 1:
-        problems.append(f"data.crop_scale={list(cfg.data.crop_scale)}: need 0 < lo <= hi <= 1 (area fractions)")
+        problems.append(
+            f"data.crop_scale={list(cfg.data.crop_scale)}: need 0 < lo <= hi <= 1 (area fractions)"
+        )
     if any(w < 1 for w in cfg.model.mlp_hidden):
         problems.append(f"model.mlp_hidden={cfg.model.mlp_hidden}: widths must be >= 1")
     m = cfg.model
     if m.text_encoder == "transformer" and m.text_width % m.text_heads:
         problems.append(f"model.text_width={m.text_width} must divide by model.text_heads={m.text_heads}")
     if m.text_encoder.startswith("hf:") and (cfg.gc.measure or cfg.gc.sample):
-        problems.append(f"gc.* with model.text_encoder={m.text_encoder}: gradient clustering supports the gru and "
-                        "transformer text encoders, not hf: models (they run layers on inputs shared by the "
-                        "batch, e.g. BERT's position embeddings on [1, L] ids, and layers the caption path never "
-                        "uses, e.g. the pooler)")
+        problems.append(
+            f"gc.* with model.text_encoder={m.text_encoder}: gradient clustering supports the gru and "
+            "transformer text encoders, not hf: models (they run layers on inputs shared by the "
+            "batch, e.g. BERT's position embeddings on [1, L] ids, and layers the caption path never "
+            "uses, e.g. the pooler)"
+        )
     problems += _backbone_problems(cfg)
     if not cfg.eval.recall_at or any(k < 1 for k in cfg.eval.recall_at):
         problems.append(f"eval.recall_at={cfg.eval.recall_at}: need one or more K >= 1")
@@ -554,11 +589,17 @@ def _backbone_problems(cfg: Config) -> list[str]:
     m, t = cfg.model, cfg.train
     if m.image_encoder != "linear" or m.text_encoder.startswith("hf:"):
         return []
-    set_keys = [f"train.{k}={getattr(t, k)}" for k, default in (("backbone_lr_mult", 1.0), ("freeze_backbone_epochs", 0))
-                if getattr(t, k) != default]  # fmt: skip
-    return [f"{key}: the model has no backbone (model.image_encoder=linear, model.text_encoder={m.text_encoder}); "
-            "it applies to an image encoder's backbone (small-cnn, torchvision:<model>, timm:<model>) or an hf: "
-            "text model" for key in set_keys]  # fmt: skip
+    set_keys = [
+        f"train.{k}={getattr(t, k)}"
+        for k, default in (("backbone_lr_mult", 1.0), ("freeze_backbone_epochs", 0))
+        if getattr(t, k) != default
+    ]
+    return [
+        f"{key}: the model has no backbone (model.image_encoder=linear, model.text_encoder={m.text_encoder}); "
+        "it applies to an image encoder's backbone (small-cnn, torchvision:<model>, timm:<model>) or an hf: "
+        "text model"
+        for key in set_keys
+    ]
 
 
 def dump_yaml(cfg: Config) -> str:

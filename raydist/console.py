@@ -28,7 +28,11 @@ def configure_console(verbose: bool) -> None:
         return
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     warnings.filterwarnings("ignore", category=FutureWarning)
-    for name in ("ray", "ray.train", "ray.tune"):  # ray.data: quiet_ray_data_console, so its session file keeps INFO
+    for name in (
+        "ray",
+        "ray.train",
+        "ray.tune",
+    ):  # ray.data: quiet_ray_data_console, so its session file keeps INFO
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
@@ -44,7 +48,7 @@ def progress_bar(line: str) -> str | None:
     if not match:
         return None
     filled = min(int(match.group(1)), 100) * BAR_WIDTH // 100
-    return f"{PREFIX} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {line[len(PREFIX) + 1:]}"
+    return f"{PREFIX} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {line[len(PREFIX) + 1 :]}"
 
 
 def emit(lines: list[str]) -> None:

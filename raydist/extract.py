@@ -52,23 +52,30 @@ def _backbone_encoder(model: nn.Module, where: str) -> BackboneEncoder:
     return found[0]
 
 
-def checkpoint_encoder(checkpoint: str | Path, data_dir: str | Path, *, output: Output = "backbone",
-                       latest: bool = False) -> ExtractionEncoder:  # fmt: skip
+def checkpoint_encoder(
+    checkpoint: str | Path, data_dir: str | Path, *, output: Output = "backbone", latest: bool = False
+) -> ExtractionEncoder:
     """A trained checkpoint's image encoder on ``data_dir`` (checked to fit it): its backbone (``output=
     "backbone"``) or backbone + projection head, unnormalised (``"head"``), with the run's eval transform."""
     trained = load_trained(checkpoint, data_dir, latest=latest)
     if not trained.data_info.encoded:
-        raise ConfigError(f"checkpoint {trained.checkpoint_path} was trained on precomputed features, not images: "
-                          "there is no image encoder to extract features with")
+        raise ConfigError(
+            f"checkpoint {trained.checkpoint_path} was trained on precomputed features, not images: "
+            "there is no image encoder to extract features with"
+        )
     encoder = _backbone_encoder(trained.model, str(trained.checkpoint_path))
     module = encoder.backbone if output == "backbone" else encoder
     transform = image_transform(trained.config, trained.data_info, train=False)
-    return ExtractionEncoder(module, transform, {"checkpoint": str(trained.checkpoint_path),
-                                                 "image_encoder": trained.config.model.image_encoder})  # fmt: skip
+    return ExtractionEncoder(
+        module,
+        transform,
+        {"checkpoint": str(trained.checkpoint_path), "image_encoder": trained.config.model.image_encoder},
+    )
 
 
-def pretrained_encoder(name: str, manifest: Manifest, *, weights: str | Path | None = None,
-                       image_size: int | None = None) -> ExtractionEncoder:  # fmt: skip
+def pretrained_encoder(
+    name: str, manifest: Manifest, *, weights: str | Path | None = None, image_size: int | None = None
+) -> ExtractionEncoder:
     """The backbone of the image encoder ``name`` (weights from a local file, else as the builder
     initialises them), for the dataset's channels, crop ``image_size`` (default: the median image's shorter
     side, at most 224)."""
@@ -76,32 +83,48 @@ def pretrained_encoder(name: str, manifest: Manifest, *, weights: str | Path | N
     channels = manifest.image_channels or 3
     encoder = build_image_encoder(name, 1, channels=channels, image_size=size, weights=weights)
     transform = ImageTransform(size=size, channels=channels, train=False, flip=False, seed=0)
-    return ExtractionEncoder(encoder.backbone, transform, {"image_encoder": name,
-                                                           "image_weights": str(weights) if weights else None})  # fmt: skip
+    return ExtractionEncoder(
+        encoder.backbone,
+        transform,
+        {"image_encoder": name, "image_weights": str(weights) if weights else None},
+    )
 
 
 def extract_features(
-    data_dir: str | Path, out_dir: str | Path, encoder: ExtractionEncoder, *, batch_size: int = 128,
-    device: torch.device | str = "cpu", overwrite: bool = False, progress: Callable[..., None] = say,
-) -> Manifest:  # fmt: skip
+    data_dir: str | Path,
+    out_dir: str | Path,
+    encoder: ExtractionEncoder,
+    *,
+    batch_size: int = 128,
+    device: torch.device | str = "cpu",
+    overwrite: bool = False,
+    progress: Callable[..., None] = say,
+) -> Manifest:
     """Every split of the encoded-image dataset ``data_dir`` through ``encoder`` (eval mode, no gradients)
     into a feature dataset at ``out_dir`` (float32); nothing is written when a split fails."""
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     manifest = load_manifest(data_dir)
     if manifest.image_format != "encoded":
-        raise ConfigError(f"{data_dir}: the dataset already holds feature vectors (image_format "
-                          f"{manifest.image_format!r}); `raydist embed` reads encoded images")  # fmt: skip
+        raise ConfigError(
+            f"{data_dir}: the dataset already holds feature vectors (image_format "
+            f"{manifest.image_format!r}); `raydist embed` reads encoded images"
+        )
     pairs = manifest.task == "pairs"
     module = encoder.module.to(device)
     source = {"kind": "embed", "from": str(data_dir.resolve()), **encoder.source}
-    with DatasetWriter(out_dir, task=manifest.task, num_classes=manifest.num_classes, source=source,
-                       overwrite=overwrite) as writer:  # fmt: skip
+    with DatasetWriter(
+        out_dir, task=manifest.task, num_classes=manifest.num_classes, source=source, overwrite=overwrite
+    ) as writer:
         if pairs:
             writer.vocab = Vocab.load(data_dir / manifest.vocab)
         writer.class_names = manifest.class_names
         first_sample = 0
         for split in SPLITS:
-            extra = (CAPTIONS,) if pairs else (LABEL, *((CLEAN_LABEL,) if _has(data_dir, split, CLEAN_LABEL) else ()))
+            extra = (
+                (CAPTIONS,)
+                if pairs
+                else (LABEL, *((CLEAN_LABEL,) if _has(data_dir, split, CLEAN_LABEL) else ()))
+            )
             cols = split_columns(data_dir, split, (IMAGE_ID, SAMPLE_ID, IMAGE, *extra))
             started = time.perf_counter()
             views = ImageViews(cols[IMAGE], encoder.transform)
@@ -110,18 +133,31 @@ def extract_features(
             if not np.isfinite(feats).all():
                 raise ConfigError(f"{data_dir} split {split!r}: the encoder produced non-finite features")
             seconds = time.perf_counter() - started
-            progress(f"[raydist] embed {split}: {len(views)} images → {feats.shape[1]}-d features in "
-                     f"{seconds:.1f} s ({len(views) / max(seconds, 1e-9):.0f} images/s)")  # fmt: skip
+            progress(
+                f"[raydist] embed {split}: {len(views)} images → {feats.shape[1]}-d features in "
+                f"{seconds:.1f} s ({len(views) / max(seconds, 1e-9):.0f} images/s)"
+            )
             if pairs:
                 counts = np.array([len(c) for c in cols[CAPTIONS]])
                 rows = int(counts.sum())
-                writer.add_split(split, np.repeat(cols[IMAGE_ID], counts), first_sample + np.arange(rows), feats,
-                                 [c for caps in cols[CAPTIONS] for c in caps],
-                                 feature_index=np.repeat(np.arange(len(counts)), counts))  # fmt: skip
+                writer.add_split(
+                    split,
+                    np.repeat(cols[IMAGE_ID], counts),
+                    first_sample + np.arange(rows),
+                    feats,
+                    [c for caps in cols[CAPTIONS] for c in caps],
+                    feature_index=np.repeat(np.arange(len(counts)), counts),
+                )
                 first_sample += rows
             else:
-                writer.add_split(split, cols[IMAGE_ID], cols[SAMPLE_ID], feats, labels=cols[LABEL],
-                                 clean_labels=cols.get(CLEAN_LABEL))  # fmt: skip
+                writer.add_split(
+                    split,
+                    cols[IMAGE_ID],
+                    cols[SAMPLE_ID],
+                    feats,
+                    labels=cols[LABEL],
+                    clean_labels=cols.get(CLEAN_LABEL),
+                )
     if manifest.tokenizer:
         save_dataset_tokenizer(out_dir, SubwordTokenizer.load(data_dir / manifest.tokenizer))
     return load_manifest(out_dir)

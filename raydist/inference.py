@@ -61,8 +61,12 @@ def record_best_checkpoint(run_dir: str | Path, best: str | Path, metric: str, v
     record stale and :func:`choose_checkpoint` then scores the checkpoints itself)."""
     run_dir = Path(run_dir)
     newest = newest_checkpoint(run_dir)
-    record = {"checkpoint": Path(best).name, "metric": metric, "value": value,
-              "newest": newest.name if newest else None}  # fmt: skip
+    record = {
+        "checkpoint": Path(best).name,
+        "metric": metric,
+        "value": value,
+        "newest": newest.name if newest else None,
+    }
     path = run_dir / BEST_CHECKPOINT_FILE
     path.write_text(json.dumps(record, indent=1))
     return path
@@ -76,11 +80,15 @@ def _recorded_best(run_dir: Path, newest: Path) -> ChosenCheckpoint | None:
         return None
     try:
         record = json.loads(path.read_text())
-        name, metric, value, recorded_newest = (record[k] for k in ("checkpoint", "metric", "value", "newest"))
+        name, metric, value, recorded_newest = (
+            record[k] for k in ("checkpoint", "metric", "value", "newest")
+        )
     except (OSError, json.JSONDecodeError, TypeError, KeyError) as e:
-        raise ValueError(f"{path}: unreadable record of the best checkpoint ({e!r}); expected a JSON object with "
-                         "checkpoint, metric, value and newest: delete it to choose by the checkpoints' "
-                         "val metrics") from e  # fmt: skip
+        raise ValueError(
+            f"{path}: unreadable record of the best checkpoint ({e!r}); expected a JSON object with "
+            "checkpoint, metric, value and newest: delete it to choose by the checkpoints' "
+            "val metrics"
+        ) from e
     if recorded_newest != newest.name or not (run_dir / str(name) / STATE_FILE).is_file():
         return None
     shown = f" = {value:.4g}" if isinstance(value, (int, float)) else ""
@@ -158,7 +166,9 @@ class Trained:
         """``split`` embedded by the task (:meth:`raydist.tasks.Task.embed`), marked with this checkpoint;
         ``"all"`` embeds every split and joins them (:func:`raydist.eval.retrieve.concat_sets`)."""
         if self.data_info.data_dir is None:
-            raise ConfigError(f"checkpoint {self.checkpoint_path}: no dataset to embed {split!r} from; give --data DIR")
+            raise ConfigError(
+                f"checkpoint {self.checkpoint_path}: no dataset to embed {split!r} from; give --data DIR"
+            )
         splits = list(SPLITS) if split == ALL_SPLITS else [split]
         if split != ALL_SPLITS and split not in SPLITS:
             raise ValueError(f"split {split!r}: expected one of {', '.join(SPLITS)} or {ALL_SPLITS!r}")
@@ -180,9 +190,14 @@ def check_data_fits(saved: DataInfo, data: DataInfo, folder: str | Path) -> None
 
 
 def load_trained(
-    checkpoint: str | Path, data_dir: str | Path | None = None, *, overrides: dict[str, Any] | None = None,
-    device: torch.device | str = "cpu", latest: bool = False, need_data: bool = True,
-) -> Trained:  # fmt: skip
+    checkpoint: str | Path,
+    data_dir: str | Path | None = None,
+    *,
+    overrides: dict[str, Any] | None = None,
+    device: torch.device | str = "cpu",
+    latest: bool = False,
+    need_data: bool = True,
+) -> Trained:
     """Load a checkpoint folder, or a run folder's best checkpoint (its newest with ``latest``;
     :func:`choose_checkpoint`), for use on ``data_dir`` (default: the dataset it was trained on): its config
     with ``overrides`` (e.g. ``eval.folds``), its task and model with the saved weights. The data is checked
@@ -207,7 +222,11 @@ def load_trained(
 
 
 def evaluate_checkpoint(
-    checkpoint: str | Path, data_dir: str | Path | None = None, split: str = "test", *, folds: int | None = None
+    checkpoint: str | Path,
+    data_dir: str | Path | None = None,
+    split: str = "test",
+    *,
+    folds: int | None = None,
 ) -> dict[str, float]:
     """The task's metrics of a checkpoint on ``split`` (:func:`load_trained`); ``folds`` overrides
     ``eval.folds`` (the pairs task's COCO 1K protocol)."""
@@ -215,13 +234,16 @@ def evaluate_checkpoint(
     return load_trained(checkpoint, data_dir, overrides=overrides).evaluate(split)
 
 
-def check_resume(state: dict[str, Any], saved_cfg: Config, folder: str | Path, cfg: Config, info: DataInfo) -> None:
+def check_resume(
+    state: dict[str, Any], saved_cfg: Config, folder: str | Path, cfg: Config, info: DataInfo
+) -> None:
     """Refuse to continue a checkpoint's training with ``cfg`` on the data ``info`` describes when its data
     facts differ (:func:`check_data_fits`) or when the model ``cfg`` builds has other tensor names or shapes
     than the saved one (:func:`raydist.checkpoint.check_model_fits`, which names the config keys to blame)."""
     check_data_fits(DataInfo.from_checkpoint(folder, load_task_info(folder)), info, folder)
-    check_model_fits(state["model"], saved_cfg, cfg, lambda c: build_task(c, info).build_model(),
-                     saved_from=str(folder))  # fmt: skip
+    check_model_fits(
+        state["model"], saved_cfg, cfg, lambda c: build_task(c, info).build_model(), saved_from=str(folder)
+    )
 
 
 def resume_checkpoint(checkpoint: str | Path, cfg: Config, data_dir: str | Path) -> Path:
@@ -233,22 +255,35 @@ def resume_checkpoint(checkpoint: str | Path, cfg: Config, data_dir: str | Path)
 
 
 def checkpoint_retrieval_report(
-    checkpoint: str | Path, data_dir: str | Path | None = None, *, split: str = "test",
-    dims: Sequence[int] | None = None, baseline_checkpoint: str | Path | None = None, **options: Any,
-) -> dict[str, Any]:  # fmt: skip
+    checkpoint: str | Path,
+    data_dir: str | Path | None = None,
+    *,
+    split: str = "test",
+    dims: Sequence[int] | None = None,
+    baseline_checkpoint: str | Path | None = None,
+    **options: Any,
+) -> dict[str, Any]:
     """:func:`raydist.eval.retrieve.retrieval_report` of ``split`` embedded by a checkpoint, at
     :meth:`Trained.retrieval_dims`; ``baseline_checkpoint`` embeds the same split for the baselines."""
     trained = load_trained(checkpoint, data_dir)
     baseline = None
     if baseline_checkpoint is not None:
         baseline = load_trained(baseline_checkpoint, trained.data_info.data_dir).embed(split)
-    return retrieval_report(trained.embed(split), dims=trained.retrieval_dims(dims), baseline=baseline, **options)
+    return retrieval_report(
+        trained.embed(split), dims=trained.retrieval_dims(dims), baseline=baseline, **options
+    )
 
 
 def write_checkpoint_indexes(
-    checkpoint: str | Path, out_dir: str | Path, data_dir: str | Path | None = None, *, split: str = "test",
-    dims: Sequence[int] | None = None, kind: str = "flat", **index_options: Any,
-) -> tuple[RetrievalSet, list[int]]:  # fmt: skip
+    checkpoint: str | Path,
+    out_dir: str | Path,
+    data_dir: str | Path | None = None,
+    *,
+    split: str = "test",
+    dims: Sequence[int] | None = None,
+    kind: str = "flat",
+    **index_options: Any,
+) -> tuple[RetrievalSet, list[int]]:
     """Index ``split`` embedded by a checkpoint at :meth:`Trained.retrieval_dims` into ``out_dir``
     (:func:`raydist.eval.retrieve.build_indexes`); returns the embedded split and the dims."""
     trained = load_trained(checkpoint, data_dir)
@@ -270,8 +305,13 @@ class Embedder:
 
     @classmethod
     def from_checkpoint(
-        cls, path: str | Path, *, dim: int | None = None, latest: bool = False, device: torch.device | str = "cpu",
-    ) -> Embedder:  # fmt: skip
+        cls,
+        path: str | Path,
+        *,
+        dim: int | None = None,
+        latest: bool = False,
+        device: torch.device | str = "cpu",
+    ) -> Embedder:
         """Load a checkpoint folder, or a run folder's best checkpoint (its newest with ``latest``), with
         :func:`load_trained`; the dataset it was trained on is not needed."""
         return cls(load_trained(path, device=device, latest=latest, need_data=False), dim)
@@ -300,8 +340,10 @@ class Embedder:
         x = np.asarray(features, dtype=np.float64)  # standardised before float32, as the converter does
         want = self.trained.data_info.feature_dim
         if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] != want:
-            raise ValueError(f"embed_features: expected an array of shape [N >= 1, {want}] (the checkpoint's "
-                             f"feature_dim), got {x.shape}")  # fmt: skip
+            raise ValueError(
+                f"embed_features: expected an array of shape [N >= 1, {want}] (the checkpoint's "
+                f"feature_dim), got {x.shape}"
+            )
         stats = self.trained.data_info.files.get(STANDARDIZATION_NAME)
         x = standardize_features(x, stats) if stats is not None else x.astype(np.float32)
         return self._cut(self.trained.task.embed_features(self.trained.model, x, self.trained.device))
@@ -331,7 +373,9 @@ def read_queries(path: str | Path) -> list[str] | np.ndarray:
     if path.suffix == ".npy":
         features = np.load(path, allow_pickle=False)
         if features.ndim != 2 or len(features) == 0:
-            raise ValueError(f"{path}: expected a 2-D array of feature vectors [N >= 1, D], got shape {features.shape}")
+            raise ValueError(
+                f"{path}: expected a 2-D array of feature vectors [N >= 1, D], got shape {features.shape}"
+            )
         return features
     texts = [line.strip() for line in path.read_text().splitlines() if line.strip()]
     if not texts:
@@ -340,16 +384,22 @@ def read_queries(path: str | Path) -> list[str] | np.ndarray:
 
 
 def search_index(
-    index_dir: str | Path, queries: Sequence[str] | np.ndarray, *, k: int = 10, dim: int | None = None,
+    index_dir: str | Path,
+    queries: Sequence[str] | np.ndarray,
+    *,
+    k: int = 10,
+    dim: int | None = None,
     checkpoint: str | Path | None = None,
-) -> SearchResult:  # fmt: skip
+) -> SearchResult:
     """Search an index folder written by ``raydist index`` (:func:`write_checkpoint_indexes`) with texts or
     feature vectors, embedded by the checkpoint the index records (or ``checkpoint``): top-``k`` dataset ids
     at ``dim`` (default: the index's largest dim), best first."""
     index_dir = Path(index_dir)
     if not (index_dir / INDEX_META).is_file():
-        raise FileNotFoundError(f"{index_dir}: no {INDEX_META}; build an index with "
-                                f"`raydist index --checkpoint RUN --out {index_dir}`")  # fmt: skip
+        raise FileNotFoundError(
+            f"{index_dir}: no {INDEX_META}; build an index with "
+            f"`raydist index --checkpoint RUN --out {index_dir}`"
+        )
     if k < 1:
         raise ValueError(f"--k {k}: expected k >= 1")
     indexes, meta = load_indexes(index_dir)
@@ -358,8 +408,10 @@ def search_index(
         raise ValueError(f"--dim {dim}: {index_dir / INDEX_META} has indexes at dims {sorted(indexes)}")
     embedder = Embedder.from_checkpoint(checkpoint or meta["checkpoint"])
     if embedder.trained.task.name != meta["task"]:
-        raise ValueError(f"checkpoint {embedder.trained.checkpoint_path} is a {embedder.trained.task.name!r} model; "
-                         f"the index at {index_dir} holds {meta['task']!r} embeddings")  # fmt: skip
+        raise ValueError(
+            f"checkpoint {embedder.trained.checkpoint_path} is a {embedder.trained.task.name!r} model; "
+            f"the index at {index_dir} holds {meta['task']!r} embeddings"
+        )
     texts = not isinstance(queries, np.ndarray)
     vectors = embedder.embed_texts(list(queries)) if texts else embedder.embed_features(queries)
     scores, rows = indexes[dim].search(vectors[:, :dim], min(k, indexes[dim].ntotal))

@@ -21,7 +21,9 @@ def check_nesting(dims: Sequence[int], *, any_order: bool = False) -> tuple[int,
     if min(out) < 1:
         raise ValueError(f"dims={out}: nesting dims must be positive, got {min(out)}")
     if len(set(out)) < len(out):
-        raise ValueError(f"dims={out}: nesting dims must be distinct, got {max(out, key=out.count)} twice or more")
+        raise ValueError(
+            f"dims={out}: nesting dims must be distinct, got {max(out, key=out.count)} twice or more"
+        )
     if any_order:
         return tuple(sorted(out))
     if list(out) != sorted(out):

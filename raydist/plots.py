@@ -16,8 +16,10 @@ from raydist.runfiles import HISTORY_FILE, PLOTS_DIR, STEPS_FILE, SWEEP_FILE
 from raydist.tune.space import SweepSpace, parse_space
 
 NEGATIVE_STATS = ("neg/hardest_sim", "neg/remote_hardest_frac")
-NEGATIVE_STAT_UNITS = {"neg/hardest_sim": "mean score of the hardest negatives",
-                       "neg/remote_hardest_frac": "fraction of hardest negatives on another rank"}
+NEGATIVE_STAT_UNITS = {
+    "neg/hardest_sim": "mean score of the hardest negatives",
+    "neg/remote_hardest_frac": "fraction of hardest negatives on another rank",
+}
 SWITCH_LABEL = "SH → MH"
 Series = tuple[list[float], list[float]]
 
@@ -134,7 +136,9 @@ def val_figure(history: list[dict[str, Any]]) -> Any:
     fig, axes = _figure(len(groups), columns=3)
     for ax, group in zip(axes, sorted(groups)):
         for name in groups[group]:
-            points = [(h["epoch"], h[f"val/{name}"]) for h in history if is_finite_number(h.get(f"val/{name}"))]
+            points = [
+                (h["epoch"], h[f"val/{name}"]) for h in history if is_finite_number(h.get(f"val/{name}"))
+            ]
             ax.plot([e for e, _ in points], [v for _, v in points], "o-", label=name)
         _mark_switch(ax, None if first_mh is None else first_mh - 0.5)
         ax.xaxis.get_major_locator().set_params(integer=True)
@@ -169,10 +173,13 @@ def gradient_variance_figure(history: list[dict[str, Any]]) -> Any:
     x = [m["step"] for m in rows]
     for key, label in (("gvar/sgd_nvar", "SGD"), ("gvar/gc_nvar", "GC (stratified)")):
         axes[0].plot(x, [m[key] for m in rows], marker="o", label=label)
-    axes[0].set(xlabel="global step", ylabel="normalized variance", title="normalized gradient variance",
-                yscale="log")
+    axes[0].set(
+        xlabel="global step", ylabel="normalized variance", title="normalized gradient variance", yscale="log"
+    )
     axes[0].legend()
-    axes[1].plot(x, [m.get("gvar/gc_distortion", float("nan")) for m in rows], marker="o", label="GC (stratified)")
+    axes[1].plot(
+        x, [m.get("gvar/gc_distortion", float("nan")) for m in rows], marker="o", label="GC (stratified)"
+    )
     axes[1].set(xlabel="global step", ylabel="total distortion", title="GC total distortion")
     axes[1].legend()
     return fig
@@ -236,7 +243,9 @@ def _sweep_mode(experiment_dir: Path) -> str:
     return space.mode if space else "max"
 
 
-def plot_folder(folder: str | Path, metric: str | None = None, out_dir: str | Path | None = None) -> list[Path]:
+def plot_folder(
+    folder: str | Path, metric: str | None = None, out_dir: str | Path | None = None
+) -> list[Path]:
     """Plot a sweep folder (:func:`plot_sweep` on ``metric``, default the sweep's own) or a run folder
     (:func:`plot_run`); returns the files written."""
     folder = Path(folder).expanduser().resolve()

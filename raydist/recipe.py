@@ -26,7 +26,9 @@ class RunRecipe:
     lines: list[str] = field(default_factory=list)
 
 
-def data_preset(data: str | Path | None, preset: str | None, preset_file: str | Path | None) -> tuple[str | None, str]:
+def data_preset(
+    data: str | Path | None, preset: str | None, preset_file: str | Path | None
+) -> tuple[str | None, str]:
     """The shipped preset a run starts from and the line saying why ("" when it was named or is the default
     without data): the one named; none for a preset file alone; with ``data`` and neither, the one the dataset's
     shape picks (:func:`raydist.presets.preset_for_data`); else the default."""
@@ -54,11 +56,15 @@ def image_rules(cfg: Config, overrides: Mapping[str, Any]) -> tuple[dict[str, An
         return {}, ""
     named = cfg.model.image_encoder != "linear"
     train = manifest.splits["train"]
-    choice = image_encoder_for_data(manifest.image_size, manifest.image_channels or 3,
-                                    torchvision=not named and import_problem("torchvision.models") is None,
-                                    named=cfg.model.image_encoder if named else None,
-                                    pretrained=bool(cfg.model.image_weights), train_images=train.images or train.rows,
-                                    steps_per_epoch=int(train.rows * cfg.data.train_fraction) // cfg.train.batch_size)  # fmt: skip
+    choice = image_encoder_for_data(
+        manifest.image_size,
+        manifest.image_channels or 3,
+        torchvision=not named and import_problem("torchvision.models") is None,
+        named=cfg.model.image_encoder if named else None,
+        pretrained=bool(cfg.model.image_weights),
+        train_images=train.images or train.rows,
+        steps_per_epoch=int(train.rows * cfg.data.train_fraction) // cfg.train.batch_size,
+    )
     picked = {k: v for k, v in choice.overrides.items() if k not in overrides}
     if cfg.train.early_stop_patience is not None:  # the preset's or preset file's own
         picked.pop("train.early_stop_patience", None)
@@ -87,7 +93,8 @@ def run_recipe(
     cfg = load_config(preset=name, preset_file=preset_file, overrides=overrides, task_of=dataset_task)
     picked, line = image_rules(cfg, overrides)
     if picked:
-        cfg = load_config(preset=name, preset_file=preset_file, overrides={**picked, **overrides},
-                          task_of=dataset_task)  # fmt: skip
+        cfg = load_config(
+            preset=name, preset_file=preset_file, overrides={**picked, **overrides}, task_of=dataset_task
+        )
         lines.append(line)
     return RunRecipe(cfg, name, lines)

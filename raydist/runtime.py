@@ -154,7 +154,9 @@ def cluster_capacity() -> Capacity:
     bounds = state.get_max_resources_from_cluster_config()
     if bounds:
         return Capacity(cpus, nodes, float(bounds.get("CPU", 0)))
-    if is_autoscaler_v2(fetch_from_server=True):  # started with RAY_enable_autoscaler_v2=1: no bound published
+    if is_autoscaler_v2(
+        fetch_from_server=True
+    ):  # started with RAY_enable_autoscaler_v2=1: no bound published
         return Capacity(cpus, nodes, math.inf)
     status = _internal_kv_get(ray_constants.DEBUG_AUTOSCALING_STATUS)
     if status and v1_autoscaling(json.loads(status)):
@@ -210,7 +212,9 @@ def check_storage_reachable(storage: str, shared: bool, capacity: Capacity) -> N
     worker reports its first one."""
     if not (capacity.nodes > 1 or capacity.autoscaling) or shared or is_uri(storage):
         return
-    cluster = f"has {capacity.nodes} nodes" if capacity.nodes > 1 else "adds nodes as it needs them (autoscaling)"
+    cluster = (
+        f"has {capacity.nodes} nodes" if capacity.nodes > 1 else "adds nodes as it needs them (autoscaling)"
+    )
     raise ConfigError(
         f"the Ray cluster {cluster}, but the run folder {storage} is on a local path that workers on the "
         "other nodes cannot see: pass --storage s3://BUCKET/PATH or gs://BUCKET/PATH, or --storage on a folder "
@@ -232,4 +236,6 @@ def storage_root(cfg: Config, override: str | None = None) -> str:
 
 def run_name(cfg: Config, override: str | None = None) -> str:
     """``override``, else ``train.run_name`` (a stable name resumes), else a fresh unique name."""
-    return override or cfg.train.run_name or f"raydist-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    return (
+        override or cfg.train.run_name or f"raydist-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    )

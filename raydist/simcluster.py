@@ -49,8 +49,13 @@ def simulated_cluster(nodes: int, *, node_cpus: int = 1, head_cpus: int = 0) -> 
     cluster = Cluster()
     try:
         # no dashboard (fewer processes to start on a small machine); its API server still starts: on a free port
-        add_node(cluster, num_cpus=head_cpus, include_dashboard=False, dashboard_port=free_port(),
-                 _system_config=HEAD_SYSTEM_CONFIG)  # fmt: skip
+        add_node(
+            cluster,
+            num_cpus=head_cpus,
+            include_dashboard=False,
+            dashboard_port=free_port(),
+            _system_config=HEAD_SYSTEM_CONFIG,
+        )
         for _ in range(nodes):
             add_node(cluster, num_cpus=node_cpus)
         cluster.wait_for_nodes(timeout=NODE_START_WAIT_S)
@@ -175,7 +180,9 @@ class DrillReport:
     added_back_at: float | None = None
     ended_at: float | None = None  # the command's exit (or kill)
     output_times: list[float] = field(default_factory=list)  # when each output line came
-    steps_run: int = 0  # optimizer steps rank 0 reported (progress lines; `train.log_every=1` counts them all)
+    steps_run: int = (
+        0  # optimizer steps rank 0 reported (progress lines; `train.log_every=1` counts them all)
+    )
     restarts: list[dict[str, Any]] = field(default_factory=list)  # :func:`restarts`
     test_rsum: float | None = None  # the test table's rsum line, when the run printed one
 
@@ -225,10 +232,17 @@ def node_loss_drill(
         cluster_up_s = time.time() - started
         env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
         env.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")  # the controller sees a lost worker sooner
-        argv = [sys.executable, "-c", "import sys; from raydist.cli import main; sys.exit(main())", *command,
-                "--address", cluster.address]  # fmt: skip
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                start_new_session=True)  # fmt: skip
+        argv = [
+            sys.executable,
+            "-c",
+            "import sys; from raydist.cli import main; sys.exit(main())",
+            *command,
+            "--address",
+            cluster.address,
+        ]
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+        )
         report = DrillReport(returncode=None, wall_s=0.0, cluster_up_s=round(cluster_up_s, 1))
 
         def read() -> None:
@@ -265,8 +279,9 @@ def node_loss_drill(
     return report
 
 
-def _remove_after_checkpoint(cluster: Any, proc: subprocess.Popen, run_dir: Path, remove: int, deadline: float,
-                             report: DrillReport) -> None:  # fmt: skip
+def _remove_after_checkpoint(
+    cluster: Any, proc: subprocess.Popen, run_dir: Path, remove: int, deadline: float, report: DrillReport
+) -> None:
     """Wait for the run's first registered checkpoint, then remove ``remove`` nodes hosting Train workers."""
     while time.time() < deadline and proc.poll() is None:
         step = registered_checkpoint_step(run_dir)
@@ -300,8 +315,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("command", nargs=argparse.REMAINDER, help="the raydist command, after --")
     args = p.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    report = node_loss_drill(command, nodes=args.nodes, node_cpus=args.node_cpus, run_dir=args.run_dir,
-                             remove=args.remove, add_back_after=args.add_back_after, timeout=args.timeout)  # fmt: skip
+    report = node_loss_drill(
+        command,
+        nodes=args.nodes,
+        node_cpus=args.node_cpus,
+        run_dir=args.run_dir,
+        remove=args.remove,
+        add_back_after=args.add_back_after,
+        timeout=args.timeout,
+    )
     return print_report(report, "simcluster", args.report)
 
 

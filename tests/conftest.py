@@ -38,8 +38,10 @@ RAY_FIXTURES = frozenset({"ray_cluster"})  # fixtures that start (or hand out) t
 
 
 def _mark_it(item: pytest.Item, why: str) -> str:
-    return (f"{item.nodeid} {why}, so it must be marked slow (`@pytest.mark.slow`) for `pytest -m \"not slow\"` "
-            "to leave it out (tests/conftest.py)")  # fmt: skip
+    return (
+        f'{item.nodeid} {why}, so it must be marked slow (`@pytest.mark.slow`) for `pytest -m "not slow"` '
+        "to leave it out (tests/conftest.py)"
+    )
 
 
 def _refuse(item: pytest.Item, what: str):
@@ -120,7 +122,8 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
         count, why = left_out
         terminalreporter.write_line(
             f"{count} `vision` tests left out: the vision extra (torchvision, timm) cannot be imported here "
-            f"({why.splitlines()[0][:200]}). They run where it can (README, Tests: a venv of their own)")
+            f"({why.splitlines()[0][:200]}). They run where it can (README, Tests: a venv of their own)"
+        )
 
 
 @pytest.fixture(scope="session")
@@ -141,7 +144,9 @@ def tiny_dataset(tmp_path_factory):
     from raydist.data import make_synthetic
 
     out = tmp_path_factory.mktemp("data") / "tiny"
-    return make_synthetic(out, images=400, captions_per_image=5, dim=32, seed=3, val_images=100, test_images=100)
+    return make_synthetic(
+        out, images=400, captions_per_image=5, dim=32, seed=3, val_images=100, test_images=100
+    )
 
 
 @pytest.fixture(scope="session")
@@ -160,5 +165,6 @@ def labels_dataset(tmp_path_factory):
     from raydist.data.synthetic_labels import make_synthetic_labels
 
     out = tmp_path_factory.mktemp("data") / "labels"
-    return make_synthetic_labels(out, classes=10, train_per_class=60, val_per_class=20, test_per_class=30,
-                                 dim=32, overlap=0.2, seed=3)  # fmt: skip
+    return make_synthetic_labels(
+        out, classes=10, train_per_class=60, val_per_class=20, test_per_class=30, dim=32, overlap=0.2, seed=3
+    )

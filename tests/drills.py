@@ -16,10 +16,19 @@ import pytest
 
 def run_drill(module: str, *args: str, report: Path, timeout: float) -> dict:
     """``python -m MODULE ARGS --report REPORT``; the report, with the command's output joined as ``text``."""
-    argv = [sys.executable, "-m", module, *args[: args.index("--")], "--report", str(report), *args[args.index("--"):]]
+    argv = [
+        sys.executable,
+        "-m",
+        module,
+        *args[: args.index("--")],
+        "--report",
+        str(report),
+        *args[args.index("--") :],
+    ]
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -33,7 +33,9 @@ def test_the_local_cluster_yaml_is_valid_and_shaped_like_cluster_yaml():
 
     local = yaml.safe_load(LOCAL_YAML.read_text())
     validate_config(prepare_config(copy.deepcopy(local)))
-    assert local["head_node_type"] == FAKE_HEAD_NODE_TYPE  # the fake provider knows its head by this name only
+    assert (
+        local["head_node_type"] == FAKE_HEAD_NODE_TYPE
+    )  # the fake provider knows its head by this name only
     cloud = yaml.safe_load((REPO / "cluster.yaml").read_text())
     workers = {name for name in local["available_node_types"] if name != local["head_node_type"]}
     assert workers == {name for name in cloud["available_node_types"] if name != cloud["head_node_type"]}
@@ -46,16 +48,47 @@ def test_the_local_cluster_yaml_is_valid_and_shaped_like_cluster_yaml():
 @pytest.mark.cluster
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_sweep_on_the_autoscaler_gets_nodes_survives_a_preemption_and_gives_the_nodes_back(tiny_dataset, tmp_path):
+def test_a_sweep_on_the_autoscaler_gets_nodes_survives_a_preemption_and_gives_the_nodes_back(
+    tiny_dataset, tmp_path
+):
     runs = tmp_path / "runs"
     report = tmp_path / "drill.json"
-    sweep = ["tune", "margin", "--preset", "tiny", "--data", str(tiny_dataset), "--num-samples", "1",
-             "--storage", str(runs), "--storage-shared", "train.num_workers=1", "train.cpus_per_worker=1",
-             f"train.epochs={EPOCHS}", f"train.batch_size={BATCH}", f"train.checkpoint_every={CHECKPOINT_EVERY}",
-             "train.log_every=1", "train.min_steps=0", "train.max_failures=2"]  # fmt: skip
-    result = run_drill("raydist.autoscaling", "--config", str(LOCAL_YAML), "--preempt-in", str(runs),
-                       "--idle-timeout-s", str(IDLE_S), "--timeout", "420", "--", *sweep, report=report,
-                       timeout=500)  # fmt: skip
+    sweep = [
+        "tune",
+        "margin",
+        "--preset",
+        "tiny",
+        "--data",
+        str(tiny_dataset),
+        "--num-samples",
+        "1",
+        "--storage",
+        str(runs),
+        "--storage-shared",
+        "train.num_workers=1",
+        "train.cpus_per_worker=1",
+        f"train.epochs={EPOCHS}",
+        f"train.batch_size={BATCH}",
+        f"train.checkpoint_every={CHECKPOINT_EVERY}",
+        "train.log_every=1",
+        "train.min_steps=0",
+        "train.max_failures=2",
+    ]
+    result = run_drill(
+        "raydist.autoscaling",
+        "--config",
+        str(LOCAL_YAML),
+        "--preempt-in",
+        str(runs),
+        "--idle-timeout-s",
+        str(IDLE_S),
+        "--timeout",
+        "420",
+        "--",
+        *sweep,
+        report=report,
+        timeout=500,
+    )
     text = result["text"]
     assert result["returncode"] == 0, text[-4000:]
 

@@ -59,9 +59,19 @@ def band_pairs(root) -> Path:
     for k, split in enumerate(["train"] * 135 + ["val"] * 12 + ["test"] * 12):
         c = k % 3
         Image.fromarray(band_image(c, rng), mode="L").save(root / f"{k}.png")
-        captions = [f"band {('top', 'middle', 'bottom')[c]}", f"a {('high', 'central', 'low')[c]} band", "stripe"]
-        entries.append({"filename": f"{k}.png", "split": split, "imgid": k,
-                        "sentences": [{"raw": t} for t in captions[: 2 + k % 2]]})  # fmt: skip
+        captions = [
+            f"band {('top', 'middle', 'bottom')[c]}",
+            f"a {('high', 'central', 'low')[c]} band",
+            "stripe",
+        ]
+        entries.append(
+            {
+                "filename": f"{k}.png",
+                "split": split,
+                "imgid": k,
+                "sentences": [{"raw": t} for t in captions[: 2 + k % 2]],
+            }
+        )
     (root / "dataset.json").write_text(json.dumps({"images": entries}))
     return convert_karpathy(root / "dataset.json", root, root / "data", min_count=1)
 
@@ -69,7 +79,11 @@ def band_pairs(root) -> Path:
 def test_the_flattened_pixels_are_the_decoded_png_pixels_normalised(grey) -> None:
     data, transform, flat = grey
     manifest = load_manifest(flat)
-    assert manifest.image_format == "features" and manifest.task == "labels" and manifest.feature_dim == SIDE * SIDE
+    assert (
+        manifest.image_format == "features"
+        and manifest.task == "labels"
+        and manifest.feature_dim == SIDE * SIDE
+    )
     for split in ("train", "val", "test"):
         source, vectors = read_split(data, split).to_pylist(), read_split(flat, split).to_pylist()
         assert [r["image_id"] for r in vectors] == [r["image_id"] for r in source]
@@ -79,7 +93,9 @@ def test_the_flattened_pixels_are_the_decoded_png_pixels_normalised(grey) -> Non
                 pixels = np.asarray(img.convert("L"), dtype=np.float64) / 255
             expected = ((pixels - 0.5) / 0.5).ravel()
             np.testing.assert_allclose(np.asarray(vec["image"], dtype=np.float64), expected, atol=1e-6)
-            np.testing.assert_allclose(raw_pixels(np.asarray([vec["image"]]), transform)[0], pixels.ravel(), atol=1e-6)
+            np.testing.assert_allclose(
+                raw_pixels(np.asarray([vec["image"]]), transform)[0], pixels.ravel(), atol=1e-6
+            )
 
 
 def brute_nn1(x: np.ndarray, labels: np.ndarray) -> float:
@@ -106,19 +122,28 @@ def test_the_one_nn_baselines_match_brute_force(grey) -> None:
 
 
 def test_the_bench_runs_in_process_on_an_image_caption_set(tmp_path, capsys, monkeypatch) -> None:
-    monkeypatch.setattr("raydist.plots.plot_run", lambda *a, **k: [])  # each run's PNGs: seconds, not looked at
+    monkeypatch.setattr(
+        "raydist.plots.plot_run", lambda *a, **k: []
+    )  # each run's PNGs: seconds, not looked at
     data = band_pairs(tmp_path)
     assert main(["bench", "pixels-vs-vectors", "--data", str(data), "--smoke", "--in-process"]) == 0
     out = capsys.readouterr().out
-    table = out[out.index("### pixels-vs-vectors (smoke)"):]
+    table = out[out.index("### pixels-vs-vectors (smoke)") :]
     rows = [line for line in table.splitlines() if line.startswith("| ")]
     assert rows[0].startswith("| variant | i2t R@1 |") and rows[0].endswith("| rsum | steps | wall s |")
     names = [r.split(" | ")[0].removeprefix("| ") for r in rows[1:5]]
-    assert names == ["pixels: small-cnn (defaults)", "vectors: linear on flattened pixels",
-                     "baseline: CCA-16 on flattened pixels", "baseline: least squares on flattened pixels"]  # fmt: skip
+    assert names == [
+        "pixels: small-cnn (defaults)",
+        "vectors: linear on flattened pixels",
+        "baseline: CCA-16 on flattened pixels",
+        "baseline: least squares on flattened pixels",
+    ]
     # one epoch each: one step of the 135 images; 2 of their 337 caption rows (one row per caption)
     assert [r.split(" | ")[-2] for r in rows[1:3]] == ["1", "2"]
     verdict = [r.split(" | ")[0].removeprefix("| ") for r in rows[5:]]
-    assert verdict == ["test rsum", "vectors: linear on flattened pixels",
-                       "best baseline: least squares on flattened pixels"]  # fmt: skip
+    assert verdict == [
+        "test rsum",
+        "vectors: linear on flattened pixels",
+        "best baseline: least squares on flattened pixels",
+    ]
     assert out.count("[raydist] pixels-vs-vectors: ") == 4  # one progress line per row, training's swallowed

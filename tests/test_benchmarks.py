@@ -13,9 +13,25 @@ from raydist.benchmarks.harness import RAY_BENCHMARKS
 from raydist.benchmarks.loss import dense_max_of_hinges
 from raydist.losses import l2_normalize, ranking_loss
 
-NAMES = ["loss", "loss-memory", "data", "step", "gather", "gc", "startup", "retrieval", "real-cross-view",
-         "text-encoders", "tokenize", "images", "pixels-vs-vectors"]
-NEEDS_SKLEARN = {"real-cross-view", "pixels-vs-vectors"}  # the experiments extra (pixels-vs-vectors: its default data)
+NAMES = [
+    "loss",
+    "loss-memory",
+    "data",
+    "step",
+    "gather",
+    "gc",
+    "startup",
+    "retrieval",
+    "real-cross-view",
+    "text-encoders",
+    "tokenize",
+    "images",
+    "pixels-vs-vectors",
+]
+NEEDS_SKLEARN = {
+    "real-cross-view",
+    "pixels-vs-vectors",
+}  # the experiments extra (pixels-vs-vectors: its default data)
 
 
 # the benchmarks that run on Ray (data, step, …, pixels-vs-vectors without --in-process) or spawn two gloo processes

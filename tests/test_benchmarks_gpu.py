@@ -16,8 +16,14 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_check_skips_without_a_gpu(tmp_path: Path) -> None:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no device, on any machine
     start = time.perf_counter()
-    done = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh"), str(tmp_path / "out")], env=env,
-                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    done = subprocess.run(
+        ["bash", str(ROOT / "bench" / "gpu_check.sh"), str(tmp_path / "out")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert time.perf_counter() - start < 60
     assert done.stdout.startswith("gpu check skipped: ")

@@ -17,13 +17,28 @@ from raydist.train.loop import Progress, samples_per_s
 
 def _train(tmp_path: Path, data: Path, *extra: str) -> tuple[int, dict]:
     out = tmp_path / f"outcome-{len(list(tmp_path.glob('outcome-*')))}.json"
-    code = main(["train", "--preset", "tiny", "--data", str(data), "--storage", str(tmp_path / "runs"),
-                 "--json", str(out), "train.num_workers=0", *extra])  # fmt: skip
+    code = main(
+        [
+            "train",
+            "--preset",
+            "tiny",
+            "--data",
+            str(data),
+            "--storage",
+            str(tmp_path / "runs"),
+            "--json",
+            str(out),
+            "train.num_workers=0",
+            *extra,
+        ]
+    )
     return code, (json.loads(out.read_text()) if out.exists() else {})
 
 
 def test_version():
-    out = subprocess.run([sys.executable, "-m", "raydist.cli", "--version"], check=False, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "raydist.cli", "--version"], check=False, capture_output=True, text=True
+    )
     assert out.returncode == 0 and out.stdout.startswith("raydist ")
 
 
@@ -44,13 +59,27 @@ def test_in_process_run_resume_and_eval(small_pairs, tmp_path, capsys):  # 400 r
 
     # --resume takes the checkpoint's config (tiny, not the default preset) and says what changed
     out = tmp_path / "resumed.json"
-    code = main(["train", "--resume", str(run), "--storage", str(tmp_path / "runs"), "--name", "run2",
-                 "--json", str(out), "train.epochs=2"])  # fmt: skip
+    code = main(
+        [
+            "train",
+            "--resume",
+            str(run),
+            "--storage",
+            str(tmp_path / "runs"),
+            "--name",
+            "run2",
+            "--json",
+            str(out),
+            "train.epochs=2",
+        ]
+    )
     assert code == 0
     printed = capsys.readouterr().out
     assert "changed: train.epochs: 1 -> 2" in printed
     resumed = json.loads(out.read_text())
-    assert [m["epoch"] for m in resumed["history"]] == [1, 2] and resumed["resumed_at"] == [first["history"][-1]["step"]]
+    assert [m["epoch"] for m in resumed["history"]] == [1, 2] and resumed["resumed_at"] == [
+        first["history"][-1]["step"]
+    ]
     # ... and refuses keys that shape the saved model, before any work
     assert main(["train", "--resume", str(run), "model.embed_dim=128"]) == 2
     assert "cannot change model.embed_dim" in capsys.readouterr().err
@@ -68,8 +97,20 @@ def test_in_process_run_resume_and_eval(small_pairs, tmp_path, capsys):  # 400 r
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_failed_run_is_one_error_line_and_exit_1(ray_cluster, tiny_dataset, tmp_path, capsys):
-    code = main(["train", "--preset", "tiny", "--data", str(tiny_dataset), "--storage", str(tmp_path),
-                 "train.epochs=1", "debug.fail_at_step=2", "train.max_failures=0"])  # fmt: skip
+    code = main(
+        [
+            "train",
+            "--preset",
+            "tiny",
+            "--data",
+            str(tiny_dataset),
+            "--storage",
+            str(tmp_path),
+            "train.epochs=1",
+            "debug.fail_at_step=2",
+            "train.max_failures=0",
+        ]
+    )
     assert code == 1
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("raydist: error:")]
     assert len(err) == 1 and "training failed" in err[0] and "full log:" in err[0]
@@ -95,8 +136,10 @@ def test_samples_per_s_is_one_definition_for_progress_lines_epochs_and_the_step_
     p.start_epoch()  # validation between epochs is not training time
     assert p.epoch_samples_per_s() == 0.0 and p.times == []
     bench_ends = [0.0, 3.0, 5.0, 5.5, 6.0, 7.0]  # the benchmark leaves out the first WARM_STEPS steps
-    assert steps_per_s(bench_ends) * 64 == pytest.approx(samples_per_s(bench_ends[WARM_STEPS - 1:], 64))
-    assert steps_per_s(bench_ends) == pytest.approx((len(bench_ends) - WARM_STEPS) / (7.0 - bench_ends[WARM_STEPS - 1]))
+    assert steps_per_s(bench_ends) * 64 == pytest.approx(samples_per_s(bench_ends[WARM_STEPS - 1 :], 64))
+    assert steps_per_s(bench_ends) == pytest.approx(
+        (len(bench_ends) - WARM_STEPS) / (7.0 - bench_ends[WARM_STEPS - 1])
+    )
 
 
 def test_every_help_shows_real_defaults_once_and_no_empty_ones():
@@ -108,5 +151,7 @@ def test_every_help_shows_real_defaults_once_and_no_empty_ones():
         text = " ".join(command.format_help().split())
         assert "(default: None)" not in text and "(default: False)" not in text, name
     assert "(default: 10)" in " ".join(commands["retrieve"].format_help().split())  # --k
-    tune = " ".join(commands["tune"].format_help().split())  # a help that states its default gets no second one
+    tune = " ".join(
+        commands["tune"].format_help().split()
+    )  # a help that states its default gets no second one
     assert "(default: the embedded synthetic dataset, cached) --preset" in tune

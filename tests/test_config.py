@@ -26,9 +26,11 @@ def test_presets_ship_and_vsepp_recipe_matches_paper():
 
 
 def test_overrides_coerce_types():
-    c = load_config(overrides=parse_overrides(
-        ["loss.margin=0.1", "train.batch_size=64", "loss.hardest=false", "loss.negative_set_size=null"]
-    ))
+    c = load_config(
+        overrides=parse_overrides(
+            ["loss.margin=0.1", "train.batch_size=64", "loss.hardest=false", "loss.negative_set_size=null"]
+        )
+    )
     assert c.loss.margin == 0.1 and c.train.batch_size == 64 and c.loss.hardest is False
     assert c.loss.negative_set_size is None
     assert load_config(overrides={"loss.negative_set_size": "32"}).loss.negative_set_size == 32
@@ -64,11 +66,24 @@ def test_dumped_yaml_round_trips_as_preset_file(tmp_path):
 
 
 def test_cli_prints_config_and_rejects_unknown_keys(tmp_path):
-    run = [sys.executable, "-m", "raydist.cli", "train", "--preset", "tiny", "--print-config", "loss.margin=0.3"]
+    run = [
+        sys.executable,
+        "-m",
+        "raydist.cli",
+        "train",
+        "--preset",
+        "tiny",
+        "--print-config",
+        "loss.margin=0.3",
+    ]
     out = subprocess.run(run, capture_output=True, text=True, check=True).stdout
     assert yaml.safe_load(out)["loss"]["margin"] == 0.3
     bad = subprocess.run(run[:-1] + ["loss.nope=1"], check=False, capture_output=True, text=True)
-    assert bad.returncode == 2 and "unknown config key 'loss.nope'" in bad.stderr and "did you mean" in bad.stderr
+    assert (
+        bad.returncode == 2
+        and "unknown config key 'loss.nope'" in bad.stderr
+        and "did you mean" in bad.stderr
+    )
     assert "train.lr" not in bad.stderr  # the closest keys, not all of them
 
 
@@ -77,5 +92,12 @@ def test_cli_options_and_overrides_in_any_order():
 
     a = parse_args(["train", "loss.margin=0.3", "--preset", "tiny", "train.epochs=2", "--print-config"])
     assert a.preset == "tiny" and a.print_config and a.overrides == ["loss.margin=0.3", "train.epochs=2"]
-    t = parse_args(["tune", "tune_spaces/margin.yaml", "--preset", "tiny", "train.epochs=2", "--num-samples", "2"])
-    assert (t.space, t.preset, t.num_samples, t.overrides) == ("tune_spaces/margin.yaml", "tiny", 2, ["train.epochs=2"])
+    t = parse_args(
+        ["tune", "tune_spaces/margin.yaml", "--preset", "tiny", "train.epochs=2", "--num-samples", "2"]
+    )
+    assert (t.space, t.preset, t.num_samples, t.overrides) == (
+        "tune_spaces/margin.yaml",
+        "tiny",
+        2,
+        ["train.epochs=2"],
+    )

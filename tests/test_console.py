@@ -7,8 +7,10 @@ import pytest
 
 from raydist import console
 
-PROGRESS = ["[raydist] epoch 1/5 step 20/117 (17%) samples/s 1234 ETA 3m05s loss 12.3",
-            "[raydist] epoch 1/5 step 40/117 (34%) samples/s 1250 ETA 2m50s loss 11.0"]  # fmt: skip
+PROGRESS = [
+    "[raydist] epoch 1/5 step 20/117 (17%) samples/s 1234 ETA 3m05s loss 12.3",
+    "[raydist] epoch 1/5 step 40/117 (34%) samples/s 1250 ETA 2m50s loss 11.0",
+]
 EPOCH = "[raydist] epoch 1 SH loss 10.9 val rsum 320.1"
 
 
@@ -32,13 +34,15 @@ def test_a_terminal_redraws_one_bar_then_starts_the_next_line_below(monkeypatch)
     console.emit([EPOCH])
     text = out.getvalue()
     first, second = text.split("\r\033[K")[1:]
-    assert first == "[raydist] [###.................] " + PROGRESS[0][len("[raydist] "):]  # 17% of 20 = 3
+    assert first == "[raydist] [###.................] " + PROGRESS[0][len("[raydist] ") :]  # 17% of 20 = 3
     assert second.startswith("[raydist] [######..............] epoch 1/5 step 40/117")  # 34% → 6
     assert second.endswith("loss 11.0\n" + EPOCH + "\n")  # the bar line is closed before the epoch line
     assert text.count("\n") == 2
 
 
-@pytest.mark.parametrize("line", [EPOCH, "[raydist] schedule: 5 epochs × 117 steps", "epoch 1/5 step 2/3 (66%)"])
+@pytest.mark.parametrize(
+    "line", [EPOCH, "[raydist] schedule: 5 epochs × 117 steps", "epoch 1/5 step 2/3 (66%)"]
+)
 def test_only_progress_lines_get_a_bar(line):
     assert console.progress_bar(line) is None
 
@@ -71,19 +75,25 @@ class _OneRayletMessage:
 
 
 @pytest.mark.parametrize("verbose", [False, True])
-def test_raylet_warnings_go_to_the_log_file_and_only_with_v_to_the_console(verbose, monkeypatch, tmp_path, capsys):
+def test_raylet_warnings_go_to_the_log_file_and_only_with_v_to_the_console(
+    verbose, monkeypatch, tmp_path, capsys
+):
     import threading
 
     import ray._private.worker as ray_worker
     from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
 
     # Ray's own printer (an earlier in-process run may have routed it), restored afterwards
-    monkeypatch.setattr(ray_worker, "print_to_stdstream", console._ray_print.get("original", ray_worker.print_to_stdstream))
+    monkeypatch.setattr(
+        ray_worker, "print_to_stdstream", console._ray_print.get("original", ray_worker.print_to_stdstream)
+    )
     monkeypatch.setattr(console, "_ray_print", {})
     monkeypatch.setattr(dispatcher, "handlers", list(dispatcher.handlers))
     monkeypatch.setitem(console._state, "verbose", verbose)
     # Ray drops a line like one it printed recently (numbers aside): each case words its own.
-    warning = f"WARNING: 9 PYTHON worker processes have been started ({'verbose' if verbose else 'quiet'} console)"
+    warning = (
+        f"WARNING: 9 PYTHON worker processes have been started ({'verbose' if verbose else 'quiet'} console)"
+    )
     stop = threading.Event()
     ray_worker.listen_error_messages(_OneRayletMessage(warning, stop), stop)
     assert warning in capsys.readouterr().out  # Ray itself prints it on the console
@@ -104,16 +114,22 @@ def test_the_cleaners_state_api_warning_is_left_out_of_the_log(monkeypatch, tmp_
     import ray._private.worker as ray_worker
     from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
 
-    monkeypatch.setattr(ray_worker, "print_to_stdstream", console._ray_print.get("original", ray_worker.print_to_stdstream))
+    monkeypatch.setattr(
+        ray_worker, "print_to_stdstream", console._ray_print.get("original", ray_worker.print_to_stdstream)
+    )
     monkeypatch.setattr(console, "_ray_print", {})
     monkeypatch.setattr(dispatcher, "handlers", list(dispatcher.handlers))
     monkeypatch.setitem(console._state, "verbose", False)
     console.route_ray_output(tmp_path / "raydist.log")
     # the cleaner's words in Ray 2.60 (ray/train/v2/_internal/execution/controller/placement_group_cleaner.py)
-    noise = ("Failed to query Ray Train Controller actor state. State API may be temporarily unavailable. "
-             "Continuing to monitor.")  # fmt: skip
+    noise = (
+        "Failed to query Ray Train Controller actor state. State API may be temporarily unavailable. "
+        "Continuing to monitor."
+    )
     dispatcher.emit({"actor_name": "PlacementGroupCleaner", "pid": 1, "lines": [noise, noise]})
-    dispatcher.emit({"actor_name": "RayTrainWorker", "pid": 2, "lines": [noise, "[raydist] epoch 1/1 done", "other"]})
+    dispatcher.emit(
+        {"actor_name": "RayTrainWorker", "pid": 2, "lines": [noise, "[raydist] epoch 1/1 done", "other"]}
+    )
     logged = (tmp_path / "raydist.log").read_text()
     assert logged == "(RayTrainWorker) [raydist] epoch 1/1 done\n(RayTrainWorker) other\n"
     assert capsys.readouterr().out == "[raydist] epoch 1/1 done\n"
@@ -129,8 +145,11 @@ def test_ray_datas_planning_lines_stay_off_the_console_without_v(verbose, monkey
     import ray.data  # noqa: F401  (Ray Data configures its logger on first import, before the CLI's own set-up)
 
     logger = logging.getLogger("ray.data")
-    streams = [h for h in logger.handlers if isinstance(h, logging.StreamHandler)
-               and not isinstance(h, logging.FileHandler)]  # fmt: skip
+    streams = [
+        h
+        for h in logger.handlers
+        if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
+    ]
     saved = [h.level for h in streams]
     names = ("ray", "ray.train", "ray.tune", "ray.data")
     levels = {name: logging.getLogger(name).level for name in names}
@@ -139,10 +158,15 @@ def test_ray_datas_planning_lines_stay_off_the_console_without_v(verbose, monkey
         for h in streams:
             h.setLevel(logging.INFO)  # as Ray Data configures it
         logger.setLevel(logging.DEBUG)
-        console.configure_console(verbose)  # as the CLI does first (it must not undo what Ray Data's file gets)
+        console.configure_console(
+            verbose
+        )  # as the CLI does first (it must not undo what Ray Data's file gets)
         console.quiet_ray_data_console()
-        streams = [h for h in logger.handlers if isinstance(h, logging.StreamHandler)
-                   and not isinstance(h, logging.FileHandler)]  # fmt: skip
+        streams = [
+            h
+            for h in logger.handlers
+            if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
+        ]
         others = [h for h in logger.handlers if h not in streams]
         assert streams and others  # Ray Data's console handler and its session file handler
         assert all(h.level == (logging.INFO if verbose else logging.WARNING) for h in streams)

@@ -32,8 +32,14 @@ def lower_median(values):
 
 # Karpathy fixture: (filepath, filename, split, sentences, mode, (width, height))
 KARPATHY = [
-    ("train2014", "a.jpg", "train", [{"raw": " A red bus. ", "tokens": ["a", "red", "bus"]},
-                                     {"raw": "A red bus parked", "tokens": []}], "RGB", (16, 8)),
+    (
+        "train2014",
+        "a.jpg",
+        "train",
+        [{"raw": " A red bus. ", "tokens": ["a", "red", "bus"]}, {"raw": "A red bus parked", "tokens": []}],
+        "RGB",
+        (16, 8),
+    ),
     ("val2014", "b.png", "restval", [{"tokens": ["a", "grey", "cat"]}], "L", (10, 20)),
     ("train2014", "c.png", "val", [{"raw": "a dog"}], "RGB", (8, 8)),
     ("val2014", "d.jpg", "test", [{"raw": "a zebra"}, {"raw": "zebra zebra"}], "L", (9, 9)),
@@ -48,8 +54,16 @@ def karpathy(tmp_path):
     root, entries, data = tmp_path / "images", [], {}
     for k, (filepath, filename, split, sentences, mode, size) in enumerate(KARPATHY):
         data[filename] = save(root / filepath / filename, mode, size, seed=k)
-        entries.append({"filepath": filepath, "filename": filename, "split": split, "sentences": sentences,
-                        "imgid": k, "cocoid": 1000 + k})
+        entries.append(
+            {
+                "filepath": filepath,
+                "filename": filename,
+                "split": split,
+                "sentences": sentences,
+                "imgid": k,
+                "cocoid": 1000 + k,
+            }
+        )
     src = tmp_path / "dataset_coco.json"
     src.write_text(json.dumps({"images": entries, "dataset": "coco"}))
     return src, root, data
@@ -59,7 +73,10 @@ def test_karpathy_shards_hold_the_files_captions_and_splits(tmp_path, karpathy):
     src, root, data = karpathy
     out = convert_karpathy(src, root, tmp_path / "out", min_count=1)
     expected = {  # split -> (filenames in file order, captions); restval joins train
-        "train": (["a.jpg", "b.png", "e.png"], [["A red bus.", "A red bus parked"], ["a grey cat"], ["a red car"]]),
+        "train": (
+            ["a.jpg", "b.png", "e.png"],
+            [["A red bus.", "A red bus parked"], ["a grey cat"], ["a red car"]],
+        ),
         "val": (["c.png"], [["a dog"]]),
         "test": (["d.jpg", "f.jpg"], [["a zebra", "zebra zebra"], ["a bird"]]),
     }
@@ -75,8 +92,13 @@ def test_karpathy_shards_hold_the_files_captions_and_splits(tmp_path, karpathy):
     manifest = load_manifest(out)
     sizes = {row[1]: row[5] for row in KARPATHY}
     train_sizes = [sizes[n] for n in expected["train"][0]]
-    assert manifest.image_format == "encoded" and manifest.image_channels == 3 and manifest.feature_dim is None
-    assert manifest.image_size == [lower_median(h for _, h in train_sizes), lower_median(w for w, _ in train_sizes)]
+    assert (
+        manifest.image_format == "encoded" and manifest.image_channels == 3 and manifest.feature_dim is None
+    )
+    assert manifest.image_size == [
+        lower_median(h for _, h in train_sizes),
+        lower_median(w for w, _ in train_sizes),
+    ]
     assert manifest.source["image_id"] == "cocoid"
     vocab = Vocab.load(out / manifest.vocab)
     assert {"red", "bus", "grey", "cat"} <= set(vocab.words) and not {"zebra", "dog"} & set(vocab.words)
@@ -86,13 +108,17 @@ def test_karpathy_shards_hold_the_files_captions_and_splits(tmp_path, karpathy):
 def test_karpathy_without_filepath_or_coco_ids(tmp_path):
     root = tmp_path / "flickr"
     data = [save(root / f"{k}.jpg", seed=k) for k in range(3)]
-    entries = [{"filename": f"{k}.jpg", "split": split, "sentences": [{"raw": f"photo {k}"}], "imgid": 7 - k}
-               for k, split in enumerate(["train", "val", "test"])]
+    entries = [
+        {"filename": f"{k}.jpg", "split": split, "sentences": [{"raw": f"photo {k}"}], "imgid": 7 - k}
+        for k, split in enumerate(["train", "val", "test"])
+    ]
     (tmp_path / "dataset_flickr8k.json").write_text(json.dumps({"images": entries}))
     out = convert_karpathy(tmp_path / "dataset_flickr8k.json", root, tmp_path / "out")
     for k, split in enumerate(["train", "val", "test"]):
         table = read_split(out, split)
-        assert table.column("image").to_pylist() == [data[k]] and table.column("image_id").to_pylist() == [7 - k]
+        assert table.column("image").to_pylist() == [data[k]] and table.column("image_id").to_pylist() == [
+            7 - k
+        ]
     assert load_manifest(out).source["image_id"] == "imgid"
 
 
@@ -132,8 +158,19 @@ def _karpathy_case(src, root, case):
     return r"images\[4\] \(train2014/e.png\): image without captions"
 
 
-@pytest.mark.parametrize("case", ["missing file", "zero-size file", "corrupt png", "truncated jpeg", "gif",
-                                  "no split", "unknown split", "no captions"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "missing file",
+        "zero-size file",
+        "corrupt png",
+        "truncated jpeg",
+        "gif",
+        "no split",
+        "unknown split",
+        "no captions",
+    ],
+)
 def test_karpathy_bad_inputs_name_the_file(tmp_path, karpathy, case):
     src, root, _ = karpathy
     expected = _karpathy_case(src, root, case)
@@ -151,7 +188,9 @@ def coco(tmp_path):
         name = f"COCO_train2014_{image_id:012d}.{'png' if k % 2 else 'jpg'}"
         data[image_id] = save(folder / name, "L" if k == 1 else "RGB", (10 + k, 12), seed=k)
         images.append({"id": image_id, "file_name": name})
-        annotations += [{"image_id": image_id, "caption": f" image {image_id} caption {j}\n"} for j in range(k % 2 + 1)]
+        annotations += [
+            {"image_id": image_id, "caption": f" image {image_id} caption {j}\n"} for j in range(k % 2 + 1)
+        ]
     path = tmp_path / "captions_train2014.json"
     path.write_text(json.dumps({"images": images, "annotations": annotations}))
     return path, folder, data
@@ -166,8 +205,9 @@ def test_coco_images_split_by_sorted_id(tmp_path, coco):
         table = read_split(out, split)
         assert table.column("image_id").to_pylist() == members
         assert table.column("image").to_pylist() == [data[i] for i in members]
-        assert table.column("captions").to_pylist() == [[f"image {i} caption {j}" for j in range(caps_per_image[i])]
-                                                        for i in members]
+        assert table.column("captions").to_pylist() == [
+            [f"image {i} caption {j}" for j in range(caps_per_image[i])] for i in members
+        ]
     assert load_manifest(out).image_size == [12, 11]  # train images 3 (13x12) and 7 (11x12): lower median
 
 
@@ -190,14 +230,46 @@ def test_cli_converts_coco_with_images_and_validates_a_sample(tmp_path, coco, ca
         image["split"] = split
     path.write_text(json.dumps(doc))
     out = tmp_path / "out"
-    assert main(["convert", "coco-json", "--captions", str(path), "--images", str(folder), "--out", str(out),
-                 "--splits", "train=train,train=restval,val=dev,test=test"]) == 0
+    assert (
+        main(
+            [
+                "convert",
+                "coco-json",
+                "--captions",
+                str(path),
+                "--images",
+                str(folder),
+                "--out",
+                str(out),
+                "--splits",
+                "train=train,train=restval,val=dev,test=test",
+            ]
+        )
+        == 0
+    )
     assert read_split(out, "train").column("image_id").to_pylist() == [19, 42, 88]
     assert read_split(out, "val").column("image").to_pylist() == [data[7]]
     assert main(["validate", str(out), "--image-sample", "2"]) == 0
     assert "decoded 2 of 3 images" in capsys.readouterr().out
-    assert main(["convert", "coco-json", "--captions", str(path), "--images", str(folder), "--features", "f.npy",
-                 "--feature-ids", "i.npy", "--out", str(tmp_path / "o2")]) == 2
+    assert (
+        main(
+            [
+                "convert",
+                "coco-json",
+                "--captions",
+                str(path),
+                "--images",
+                str(folder),
+                "--features",
+                "f.npy",
+                "--feature-ids",
+                "i.npy",
+                "--out",
+                str(tmp_path / "o2"),
+            ]
+        )
+        == 2
+    )
     assert "either --images DIR or --features" in capsys.readouterr().err
     assert main(["convert", "karpathy", "--src", str(path), "--out", str(tmp_path / "o3")]) == 2
     assert "convert karpathy: give --images" in capsys.readouterr().err
@@ -220,8 +292,11 @@ def _rows(out, split):
 
 def test_image_folder_split_folders(tmp_path, capsys):
     src = tmp_path / "birds"
-    files = {**_folder(src / "train", {"wren": 2, "crow": 2}), **_folder(src / "val", {"crow": 1}, seed=100),
-             **_folder(src / "test", {"auk": 2}, seed=200)}
+    files = {
+        **_folder(src / "train", {"wren": 2, "crow": 2}),
+        **_folder(src / "val", {"crow": 1}, seed=100),
+        **_folder(src / "test", {"auk": 2}, seed=200),
+    }
     (src / "train" / "wren" / "notes.txt").write_text("not an image")
     (src / "README").write_text("hi")
     out = convert_image_folder(src, tmp_path / "out")
@@ -239,13 +314,17 @@ def test_image_folder_split_folders(tmp_path, capsys):
 
 def test_image_folder_split_by_image_is_stratified(tmp_path):
     files = _folder(tmp_path / "src", {"a": 10, "b": 5, "c": 20})
-    out = convert_image_folder(tmp_path / "src", tmp_path / "out", val_fraction=0.2, test_fraction=0.3, seed=3)
+    out = convert_image_folder(
+        tmp_path / "src", tmp_path / "out", val_fraction=0.2, test_fraction=0.3, seed=3
+    )
     label_of = {data: "abc".index(path.parent.name) for path, data in files.items()}
     seen = []
     for split, fraction in (("val", 0.2), ("test", 0.3)):
         blobs, labels = _rows(out, split)
         assert labels == [label_of[b] for b in blobs]
-        assert [labels.count(k) for k in range(3)] == [round(n * fraction) for n in (10, 5, 20)]  # 2 1 4, 3 2 6
+        assert [labels.count(k) for k in range(3)] == [
+            round(n * fraction) for n in (10, 5, 20)
+        ]  # 2 1 4, 3 2 6
         seen += blobs
     seen += _rows(out, "train")[0]
     assert sorted(seen) == sorted(files.values())  # every image once
@@ -253,8 +332,9 @@ def test_image_folder_split_by_image_is_stratified(tmp_path):
 
 def test_image_folder_split_by_class_is_disjoint(tmp_path):
     files = _folder(tmp_path / "src", {f"class{k}": 2 + k % 3 for k in range(10)})
-    out = convert_image_folder(tmp_path / "src", tmp_path / "out", split_by="class", val_fraction=0.2,
-                               test_fraction=0.3, seed=1)
+    out = convert_image_folder(
+        tmp_path / "src", tmp_path / "out", split_by="class", val_fraction=0.2, test_fraction=0.3, seed=1
+    )
     classes_of = {}
     for split in ("train", "val", "test"):
         blobs, labels = _rows(out, split)
@@ -262,7 +342,8 @@ def test_image_folder_split_by_class_is_disjoint(tmp_path):
         for label in set(labels):  # all of a class's images go together
             name = f"class{label}"
             assert sorted(b for b, y in zip(blobs, labels) if y == label) == sorted(
-                d for p, d in files.items() if p.parent.name == name)
+                d for p, d in files.items() if p.parent.name == name
+            )
     assert [len(classes_of[s]) for s in ("train", "val", "test")] == [5, 2, 3]
     assert set.union(*classes_of.values()) == set(range(10))
 
@@ -290,7 +371,24 @@ def test_image_folder_bad_inputs_name_the_folder_or_file(tmp_path, case):
 def test_cli_converts_an_image_folder(tmp_path, capsys):
     _folder(tmp_path / "src", {"a": 3, "b": 3, "c": 3})
     out = tmp_path / "out"
-    assert main(["convert", "image-folder", "--src", str(tmp_path / "src"), "--out", str(out), "--split-by",
-                 "class", "--val-fraction", "0.3", "--test-fraction", "0.3"]) == 0
+    assert (
+        main(
+            [
+                "convert",
+                "image-folder",
+                "--src",
+                str(tmp_path / "src"),
+                "--out",
+                str(out),
+                "--split-by",
+                "class",
+                "--val-fraction",
+                "0.3",
+                "--test-fraction",
+                "0.3",
+            ]
+        )
+        == 0
+    )
     assert "wrote dataset" in capsys.readouterr().out
     assert [len(set(_rows(out, s)[1])) for s in ("train", "val", "test")] == [1, 1, 1]

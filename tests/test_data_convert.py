@@ -27,8 +27,11 @@ def _precomp(src, per_caption: bool, images=(3, 2, 2), dim=3):
     expected = {}
     for prefix, n in zip(("train", "dev", "test"), images):
         ims = rng.normal(size=(n, dim)).astype(np.float32)
-        caps = [f"{prefix} image {k} caption {j}" + (" trainword" if prefix == "train" else " testword")
-                for k in range(n) for j in range(CPI)]
+        caps = [
+            f"{prefix} image {k} caption {j}" + (" trainword" if prefix == "train" else " testword")
+            for k in range(n)
+            for j in range(CPI)
+        ]
         np.save(src / f"{prefix}_ims.npy", np.repeat(ims, CPI, axis=0) if per_caption else ims)
         (src / f"{prefix}_caps.txt").write_text("\n".join(caps) + "\n")
         expected[prefix] = (ims, caps)
@@ -60,8 +63,13 @@ def test_vsepp_min_count_and_custom_test_prefix(tmp_path):
     _precomp(tmp_path / "src", False)
     (tmp_path / "src" / "test_ims.npy").rename(tmp_path / "src" / "testall_ims.npy")
     (tmp_path / "src" / "test_caps.txt").rename(tmp_path / "src" / "testall_caps.txt")
-    out = convert_vsepp_precomp(tmp_path / "src", tmp_path / "out", captions_per_image=CPI, min_count=4,
-                                splits={"train": "train", "val": "dev", "test": "testall"})
+    out = convert_vsepp_precomp(
+        tmp_path / "src",
+        tmp_path / "out",
+        captions_per_image=CPI,
+        min_count=4,
+        splits={"train": "train", "val": "dev", "test": "testall"},
+    )
     words = Vocab.load(out / "vocab.json").words[4:]
     # 6 train captions "train image k caption j trainword", k < 3, j < 2: "0" and "1" occur 5 times, "2" twice
     assert sorted(words) == ["0", "1", "caption", "image", "train", "trainword"]
@@ -70,8 +78,11 @@ def test_vsepp_min_count_and_custom_test_prefix(tmp_path):
 def test_vsepp_row_count_mismatch_names_files_and_counts(tmp_path):
     _precomp(tmp_path / "src", False)
     np.save(tmp_path / "src" / "dev_ims.npy", np.zeros((3, 3), np.float32))  # 4 captions: need 2 or 4 rows
-    with pytest.raises(RaydistDataError, match=r"dev_ims.npy has 3 rows but .*dev_caps.txt has 4 captions: "
-                                               r"expected 2 rows .* or 4 \(one per caption\)"):
+    with pytest.raises(
+        RaydistDataError,
+        match=r"dev_ims.npy has 3 rows but .*dev_caps.txt has 4 captions: "
+        r"expected 2 rows .* or 4 \(one per caption\)",
+    ):
         convert_vsepp_precomp(tmp_path / "src", tmp_path / "out", captions_per_image=CPI)
     assert not (tmp_path / "out").exists()
 
@@ -80,8 +91,11 @@ def test_vsepp_inconsistent_counts_name_what_would_fit(tmp_path):
     _precomp(tmp_path / "src", False)
     np.save(tmp_path / "src" / "dev_ims.npy", np.zeros((3, 3), np.float32))
     (tmp_path / "src" / "dev_caps.txt").write_text("".join(f"caption {k}\n" for k in range(5)))
-    with pytest.raises(RaydistDataError, match=r"dev_ims.npy has 3 rows but .*dev_caps.txt has 5 captions: expected "
-                                               r"5 rows \(one per caption; not a multiple of captions_per_image=2\)$"):
+    with pytest.raises(
+        RaydistDataError,
+        match=r"dev_ims.npy has 3 rows but .*dev_caps.txt has 5 captions: expected "
+        r"5 rows \(one per caption; not a multiple of captions_per_image=2\)$",
+    ):
         convert_vsepp_precomp(tmp_path / "src", tmp_path / "out", captions_per_image=CPI)
     (tmp_path / "src" / "dev_caps.txt").write_text("".join(f"caption {k}\n" for k in range(9)))
     with pytest.raises(RaydistDataError, match=r"has 9 captions: .*; captions_per_image=3 would fit"):
@@ -92,12 +106,17 @@ def test_vsepp_per_caption_rows_repeat_in_every_group_or_none(tmp_path):
     _precomp(tmp_path / "src", True)
     a, b, c = np.eye(3, dtype=np.float32)
     np.save(tmp_path / "src" / "test_ims.npy", np.stack([a, a, b, c]))  # group 0 repeats, group 1 does not
-    with pytest.raises(RaydistDataError, match=r"test_ims.npy: .*rows 0..1 repeat one image's features .* but row "
-                                               r"3 differs from row 2 \(wrong captions_per_image\?\)"):
+    with pytest.raises(
+        RaydistDataError,
+        match=r"test_ims.npy: .*rows 0..1 repeat one image's features .* but row "
+        r"3 differs from row 2 \(wrong captions_per_image\?\)",
+    ):
         convert_vsepp_precomp(tmp_path / "src", tmp_path / "out", captions_per_image=CPI)
 
 
-@pytest.mark.parametrize("n", [3, 4])  # 3: not a multiple of CPI (the reported case); 4: rows that do not repeat
+@pytest.mark.parametrize(
+    "n", [3, 4]
+)  # 3: not a multiple of CPI (the reported case); 4: rows that do not repeat
 def test_vsepp_one_caption_per_image_is_inferred(tmp_path, n):
     expected = _precomp(tmp_path / "src", False)
     ims = np.random.default_rng(1).normal(size=(n, 3)).astype(np.float32)
@@ -127,12 +146,19 @@ def _coco(tmp_path, with_split: bool, karpathy: bool = False):
     splits = {42: "train", 7: "restval", 13: "train", 99: "val", 5: "test", 61: "train"}
     caps = {i: [f"photo {i} number {j}" for j in range(1 + i % 3)] for i in ids}
     if karpathy:
-        doc = {"images": [{"cocoid": i, "split": splits[i], "sentences": [{"raw": c} for c in caps[i]]}
-                          for i in ids]}
+        doc = {
+            "images": [
+                {"cocoid": i, "split": splits[i], "sentences": [{"raw": c} for c in caps[i]]} for i in ids
+            ]
+        }
     else:
-        doc = {"images": [{"id": i, "file_name": f"{i}.jpg", **({"split": splits[i]} if with_split else {})}
-                          for i in ids],
-               "annotations": [{"image_id": i, "caption": c} for i in reversed(ids) for c in caps[i]]}
+        doc = {
+            "images": [
+                {"id": i, "file_name": f"{i}.jpg", **({"split": splits[i]} if with_split else {})}
+                for i in ids
+            ],
+            "annotations": [{"image_id": i, "caption": c} for i in reversed(ids) for c in caps[i]],
+        }
     (tmp_path / "caps.json").write_text(json.dumps(doc))
     feature_ids = np.array([5, 7, 13, 42, 61, 99, 1000])  # one extra, unused row
     feats = np.arange(len(feature_ids) * 2, dtype=np.float32).reshape(-1, 2) + feature_ids[:, None] * 100
@@ -151,8 +177,9 @@ def _check_split(out, split, image_order, caps, feats):
 @pytest.mark.parametrize("karpathy", [False, True])
 def test_coco_json_with_split_field(tmp_path, karpathy):
     caps, feats, _ = _coco(tmp_path, with_split=True, karpathy=karpathy)
-    out = convert_coco_json(tmp_path / "caps.json", tmp_path / "feats.npy", tmp_path / "ids.npy", tmp_path / "out",
-                            min_count=1)
+    out = convert_coco_json(
+        tmp_path / "caps.json", tmp_path / "feats.npy", tmp_path / "ids.npy", tmp_path / "out", min_count=1
+    )
     assert validate_dataset(out).ok
     _check_split(out, "train", [7, 13, 42, 61], caps, feats)  # restval joins train; sorted by id
     _check_split(out, "val", [99], caps, feats)
@@ -165,8 +192,14 @@ def test_coco_json_with_split_field(tmp_path, karpathy):
 def test_coco_json_counts_from_the_end_of_sorted_ids(tmp_path):
     caps, feats, _ = _coco(tmp_path, with_split=False)
     (tmp_path / "ids.json").write_text(json.dumps([5, 7, 13, 42, 61, 99, 1000]))
-    out = convert_coco_json(tmp_path / "caps.json", tmp_path / "feats.npy", tmp_path / "ids.json", tmp_path / "out",
-                            val_images=2, test_images=1)
+    out = convert_coco_json(
+        tmp_path / "caps.json",
+        tmp_path / "feats.npy",
+        tmp_path / "ids.json",
+        tmp_path / "out",
+        val_images=2,
+        test_images=1,
+    )
     _check_split(out, "train", [5, 7, 13], caps, feats)
     _check_split(out, "val", [42, 61], caps, feats)
     _check_split(out, "test", [99], caps, feats)

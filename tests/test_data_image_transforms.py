@@ -45,7 +45,9 @@ def _normalised(pixels: np.ndarray, mean, std) -> np.ndarray:
 
 def _pillow_resize(pixels: np.ndarray, width: int, height: int) -> np.ndarray:
     if pixels.shape[2] == 1:
-        return np.asarray(Image.fromarray(pixels[:, :, 0]).resize((width, height), Image.Resampling.BILINEAR))[:, :, None]
+        return np.asarray(
+            Image.fromarray(pixels[:, :, 0]).resize((width, height), Image.Resampling.BILINEAR)
+        )[:, :, None]
     return np.asarray(Image.fromarray(pixels).resize((width, height), Image.Resampling.BILINEAR))
 
 
@@ -78,7 +80,9 @@ def test_normalize_is_x_over_255_minus_mean_over_std_per_channel():
     # a batch at once (the streamed path's worker side): the per-image floats, bit for bit
     batch = np.stack([_pixels(5, 7, seed=k) for k in range(4)])  # [4, 5, 7, 3]
     views = normalize_views(np.ascontiguousarray(batch.transpose(0, 3, 1, 2)), MEAN3, STD3)
-    assert views.dtype == np.float32 and np.array_equal(views, np.stack([normalize(b, MEAN3, STD3) for b in batch]))
+    assert views.dtype == np.float32 and np.array_equal(
+        views, np.stack([normalize(b, MEAN3, STD3) for b in batch])
+    )
 
 
 def test_crop_boxes_stay_inside_with_area_and_ratio_in_bounds():
@@ -114,7 +118,7 @@ def _reference_train_view(pixels, size, seed, epoch, sample_id, mean, std):
     """The unflipped train view: the box drawn first from the row's generator, the crop by slicing, Pillow's
     resize, normalisation written out."""
     top, left, h, w = random_resized_crop_box(*pixels.shape[:2], view_rng(seed, epoch, sample_id))
-    return _normalised(_pillow_resize(pixels[top: top + h, left: left + w], size, size), mean, std)
+    return _normalised(_pillow_resize(pixels[top : top + h, left : left + w], size, size), mean, std)
 
 
 def test_train_view_without_flip_is_the_unflipped_reference_and_with_flip_mirrors_about_half():
@@ -125,7 +129,9 @@ def test_train_view_without_flip_is_the_unflipped_reference_and_with_flip_mirror
         plain = train_view(pixels, 16, view_rng(5, 2, sample_id), flip=False, mean=MEAN3, std=STD3)
         np.testing.assert_allclose(plain, ref, rtol=0, atol=1e-5)
         maybe = train_view(pixels, 16, view_rng(5, 2, sample_id), flip=True, mean=MEAN3, std=STD3)
-        if np.allclose(maybe, ref[:, :, ::-1], rtol=0, atol=1e-5) and not np.allclose(maybe, ref, rtol=0, atol=1e-5):
+        if np.allclose(maybe, ref[:, :, ::-1], rtol=0, atol=1e-5) and not np.allclose(
+            maybe, ref, rtol=0, atol=1e-5
+        ):
             flipped += 1
         else:
             np.testing.assert_allclose(maybe, ref, rtol=0, atol=1e-5)
@@ -145,18 +151,29 @@ def test_train_view_is_a_function_of_seed_epoch_and_row():
 
 
 @pytest.mark.parametrize("channels", [1, 3])
-@pytest.mark.parametrize(("height", "width", "fraction", "new_w", "new_h", "top", "left"), [
-    (40, 60, 0.875, 27, 18, 1, 6),  # short side round(16 / 0.875) = 18, long int(18 · 60 / 40) = 27; round(5.5) = 6
-    (60, 40, 0.875, 18, 27, 6, 1),
-    (16, 16, 0.875, 18, 18, 1, 1),  # upsampled
-    (40, 70, 0.875, 31, 18, 1, 8),  # the long side truncated: int(31.5) = 31; round(7.5) = 8
-    (30, 50, 0.9, 30, 18, 1, 7),  # round(16 / 0.9) = round(17.8) = 18
-    (50, 30, 1.0, 16, 26, 5, 0),  # no margin: int(16 · 50 / 30) = 26
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("height", "width", "fraction", "new_w", "new_h", "top", "left"),
+    [
+        (
+            40,
+            60,
+            0.875,
+            27,
+            18,
+            1,
+            6,
+        ),  # short side round(16 / 0.875) = 18, long int(18 · 60 / 40) = 27; round(5.5) = 6
+        (60, 40, 0.875, 18, 27, 6, 1),
+        (16, 16, 0.875, 18, 18, 1, 1),  # upsampled
+        (40, 70, 0.875, 31, 18, 1, 8),  # the long side truncated: int(31.5) = 31; round(7.5) = 8
+        (30, 50, 0.9, 30, 18, 1, 7),  # round(16 / 0.9) = round(17.8) = 18
+        (50, 30, 1.0, 16, 26, 5, 0),  # no margin: int(16 · 50 / 30) = 26
+    ],
+)
 def test_eval_view_is_resize_then_centre_crop(channels, height, width, fraction, new_w, new_h, top, left):
     pixels = decode_image(_encode(_pixels(height, width)), channels)
     mean, std = (MEAN3, STD3) if channels == 3 else ((0.5,), (0.5,))
-    want = _normalised(_pillow_resize(pixels, new_w, new_h)[top: top + 16, left: left + 16], mean, std)
+    want = _normalised(_pillow_resize(pixels, new_w, new_h)[top : top + 16, left : left + 16], mean, std)
     got = eval_view(pixels, 16, mean=mean, std=std, crop_fraction=fraction)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
     t = ImageTransform(size=16, channels=channels, train=False, flip=True, seed=0, crop_fraction=fraction)
@@ -193,10 +210,19 @@ def test_batch_callable_matches_the_per_row_functions_in_any_batch_split():
     assert whole["image"].shape == (5, 3, 12, 12) and whole["image"].dtype == np.float32
     assert whole["caption"] is batch["caption"] and whole["sample_id"] is batch["sample_id"]
     for i, (data, sample_id) in enumerate(zip(batch["image"], batch["sample_id"])):
-        want = train_view(decode_image(data, 3), 12, view_rng(9, 2, int(sample_id)), flip=True,
-                          mean=MEAN3, std=STD3, scale=(0.2, 1.0))  # fmt: skip
+        want = train_view(
+            decode_image(data, 3),
+            12,
+            view_rng(9, 2, int(sample_id)),
+            flip=True,
+            mean=MEAN3,
+            std=STD3,
+            scale=(0.2, 1.0),
+        )
         assert np.array_equal(whole["image"][i], want)
-    parts = np.concatenate([t(_batch(slice(0, 3)), epoch=2)["image"], t(_batch(slice(3, 5)), epoch=2)["image"]])
+    parts = np.concatenate(
+        [t(_batch(slice(0, 3)), epoch=2)["image"], t(_batch(slice(3, 5)), epoch=2)["image"]]
+    )
     assert np.array_equal(parts, whole["image"])
     assert np.array_equal(t.for_epoch(2)(batch)["image"], whole["image"])
     assert not np.array_equal(t(batch)["image"], whole["image"])  # epoch 0 by default
@@ -210,16 +236,18 @@ def test_uint8_views_normalised_per_batch_equal_the_float_views():
     batch = _batch()
     for channels, mean, std in ((3, None, None), (1, None, None), (3, (0.1, 0.2, 0.3), (0.5, 0.6, 0.7))):
         floats = ImageTransform(size=12, channels=channels, train=True, flip=True, seed=9, mean=mean, std=std)
-        small = ImageTransform(size=12, channels=channels, train=True, flip=True, seed=9, mean=mean, std=std,
-                               uint8=True)  # fmt: skip
+        small = ImageTransform(
+            size=12, channels=channels, train=True, flip=True, seed=9, mean=mean, std=std, uint8=True
+        )
         views = small(batch, epoch=3)["image"]
         assert views.dtype == np.uint8 and views.shape == (5, channels, 12, 12)
         want = floats(batch, epoch=3)["image"]
         got = small.normalize_batch(views)
         assert got.dtype == np.float32 and np.array_equal(got, want)
         m, sd = floats.mean, floats.std
-        np.testing.assert_allclose(want, np.stack([_normalised(v.transpose(1, 2, 0), m, sd) for v in views]),
-                                   atol=1e-5)  # fmt: skip
+        np.testing.assert_allclose(
+            want, np.stack([_normalised(v.transpose(1, 2, 0), m, sd) for v in views]), atol=1e-5
+        )
 
 
 def test_train_batches_need_sample_ids():
@@ -230,8 +258,13 @@ def test_train_batches_need_sample_ids():
 
 
 def test_invalid_settings_are_refused():
-    for kwargs in ({"channels": 2}, {"size": 0}, {"scale": (0.5, 0.1)}, {"ratio": (0.0, 1.0)},
-                   {"crop_fraction": 1.5}):  # fmt: skip
+    for kwargs in (
+        {"channels": 2},
+        {"size": 0},
+        {"scale": (0.5, 0.1)},
+        {"ratio": (0.0, 1.0)},
+        {"crop_fraction": 1.5},
+    ):
         with pytest.raises(ValueError):
             ImageTransform(**{"size": 8, "channels": 3, "train": True, "flip": False, "seed": 0, **kwargs})
 
@@ -239,8 +272,12 @@ def test_invalid_settings_are_refused():
 def test_the_transform_unpickles_without_torch():
     """What a Ray Data task runs: unpickling the transform in a fresh interpreter imports no torch."""
     t = ImageTransform(size=8, channels=1, train=True, flip=False, seed=0).for_epoch(1)
-    check = ("import pickle, sys; t = pickle.loads(sys.stdin.buffer.read()); "
-             "print(t.epoch, 'torch' in sys.modules)")  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", check], input=pickle.dumps(t), capture_output=True, check=True)
+    check = (
+        "import pickle, sys; t = pickle.loads(sys.stdin.buffer.read()); "
+        "print(t.epoch, 'torch' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", check], input=pickle.dumps(t), capture_output=True, check=True
+    )
     assert out.stdout.decode().split() == ["1", "False"], out.stderr.decode()[-500:]
     assert math.isclose(t.mean[0], 0.5) and math.isclose(t.std[0], 0.5)

@@ -46,8 +46,10 @@ TRAIN_SIZES = [(8, 12), (16, 8), (24, 32), (12, 20), (20, 16)]
 
 def images(sizes, *, grey=False, seed=0):
     """Alternating PNG and JPEG images of the given sizes (greyscale or RGB)."""
-    return [encode("L" if grey else "RGB", h, w, "PNG" if k % 2 else "JPEG", seed + k)
-            for k, (h, w) in enumerate(sizes)]
+    return [
+        encode("L" if grey else "RGB", h, w, "PNG" if k % 2 else "JPEG", seed + k)
+        for k, (h, w) in enumerate(sizes)
+    ]
 
 
 def write_pairs(out, train, val, test, *, rows_per_shard=2):
@@ -79,8 +81,17 @@ def lower_median(values):
     return ordered[(len(ordered) - 1) // 2]
 
 
-@pytest.mark.parametrize(("mode", "fmt", "channels"), [("RGB", "PNG", 3), ("L", "PNG", 1), ("RGB", "JPEG", 3),
-                                                       ("L", "JPEG", 1), ("LA", "PNG", 1), ("RGBA", "PNG", 3)])
+@pytest.mark.parametrize(
+    ("mode", "fmt", "channels"),
+    [
+        ("RGB", "PNG", 3),
+        ("L", "PNG", 1),
+        ("RGB", "JPEG", 3),
+        ("L", "JPEG", 1),
+        ("LA", "PNG", 1),
+        ("RGBA", "PNG", 3),
+    ],
+)
 def test_check_image_reads_format_size_and_channels(mode, fmt, channels):
     buf = io.BytesIO()
     Image.new(mode, (9, 7)).save(buf, format=fmt)
@@ -88,24 +99,34 @@ def test_check_image_reads_format_size_and_channels(mode, fmt, channels):
     assert (info.format, info.height, info.width, info.channels) == (fmt, 7, 9, channels)
 
 
-@pytest.mark.parametrize(("data", "reason"), [
-    (b"", "zero-size"),
-    (truncated_jpeg(), "truncated"),
-    (corrupt_png(), "corrupt"),
-    (encode("RGB", 8, 8, "GIF"), "unsupported image format GIF"),
-    (b"not an image at all", "corrupt"),
-])
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"", "zero-size"),
+        (truncated_jpeg(), "truncated"),
+        (corrupt_png(), "corrupt"),
+        (encode("RGB", 8, 8, "GIF"), "unsupported image format GIF"),
+        (b"not an image at all", "corrupt"),
+    ],
+)
 def test_check_image_says_why(data, reason):
     with pytest.raises(RaydistDataError, match=reason):
         check_image(data)
 
 
 def test_encoded_pairs_roundtrip_bytes_captions_and_manifest(tmp_path):
-    train, val, test = images(TRAIN_SIZES), images([(8, 8), (10, 6)], seed=10), images([(30, 9)], grey=True, seed=20)
+    train, val, test = (
+        images(TRAIN_SIZES),
+        images([(8, 8), (10, 6)], seed=10),
+        images([(30, 9)], grey=True, seed=20),
+    )
     captions = write_pairs(tmp_path / "ds", train, val, test)
     raw = json.loads((tmp_path / "ds" / "manifest.json").read_text())
     assert raw["image_format"] == "encoded" and "feature_dim" not in raw and raw["image_channels"] == 3
-    assert raw["image_size"] == [lower_median(h for h, _ in TRAIN_SIZES), lower_median(w for _, w in TRAIN_SIZES)]
+    assert raw["image_size"] == [
+        lower_median(h for h, _ in TRAIN_SIZES),
+        lower_median(w for _, w in TRAIN_SIZES),
+    ]
     assert raw["image_size"] == [16, 16]
     assert raw["splits"]["train"]["rows"] == raw["splits"]["train"]["images"] == 5
     manifest = load_manifest(tmp_path / "ds")
@@ -141,12 +162,15 @@ def test_image_files_read_lazily_and_name_a_missing_file(tmp_path):
         files[1]
 
 
-@pytest.mark.parametrize(("bad", "reason"), [
-    (b"", "zero-size image"),
-    (truncated_jpeg(), "truncated"),
-    (corrupt_png(), "corrupt"),
-    (encode("RGB", 8, 8, "GIF"), "unsupported image format GIF"),
-])
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        (b"", "zero-size image"),
+        (truncated_jpeg(), "truncated"),
+        (corrupt_png(), "corrupt"),
+        (encode("RGB", 8, 8, "GIF"), "unsupported image format GIF"),
+    ],
+)
 def test_writer_refuses_a_bad_image_and_writes_nothing(tmp_path, bad, reason):
     train = images(TRAIN_SIZES)
     train[3] = bad
@@ -159,17 +183,28 @@ def test_writer_names_the_source_of_a_bad_image(tmp_path):
     blobs = images([(8, 8), (8, 8)])
     blobs[1] = truncated_jpeg()
     writer = DatasetWriter(tmp_path / "ds", task="labels", num_classes=2)
-    with pytest.raises(RaydistDataError, match=r"row 1: field 'image': truncated.*sample_id 1.*from /src/b.jpg"):
-        writer.add_split("train", np.arange(2), np.arange(2), blobs, labels=np.arange(2),
-                         image_sources=["/src/a.png", "/src/b.jpg"])
+    with pytest.raises(
+        RaydistDataError, match=r"row 1: field 'image': truncated.*sample_id 1.*from /src/b.jpg"
+    ):
+        writer.add_split(
+            "train",
+            np.arange(2),
+            np.arange(2),
+            blobs,
+            labels=np.arange(2),
+            image_sources=["/src/a.png", "/src/b.jpg"],
+        )
     writer.abort()
 
 
-@pytest.mark.parametrize(("captions", "match"), [
-    ([["a"], []], r"row 1: field 'captions': no captions"),
-    ([["a"], ["b", "  "]], r"row 1: field 'captions': a caption is empty"),
-    ([["a"], "b"], r"captions: row 1 is a string; each row .* holds the list of the image's captions"),
-])
+@pytest.mark.parametrize(
+    ("captions", "match"),
+    [
+        ([["a"], []], r"row 1: field 'captions': no captions"),
+        ([["a"], ["b", "  "]], r"row 1: field 'captions': a caption is empty"),
+        ([["a"], "b"], r"captions: row 1 is a string; each row .* holds the list of the image's captions"),
+    ],
+)
 def test_writer_refuses_bad_caption_lists(tmp_path, captions, match):
     writer = DatasetWriter(tmp_path / "ds")
     with pytest.raises(RaydistDataError, match=match):
@@ -180,9 +215,13 @@ def test_writer_refuses_bad_caption_lists(tmp_path, captions, match):
 def test_writer_refuses_two_rows_of_one_image_and_mixed_formats(tmp_path):
     writer = DatasetWriter(tmp_path / "ds", task="labels", num_classes=2)
     with pytest.raises(RaydistDataError, match=r"row 1: field 'image_id'.*each image in one row"):
-        writer.add_split("train", np.array([4, 4]), np.arange(2), images([(8, 8), (8, 8)]), labels=np.zeros(2))
+        writer.add_split(
+            "train", np.array([4, 4]), np.arange(2), images([(8, 8), (8, 8)]), labels=np.zeros(2)
+        )
     writer.add_split("train", np.arange(2), np.arange(2), images([(8, 8), (8, 8)]), labels=np.zeros(2))
-    with pytest.raises(RaydistDataError, match="split 'val': images are features but earlier splits are encoded"):
+    with pytest.raises(
+        RaydistDataError, match="split 'val': images are features but earlier splits are encoded"
+    ):
         writer.add_split("val", np.arange(2, 4), np.arange(2, 4), np.zeros((2, 3)), labels=np.zeros(2))
     writer.abort()
 
@@ -204,8 +243,15 @@ def _replace_image(ds, file, row, data):
     (ds / "manifest.json").write_text(json.dumps(raw))
 
 
-@pytest.mark.parametrize(("data", "reason"), [(truncated_jpeg(), "truncated"), (corrupt_png(), "corrupt"),
-                                              (b"", "zero-size"), (encode("L", 8, 8, "GIF"), "unsupported")])
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (truncated_jpeg(), "truncated"),
+        (corrupt_png(), "corrupt"),
+        (b"", "zero-size"),
+        (encode("L", 8, 8, "GIF"), "unsupported"),
+    ],
+)
 def test_validate_reports_a_bad_image_row(tmp_path, data, reason):
     ds = tmp_path / "ds"
     write_pairs(ds, images(TRAIN_SIZES), images([(8, 8)] * 2), images([(8, 8)]))
@@ -252,13 +298,16 @@ def test_image_sample_finds_a_bad_image_only_when_drawn(tmp_path):
     assert [p.field for p in validate_dataset(ds, image_sample=0).problems] == ["image"]  # zero-size: always
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    ({"feature_dim": 4}, "field 'feature_dim': an 'encoded' dataset has no feature dim"),
-    ({"image_size": None}, "field 'image_size': missing"),
-    ({"image_channels": 2}, "field 'image_channels': expected 1 .* or 3"),
-    ({"image_size": [8]}, r"field 'image_size': expected \[height, width\]"),
-    ({"image_format": "pixels"}, "field 'image_format': expected one of"),
-])
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"feature_dim": 4}, "field 'feature_dim': an 'encoded' dataset has no feature dim"),
+        ({"image_size": None}, "field 'image_size': missing"),
+        ({"image_channels": 2}, "field 'image_channels': expected 1 .* or 3"),
+        ({"image_size": [8]}, r"field 'image_size': expected \[height, width\]"),
+        ({"image_format": "pixels"}, "field 'image_format': expected one of"),
+    ],
+)
 def test_manifest_image_fields(tmp_path, change, message):
     write_labels(tmp_path / "ds", images([(8, 8)]), images([(8, 8)]), images([(8, 8)]))
     raw = json.loads((tmp_path / "ds" / "manifest.json").read_text())
@@ -268,8 +317,13 @@ def test_manifest_image_fields(tmp_path, change, message):
 
 
 def test_feature_manifest_without_image_format_reads_as_features():
-    raw = {"format_version": 1, "task": "labels", "feature_dim": 4, "num_classes": 2,
-           "splits": {s: {"rows": 0, "images": 0, "shards": []} for s in ("train", "val", "test")}}
+    raw = {
+        "format_version": 1,
+        "task": "labels",
+        "feature_dim": 4,
+        "num_classes": 2,
+        "splits": {s: {"rows": 0, "images": 0, "shards": []} for s in ("train", "val", "test")},
+    }
     assert manifest_from_dict(raw).image_format == "features"
     with pytest.raises(RaydistDataError, match="field 'image_channels': only an 'encoded' dataset has it"):
         manifest_from_dict({**raw, "image_channels": 3})
@@ -283,5 +337,7 @@ def test_encoded_shard_with_a_caption_column_is_refused(tmp_path):
     path = ds / "val" / "part-00000.parquet"
     pq.write_table(pq.read_table(path).append_column("caption", pa.array(["x"])), path)
     problems = [str(p) for p in validate_dataset(ds).problems]
-    assert any("val/part-00000.parquet: field 'caption': unexpected column" in p and "'captions'" in p
-               for p in problems), problems
+    assert any(
+        "val/part-00000.parquet: field 'caption': unexpected column" in p and "'captions'" in p
+        for p in problems
+    ), problems

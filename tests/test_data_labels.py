@@ -21,13 +21,18 @@ SMALL = {"classes": 4, "train_per_class": 12, "val_per_class": 3, "test_per_clas
 
 def _columns(path, split):
     t = read_split(path, split)
-    return {name: feature_matrix(t.column(name)) if name == "image" else t.column(name).to_numpy()
-            for name in t.column_names}
+    return {
+        name: feature_matrix(t.column(name)) if name == "image" else t.column(name).to_numpy()
+        for name in t.column_names
+    }
 
 
 def _shard_hashes(path):
-    return [hashlib.sha256((path / s.file).read_bytes()).hexdigest()
-            for split in load_manifest(path).splits.values() for s in split.shards]
+    return [
+        hashlib.sha256((path / s.file).read_bytes()).hexdigest()
+        for split in load_manifest(path).splits.values()
+        for s in split.shards
+    ]
 
 
 def _nearest_class_mean_accuracy(path):
@@ -39,6 +44,7 @@ def _nearest_class_mean_accuracy(path):
 
 
 # --- synthetic generator --------------------------------------------------------------------------------
+
 
 def test_synthetic_labels_schema_ids_and_validity(tmp_path):
     out = make_synthetic_labels(tmp_path / "ds", **SMALL)
@@ -85,8 +91,10 @@ def test_synthetic_labels_duplicates_are_identical_rows(tmp_path):
 
 def test_synthetic_labels_learnable_and_harder_with_overlap(tmp_path):
     sizes = {"classes": 10, "train_per_class": 200, "val_per_class": 2, "test_per_class": 200, "dim": 32}
-    acc = {ov: _nearest_class_mean_accuracy(make_synthetic_labels(tmp_path / f"o{ov}", overlap=ov, **sizes))
-           for ov in (0.02, 0.3, 0.7, 1.0)}
+    acc = {
+        ov: _nearest_class_mean_accuracy(make_synthetic_labels(tmp_path / f"o{ov}", overlap=ov, **sizes))
+        for ov in (0.02, 0.3, 0.7, 1.0)
+    }
     assert acc[0.02] > 0.7  # chance is 0.1 (seeds 0-2 give 0.79-0.84)
     assert acc[0.02] > acc[0.3] + 0.1 > acc[0.7] + 0.2
     assert abs(acc[1.0] - 0.1) < 0.05  # 2000 test rows: 0.05 is > 7 standard errors of chance
@@ -97,17 +105,33 @@ def test_synthetic_labels_overlap_is_the_pairwise_bayes_error(tmp_path, overlap)
     """Two classes with overlapping coefficient ``overlap``: the Bayes accuracy is 1 − overlap/2, so no
     classifier beats it, and nearest class mean (near-optimal here) comes within 0.05. 4000 test rows:
     one binomial standard error ≤ 0.008, tolerance above the bound 0.025."""
-    out = make_synthetic_labels(tmp_path / "ds", classes=2, train_per_class=2000, val_per_class=1,
-                                test_per_class=2000, dim=32, overlap=overlap, seed=2)
+    out = make_synthetic_labels(
+        tmp_path / "ds",
+        classes=2,
+        train_per_class=2000,
+        val_per_class=1,
+        test_per_class=2000,
+        dim=32,
+        overlap=overlap,
+        seed=2,
+    )
     acc = _nearest_class_mean_accuracy(out)
     assert 1 - overlap / 2 - 0.05 < acc < 1 - overlap / 2 + 0.025
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    ({"classes": 1}, "classes"), ({"train_per_class": 0}, "train_per_class"), ({"test_per_class": 0}, "test"),
-    ({"duplicates": 0}, "duplicates"), ({"dim": 0}, "dim"), ({"overlap": 1.5}, "overlap"),
-    ({"overlap": -0.1}, "overlap"), ({"overlap": float("nan")}, "overlap"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"classes": 1}, "classes"),
+        ({"train_per_class": 0}, "train_per_class"),
+        ({"test_per_class": 0}, "test"),
+        ({"duplicates": 0}, "duplicates"),
+        ({"dim": 0}, "dim"),
+        ({"overlap": 1.5}, "overlap"),
+        ({"overlap": -0.1}, "overlap"),
+        ({"overlap": float("nan")}, "overlap"),
+    ],
+)
 def test_synthetic_labels_refuses_bad_arguments(tmp_path, args, message):
     with pytest.raises(RaydistDataError, match=message):
         make_synthetic_labels(tmp_path / "ds", **{**SMALL, **args})
@@ -123,11 +147,19 @@ def test_synthetic_labels_refuses_existing_folder_without_overwrite(tmp_path):
 
 # --- corrupt_labels ---------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def labelled(tmp_path_factory):
     """5 classes, 10,000 train rows, over several shards."""
-    return make_synthetic_labels(tmp_path_factory.mktemp("labels") / "src", classes=5, train_per_class=2000,
-                                 val_per_class=20, test_per_class=40, dim=4, rows_per_shard=3000)
+    return make_synthetic_labels(
+        tmp_path_factory.mktemp("labels") / "src",
+        classes=5,
+        train_per_class=2000,
+        val_per_class=20,
+        test_per_class=40,
+        dim=4,
+        rows_per_shard=3000,
+    )
 
 
 def test_corrupt_labels_flip_rate_and_flip_targets(labelled, tmp_path):
@@ -179,6 +211,7 @@ def test_corrupt_labels_refuses_bad_p(labelled, tmp_path, p):
 
 # --- convert_npz ------------------------------------------------------------------------------------------
 
+
 def _npz(path, **arrays):
     np.savez(path, **arrays)
     return path
@@ -189,8 +222,11 @@ def test_convert_npz_round_trip_with_split_names_and_codes(tmp_path):
     x, y = rng.normal(size=(30, 5)), rng.integers(0, 3, 30)
     y[:3] = [0, 1, 2]
     names = np.array(["train"] * 20 + ["val"] * 4 + ["TEST"] * 6)
-    for tag, split in (("names", names), ("codes", np.array([0] * 20 + [1] * 4 + [2] * 6)), ("dev", np.where(
-            names == "val", "dev", names))):
+    for tag, split in (
+        ("names", names),
+        ("codes", np.array([0] * 20 + [1] * 4 + [2] * 6)),
+        ("dev", np.where(names == "val", "dev", names)),
+    ):
         out = convert_npz(_npz(tmp_path / f"{tag}.npz", X=x, y=y, split=split), tmp_path / tag)
         assert validate_dataset(out).ok
         assert load_manifest(out).num_classes == 3 and load_manifest(out).source["label_map"] is None
@@ -236,9 +272,14 @@ def test_convert_npz_errors_name_file_and_field(tmp_path):
         "nan": ({"X": bad_x, "y": y}, ["'X'", "row 5", "non-finite"]),
         "float_labels": ({"X": x, "y": np.where(np.arange(10) == 2, 1.5, 0.0)}, ["'y'", "row 2", "1.5"]),
         "empty_label": ({"X": x, "y": np.array(list("abab ababa"))}, ["'y'", "row 4", "empty class label"]),
-        "split_value": ({"X": x, "y": y, "split": np.array(["train"] * 7 + ["holdout"] + ["test"] * 2)},
-                        ["'split'", "row 7", "holdout"]),
-        "empty_split": ({"X": x, "y": y, "split": np.array(["train"] * 8 + ["test"] * 2)}, ["'val'", "no rows"]),
+        "split_value": (
+            {"X": x, "y": y, "split": np.array(["train"] * 7 + ["holdout"] + ["test"] * 2)},
+            ["'split'", "row 7", "holdout"],
+        ),
+        "empty_split": (
+            {"X": x, "y": y, "split": np.array(["train"] * 8 + ["test"] * 2)},
+            ["'val'", "no rows"],
+        ),
     }
     for name, (arrays, fragments) in cases.items():
         src = _npz(tmp_path / f"{name}.npz", **arrays)
@@ -344,7 +385,8 @@ def test_convert_npz_string_labels_remap_in_sorted_order(tmp_path):
     assert load_manifest(noisy).class_names == expected_names
     plain = convert_npz(_npz(tmp_path / "ints.npz", X=x, y=np.arange(200) % 4), tmp_path / "ints")
     assert load_manifest(plain).class_names is None and "class_names" not in json.loads(
-        (plain / "manifest.json").read_text())
+        (plain / "manifest.json").read_text()
+    )
 
 
 def test_standardizing_wine_helps_nearest_neighbour_retrieval(tmp_path):
@@ -355,7 +397,9 @@ def test_standardizing_wine_helps_nearest_neighbour_retrieval(tmp_path):
 
     def one_nn_accuracy(path):
         train, test = _columns(path, "train"), _columns(path, "test")
-        d = ((test["image"][:, None, :].astype(np.float64) - train["image"][None].astype(np.float64)) ** 2).sum(-1)
+        d = (
+            (test["image"][:, None, :].astype(np.float64) - train["image"][None].astype(np.float64)) ** 2
+        ).sum(-1)
         return float((train["label"][d.argmin(axis=1)] == test["label"]).mean())
 
     raw = one_nn_accuracy(convert_npz(src, tmp_path / "raw", seed=0))

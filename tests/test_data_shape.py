@@ -28,10 +28,17 @@ def _write_pairs(out: Path, captions: dict[int, list[str]]) -> Path:
         ids = [i for i, texts in captions.items() for _ in texts]
         texts = [t for i in captions for t in captions[i]]
         writer.vocab = Vocab.build(texts, min_count=1)
-        writer.add_split("train", np.array(ids), np.arange(len(ids)), np.zeros((len(ids), 2), np.float32), texts)
+        writer.add_split(
+            "train", np.array(ids), np.arange(len(ids)), np.zeros((len(ids), 2), np.float32), texts
+        )
         for split, first in (("val", 1000), ("test", 2000)):
-            writer.add_split(split, np.array([first, first + 1]), np.array([first, first + 1]),
-                             np.zeros((2, 2), np.float32), ["a b", "c d"])  # fmt: skip
+            writer.add_split(
+                split,
+                np.array([first, first + 1]),
+                np.array([first, first + 1]),
+                np.zeros((2, 2), np.float32),
+                ["a b", "c d"],
+            )
     return out
 
 
@@ -39,8 +46,10 @@ def test_shared_captions_match_pairwise_count() -> None:
     rng = np.random.default_rng(0)
     words = ["dog", "cat", "Red", "red", "a", "ball", "runs", "sits", "grass", "snow"]
     image_ids = list(range(40))
-    captions = [[" ".join(rng.choice(words, size=rng.integers(2, 4))) + rng.choice(["", "."]) for _ in range(2)]
-                for _ in image_ids]  # fmt: skip
+    captions = [
+        [" ".join(rng.choice(words, size=rng.integers(2, 4))) + rng.choice(["", "."]) for _ in range(2)]
+        for _ in image_ids
+    ]
     expected = _pairwise_shared(image_ids, captions)
     assert 0 < expected < len(image_ids)  # the draw has both shared and unshared images
     assert shared_caption_images(image_ids, captions) == expected

@@ -96,16 +96,32 @@ def test_float16_features_stored_and_read_as_float32(tmp_path):
 
 def test_feature_index_maps_rows_to_feature_matrix(tmp_path):
     feats = np.arange(12, dtype=np.float32).reshape(3, 4)
-    shards = write_split(tmp_path, "train", np.array([5, 5, 6, 7]), np.arange(4), feats,
-                         ["a", "b", "c", "d"], feature_index=np.array([2, 2, 0, 1]))
+    shards = write_split(
+        tmp_path,
+        "train",
+        np.array([5, 5, 6, 7]),
+        np.arange(4),
+        feats,
+        ["a", "b", "c", "d"],
+        feature_index=np.array([2, 2, 0, 1]),
+    )
     table = pq.read_table(tmp_path / shards[0].file)
     np.testing.assert_array_equal(np.stack(table.column("image").to_pylist()), feats[[2, 2, 0, 1]])
 
 
 def test_writer_refuses_scattered_image_and_cleans_up(tmp_path):
-    with pytest.raises(RaydistDataError, match=r"train/part-00002.parquet: row 0: field 'image_id'.*image_id 1"):
-        write_split(tmp_path, "train", np.array([1, 1, 2, 2, 1]), np.arange(5), np.zeros((5, 2)),
-                    list("abcde"), rows_per_shard=2)
+    with pytest.raises(
+        RaydistDataError, match=r"train/part-00002.parquet: row 0: field 'image_id'.*image_id 1"
+    ):
+        write_split(
+            tmp_path,
+            "train",
+            np.array([1, 1, 2, 2, 1]),
+            np.arange(5),
+            np.zeros((5, 2)),
+            list("abcde"),
+            rows_per_shard=2,
+        )
     assert not list((tmp_path / "train").glob("*.parquet"))
 
 
@@ -137,7 +153,9 @@ def test_dataset_writer_is_atomic_and_guards_existing_folders(tmp_path):
         w.vocab = Vocab.build(["x"])
         for i, split in enumerate(("train", "val", "test")):
             w.add_split(split, np.array([i]), np.array([i]), np.ones((1, 3)), ["x"])
-    assert load_manifest(out).feature_dim == 3 and load_manifest(out).splits["train"].shards[0].sha256 != before
+    assert (
+        load_manifest(out).feature_dim == 3 and load_manifest(out).splits["train"].shards[0].sha256 != before
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "notes"]
 
 
@@ -153,7 +171,7 @@ def test_feature_matrix_from_arrow_and_ray_style_batches(tmp_path):
     out, data = _write(tmp_path)
     table = pq.read_table(split_files(out, "train")[1])
     start = len(pq.read_table(split_files(out, "train")[0]))
-    expected = data["train"][2][start:start + table.num_rows]
+    expected = data["train"][2][start : start + table.num_rows]
     np.testing.assert_array_equal(feature_matrix(table.column("image")), expected)
     np.testing.assert_array_equal(feature_matrix(table.column("image").combine_chunks()[1:]), expected[1:])
     per_row = np.empty(len(expected), dtype=object)  # what ray.data numpy batches hold for fixed_size_list

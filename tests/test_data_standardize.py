@@ -58,12 +58,15 @@ def test_saved_statistics_round_trip_and_apply_equals_the_formula(tmp_path):
         standardize_features(queries[:, :3], loaded)
 
 
-@pytest.mark.parametrize(("change", "fragments"), [
-    ({"std": [1.0, 0.0]}, ["'std'", "entry 1", "> 0"]),
-    ({"mean": [0.0]}, ["'mean'", "'std'", "one per feature"]),
-    ({"mean": "oops"}, ["'mean'", "list of numbers"]),
-    ({"zero_variance": [5]}, ["'zero_variance'"]),
-])
+@pytest.mark.parametrize(
+    ("change", "fragments"),
+    [
+        ({"std": [1.0, 0.0]}, ["'std'", "entry 1", "> 0"]),
+        ({"mean": [0.0]}, ["'mean'", "'std'", "one per feature"]),
+        ({"mean": "oops"}, ["'mean'", "list of numbers"]),
+        ({"zero_variance": [5]}, ["'zero_variance'"]),
+    ],
+)
 def test_a_bad_statistics_file_names_file_and_field(tmp_path, change, fragments):
     raw = {"mean": [0.0, 1.0], "std": [1.0, 2.0], "zero_variance": [], "train_rows": 3, **change}
     path = tmp_path / STANDARDIZATION_NAME

@@ -58,7 +58,9 @@ def test_stream_epoch_through_ray_data_gives_each_row_once(ray_cluster):
     batches = list(stream_epoch(ds, rows=96, shuffle_buffer=512, seed=0, epoch=0, rank=0))
     seen = np.concatenate([b["sample_id"] for b in batches])
     assert len(batches) == 2500 // 96 and all(len(b["sample_id"]) == 96 for b in batches)
-    assert len(np.unique(seen)) == len(seen) and not np.array_equal(seen, np.sort(seen))  # shuffled, no repeats
+    assert len(np.unique(seen)) == len(seen) and not np.array_equal(
+        seen, np.sort(seen)
+    )  # shuffled, no repeats
 
 
 def _blocks(n: int, size: int) -> list[dict[str, np.ndarray]]:
@@ -107,8 +109,15 @@ def test_local_batches_handle_empty_and_short_streams():
 def test_read_tasks_group_shards_by_feature_size(tmp_path, monkeypatch):
     from raydist.data import make_synthetic, stream
 
-    out = make_synthetic(tmp_path / "ds", images=60, captions_per_image=5, dim=8, val_images=4, test_images=4,
-                         rows_per_shard=30)  # fmt: skip
+    out = make_synthetic(
+        tmp_path / "ds",
+        images=60,
+        captions_per_image=5,
+        dim=8,
+        val_images=4,
+        test_images=4,
+        rows_per_shard=30,
+    )
     size_mb = 300 * 8 * 4 / 2**20  # train rows × dim × float32
     assert read_tasks(out, 10) == 4  # tiny features: the floor of min(files, 4)
     assert read_tasks(out, 2) == 2  # never more tasks than shards
@@ -166,7 +175,9 @@ def test_stream_transforms_unpickle_without_torch(tiny_dataset, labels_dataset):
         task = build_task(cfg, DataInfo.from_dataset(data))
         fn = train_transform(task.stream_transform(), 1.0, 0)
         check = "import pickle, sys; pickle.loads(sys.stdin.buffer.read()); print('torch' in sys.modules)"
-        out = subprocess.run([sys.executable, "-c", check], input=pickle.dumps(fn), capture_output=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", check], input=pickle.dumps(fn), capture_output=True, check=True
+        )
         assert out.stdout.decode().strip() == "False", out.stderr.decode()[-500:]
         batch = split_columns(data, "train", task.columns)
         got, want = pickle.loads(pickle.dumps(fn))(batch), task.transform(batch)

@@ -22,8 +22,11 @@ SMALL = {"images": 400, "val_images": 8, "test_images": 200, "dim": 64}
 
 
 def _shard_hashes(path):
-    return [hashlib.sha256((path / s.file).read_bytes()).hexdigest()
-            for split in load_manifest(path).splits.values() for s in split.shards]
+    return [
+        hashlib.sha256((path / s.file).read_bytes()).hexdigest()
+        for split in load_manifest(path).splits.values()
+        for s in split.shards
+    ]
 
 
 def test_same_seed_same_bytes_different_seed_different(tmp_path):
@@ -37,7 +40,9 @@ def test_same_seed_same_bytes_different_seed_different(tmp_path):
 
 
 def test_shape_ids_and_near_duplicate_structure(tmp_path):
-    out = make_synthetic(tmp_path / "ds", images=40, val_images=8, test_images=16, dim=8, captions_per_image=3)
+    out = make_synthetic(
+        tmp_path / "ds", images=40, val_images=8, test_images=16, dim=8, captions_per_image=3
+    )
     manifest = load_manifest(out)
     assert [manifest.splits[s].images for s in ("train", "val", "test")] == [40, 8, 16]
     ids = {s: split_arrays(out, s)[0] for s in ("train", "val", "test")}
@@ -45,12 +50,15 @@ def test_shape_ids_and_near_duplicate_structure(tmp_path):
     assert not set(ids["train"]) & set(ids["test"])
     # captions of each test image name attributes; recover each image's object/colour from its captions
     _, _, feats, caps = split_arrays(out, "test")
-    words = [set(" ".join(caps[i:i + 3]).split()) for i in range(0, len(caps), 3)]
+    words = [set(" ".join(caps[i : i + 3]).split()) for i in range(0, len(caps), 3)]
     objects = [next(o for o, syn in ATTRIBUTES["object"].items() if words_i & set(syn)) for words_i in words]
     colours = [next(c for c, syn in ATTRIBUTES["colour"].items() if words_i & set(syn)) for words_i in words]
     # planted near-duplicates: many test images share object and colour with another test image
-    shared = sum(1 for i, j in itertools.combinations(range(16), 2)
-                 if objects[i] == objects[j] and colours[i] == colours[j])
+    shared = sum(
+        1
+        for i, j in itertools.combinations(range(16), 2)
+        if objects[i] == objects[j] and colours[i] == colours[j]
+    )
     assert shared >= 4
     assert np.isfinite(feats).all() and (feats >= 0).all()  # ReLU features
 

@@ -29,10 +29,14 @@ from raydist.data.transforms import CaptionTransform
 from raydist.tasks import DataInfo
 
 CAPTIONS = [
-    "A dog runs on the beach", "two dogs play with a red ball", "a man rides a bike down the street",
-    "children playing in the park near a fountain", "a cat sleeps on the warm windowsill",
-    "an old man reads a newspaper on a bench", "a red bus drives past tall buildings",
-] * 3  # fmt: skip
+    "A dog runs on the beach",
+    "two dogs play with a red ball",
+    "a man rides a bike down the street",
+    "children playing in the park near a fountain",
+    "a cat sleeps on the warm windowsill",
+    "an old man reads a newspaper on a bench",
+    "a red bus drives past tall buildings",
+] * 3
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +96,9 @@ def test_learnt_merges_match_the_naive_algorithm(prefix, suffix):
     words = Counter(w for c in CAPTIONS for w in c.lower().split())
     words.update({"aaaa": 3, "abab": 2})  # repeated pairs inside one word
     for size in (30, 60, 200):
-        assert learn_merges(words, size, prefix=prefix, suffix=suffix) == naive_bpe(words, size, prefix, suffix)
+        assert learn_merges(words, size, prefix=prefix, suffix=suffix) == naive_bpe(
+            words, size, prefix, suffix
+        )
 
 
 @pytest.mark.parametrize("kind", ["wordpiece", "bpe"])
@@ -100,7 +106,9 @@ def test_training_is_deterministic(kind):
     first = train_tokenizer(iter(CAPTIONS), 90, kind).tokenizer.to_str()
     for _ in range(3):
         assert train_tokenizer(iter(CAPTIONS), 90, kind).tokenizer.to_str() == first
-    assert train_tokenizer(iter(CAPTIONS), 100, kind).tokenizer.to_str() != first  # the file reflects its input
+    assert (
+        train_tokenizer(iter(CAPTIONS), 100, kind).tokenizer.to_str() != first
+    )  # the file reflects its input
 
 
 def test_unknown_characters_are_unk(wordpiece):

@@ -28,8 +28,9 @@ SHARD0, SHARD1 = "train/part-00000.parquet", "train/part-00001.parquet"
 @pytest.fixture
 def ds(tmp_path):
     """Tiny valid dataset: train = 8 images x 2 captions in shards of 6, 6, 4 rows; dim 4."""
-    return make_synthetic(tmp_path / "ds", images=8, val_images=4, test_images=4, dim=4, captions_per_image=2,
-                          rows_per_shard=6)
+    return make_synthetic(
+        tmp_path / "ds", images=8, val_images=4, test_images=4, dim=4, captions_per_image=2, rows_per_shard=6
+    )
 
 
 def _manifest(ds):
@@ -61,8 +62,11 @@ def _set(table, name, values, typ=None):
 def _expect(ds, file, field, message, row=None, split="train"):
     """validate_dataset lists a matching problem, and read_split(verify=True) raises naming file/field."""
     report = validate_dataset(ds)
-    hits = [p for p in report.problems if p.file == file and p.field == field and p.row == row
-            and re.search(message, p.message)]
+    hits = [
+        p
+        for p in report.problems
+        if p.file == file and p.field == field and p.row == row and re.search(message, p.message)
+    ]
     assert hits, report.format()
     assert not report.ok and "problem(s)" in report.format()
     with pytest.raises(RaydistDataError, match="problem"):
@@ -90,11 +94,14 @@ def test_missing_manifest(tmp_path):
         read_split(tmp_path, "train")
 
 
-@pytest.mark.parametrize("key, value, message", [
-    ("format_version", 2, "field 'format_version': unknown version 2"),
-    ("task", "Not A Task", "field 'task': expected a task name"),
-    ("feature_dim", "4", "field 'feature_dim': expected an integer, got '4'"),
-])
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("format_version", 2, "field 'format_version': unknown version 2"),
+        ("task", "Not A Task", "field 'task': expected a task name"),
+        ("feature_dim", "4", "field 'feature_dim': expected an integer, got '4'"),
+    ],
+)
 def test_manifest_bad_field(ds, key, value, message):
     raw = _manifest(ds)
     raw[key] = value
@@ -118,9 +125,12 @@ def test_unknown_task_is_refused_above_the_data_layer(labels_dataset, tmp_path):
     assert validate_dataset(ds).ok
     report = validate_dataset(ds, tasks=task_names())
     assert [str(p) for p in report.problems] == [
-        f"manifest.json: field 'task': unknown task 'triplets'; expected one of {task_names()}"]
+        f"manifest.json: field 'task': unknown task 'triplets'; expected one of {task_names()}"
+    ]
     assert {"labels", "pairs"} <= set(task_names())
-    with pytest.raises(RaydistDataError, match=re.escape("manifest.json: field 'task': unknown task 'triplets'")):
+    with pytest.raises(
+        RaydistDataError, match=re.escape("manifest.json: field 'task': unknown task 'triplets'")
+    ):
         build_task(Config(), DataInfo.from_dataset(ds))
 
 
@@ -146,7 +156,9 @@ def test_sha256_mismatch(ds):
 @pytest.mark.parametrize("content", ["truncated", "text"])
 def test_file_truncated_or_not_parquet(ds, content):
     data = (ds / SHARD1).read_bytes()
-    (ds / SHARD1).write_bytes(data[: len(data) // 2] if content == "truncated" else b"image_id,caption\n1,a\n")
+    (ds / SHARD1).write_bytes(
+        data[: len(data) // 2] if content == "truncated" else b"image_id,caption\n1,a\n"
+    )
     report = validate_dataset(ds)
     assert any(p.file == SHARD1 and p.field == "sha256" for p in report.problems)
     _expect(ds, SHARD1, None, "not a readable Parquet file")
@@ -207,16 +219,24 @@ def test_labels_out_of_range(tmp_path):
     with DatasetWriter(out, task="labels", num_classes=3) as writer:
         for i, split in enumerate(("train", "val", "test")):
             ids = np.arange(4) + 10 * i
-            writer.add_split(split, ids, ids, np.ones((4, 2)), labels=np.array([0, 1, 2, 0]),
-                             clean_labels=np.array([0, 1, 2, 2]))
+            writer.add_split(
+                split,
+                ids,
+                ids,
+                np.ones((4, 2)),
+                labels=np.array([0, 1, 2, 0]),
+                clean_labels=np.array([0, 1, 2, 2]),
+            )
     assert validate_dataset(out).ok
     file = "val/part-00000.parquet"
     table = pq.read_table(out / file)
     _rewrite(out, file, _set(table, "label", [0, 3, 2, -1]))
     _expect(out, file, "label", r"label outside \[0, 3\) \(sample_id 11\)", row=1, split="val")
     _expect(out, file, "label", r"label outside \[0, 3\) \(sample_id 13\)", row=3, split=None)
-    with pytest.raises(RaydistDataError, match="label outside"), \
-            DatasetWriter(tmp_path / "x", task="labels", num_classes=2) as writer:
+    with (
+        pytest.raises(RaydistDataError, match="label outside"),
+        DatasetWriter(tmp_path / "x", task="labels", num_classes=2) as writer,
+    ):
         writer.add_split("train", np.arange(2), np.arange(2), np.ones((2, 2)), labels=np.array([0, 2]))
 
 
@@ -281,9 +301,12 @@ def test_missing_vocab_file(ds):
 def test_min_rows_and_check_split_size(ds):
     report = validate_dataset(ds, min_rows={"val": 100})
     assert [str(p) for p in report.problems] == [
-        "manifest.json: field 'splits.val.rows': split 'val' has 8 rows, fewer than the 100 required"]
+        "manifest.json: field 'splits.val.rows': split 'val' has 8 rows, fewer than the 100 required"
+    ]
     assert check_split_size(ds, "train", 16) == 16
-    with pytest.raises(RaydistDataError, match=r"split 'train' has 16 rows, fewer than one global batch of 32"):
+    with pytest.raises(
+        RaydistDataError, match=r"split 'train' has 16 rows, fewer than one global batch of 32"
+    ):
         check_split_size(ds, "train", 32)
 
 

@@ -101,8 +101,10 @@ def test_encode_batch_equals_encode_on_tricky_captions(max_len):
     assert_same_batch(vocab.encode_batch(pa.array(TRICKY_CAPTIONS), max_len), want)
     chunked = pa.chunked_array([TRICKY_CAPTIONS[:5], TRICKY_CAPTIONS[5:]])
     assert_same_batch(vocab.encode_batch(chunked, max_len), want)
-    assert_same_batch(vocab.encode_batch(pa.array(TRICKY_CAPTIONS)[3:], max_len), reference_batch(
-        vocab, TRICKY_CAPTIONS[3:], max_len))  # fmt: skip
+    assert_same_batch(
+        vocab.encode_batch(pa.array(TRICKY_CAPTIONS)[3:], max_len),
+        reference_batch(vocab, TRICKY_CAPTIONS[3:], max_len),
+    )
     for caption in TRICKY_CAPTIONS:  # one caption at a time: the batch's width is its own
         assert_same_batch(vocab.encode_batch([caption], max_len), reference_batch(vocab, [caption], max_len))
 

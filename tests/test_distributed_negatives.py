@@ -123,11 +123,17 @@ def _case_loss(case: Case, img: torch.Tensor, cap: torch.Tensor, batch: dict, st
         return _naive_gather_loss(img, cap, batch["image_ids"])
     if case.via == "nested":  # one gather, every prefix sliced from it
         gathered = gather_step({"img": img, "cap": cap}, {"ids": batch["image_ids"]})
-        negative_set = sample_negative_set(img.shape[0], WORLD, dist.get_rank(), batch_size=None,
-                                           negative_set_size=None, generator=None)  # fmt: skip
+        negative_set = sample_negative_set(
+            img.shape[0], WORLD, dist.get_rank(), batch_size=None, negative_set_size=None, generator=None
+        )
         return sum(
-            rank_ranking_loss(gathered.view(lambda z, m=m: l2_normalize(z[:, :m]), ("img", "cap")), negative_set,
-                              ids="ids", margin=0.2, hardest=True)
+            rank_ranking_loss(
+                gathered.view(lambda z, m=m: l2_normalize(z[:, :m]), ("img", "cap")),
+                negative_set,
+                ids="ids",
+                margin=0.2,
+                hardest=True,
+            )
             for m in NESTING
         )
     if case.via == "cross":
@@ -247,7 +253,9 @@ def reference(name: str, model: TinyVSE, bank: dict, *, ids_override: list[int] 
 def dense_loss(img, cap, *, margin=0.2, hardest=True, image_ids=None, reduction="sum", similarity="dot"):
     """The dense reference: every [N, N] score and hinge cost materialised (no miner)."""
     ids = torch.arange(img.shape[0]) if image_ids is None else image_ids
-    terms = ranking_terms(RankingInputs.batch(img, cap, ids), margin=margin, hardest=hardest, similarity=similarity)
+    terms = ranking_terms(
+        RankingInputs.batch(img, cap, ids), margin=margin, hardest=hardest, similarity=similarity
+    )
     total = terms.image_queries.sum() + terms.caption_queries.sum()
     return total / (2 * img.shape[0]) if reduction == "mean" else total
 

@@ -98,9 +98,15 @@ def test_hnsw_shortlist_recall(data):
 
 @pytest.mark.parametrize(
     "dims, shortlists",
-    [([8], []), ([8, 16], [50, 20]), ([8, 64], [50]), ([0, 16], [50]), ([4, 8, 16], [20, 50]),
-     ([8, 16], [5])],
-)  # fmt: skip
+    [
+        ([8], []),
+        ([8, 16], [50, 20]),
+        ([8, 64], [50]),
+        ([0, 16], [50]),
+        ([4, 8, 16], [20, 50]),
+        ([8, 16], [5]),
+    ],
+)
 def test_funnel_validation(data, dims, shortlists):
     db, queries = data
     with pytest.raises(ValueError):

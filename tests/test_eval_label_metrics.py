@@ -65,7 +65,9 @@ def test_recall_and_one_nn_match_brute_force():
         hits, _ = _brute_force(emb, labels, k)
         assert recalls[f"r{k}"] == pytest.approx(100 * np.mean(hits))
     _, nn_ok = _brute_force(emb, labels, 1)
-    assert one_nn_accuracy(torch.as_tensor(emb), torch.as_tensor(labels)) == pytest.approx(100 * np.mean(nn_ok))
+    assert one_nn_accuracy(torch.as_tensor(emb), torch.as_tensor(labels)) == pytest.approx(
+        100 * np.mean(nn_ok)
+    )
     unit = emb / np.linalg.norm(emb, axis=1, keepdims=True)
     order = [[j for j in np.argsort(-(unit @ unit[q])) if j != q][:5] for q in range(70)]
     assert leave_one_out_neighbours(emb, 5, chunk=16).tolist() == order  # several chunks
@@ -97,9 +99,11 @@ def test_nmi_invariances_and_extremes():
     assert normalized_mutual_information(truth, relabelled) == pytest.approx(100.0)
     noisy = np.where(rng.random(3000) < 0.3, rng.integers(0, 6, 3000), truth)
     assert normalized_mutual_information(truth, noisy) == pytest.approx(
-        normalized_mutual_information(relabelled, np.array([2, 0, 1, 5, 3, 4])[noisy]))
+        normalized_mutual_information(relabelled, np.array([2, 0, 1, 5, 3, 4])[noisy])
+    )
     assert normalized_mutual_information(truth, noisy) == pytest.approx(
-        normalized_mutual_information(noisy, truth))
+        normalized_mutual_information(noisy, truth)
+    )
     independent = rng.integers(0, 6, 3000)
     assert normalized_mutual_information(truth, independent) < 1.0
     assert normalized_mutual_information(truth, np.zeros(3000)) == 0.0

@@ -32,16 +32,25 @@ TEST_CPUS = 4  # the session's Ray (tests/conftest.py); a local `raydist` Ray ha
 def _setup(name: str, quick: bool) -> Setup:
     """A Setup as run_experiment builds it, for the embedded dataset's size (pairs) or 10 classes (labels)."""
     experiment = get_experiment(name)
-    base = load_config(preset=experiment.preset, overrides={**load_space(shipped_space_file(experiment.space)).base,
-                                                            **(experiment.quick if quick else {})})  # fmt: skip
+    base = load_config(
+        preset=experiment.preset,
+        overrides={
+            **load_space(shipped_space_file(experiment.space)).base,
+            **(experiment.quick if quick else {}),
+        },
+    )
     rows, classes = (15000, None) if experiment.task == "pairs" else (1000, 10)
     seeds = experiment.seeds[:1] if quick else experiment.seeds
-    return Setup(quick=quick, seeds=seeds, data_dir=Path("unused"), train_rows=rows, num_classes=classes, base=base)
+    return Setup(
+        quick=quick, seeds=seeds, data_dir=Path("unused"), train_rows=rows, num_classes=classes, base=base
+    )
 
 
 def test_the_registry_names_every_experiment():
     assert experiment_names() == NAMES
-    with pytest.raises(ValueError, match="unknown experiment 'nope'; registered: gather, gc-variance, label-noise"):
+    with pytest.raises(
+        ValueError, match="unknown experiment 'nope'; registered: gather, gc-variance, label-noise"
+    ):
         get_experiment("nope")
 
 
@@ -90,8 +99,12 @@ def test_negatives_leaves_out_sizes_larger_than_the_train_split_and_says_so():
 
 def test_digits_without_scikit_learn_is_refused_clearly(monkeypatch, tmp_path):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sklearn" else real(name, *a))
-    with pytest.raises(ConfigError, match=r"digits dataset needs scikit-learn.*pip install 'raydist\[experiments\]'"):
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "sklearn" else real(name, *a)
+    )
+    with pytest.raises(
+        ConfigError, match=r"digits dataset needs scikit-learn.*pip install 'raydist\[experiments\]'"
+    ):
         experiment_dataset("labels", "digits", tmp_path, quick=False)
 
 
@@ -107,29 +120,59 @@ def test_gc_variance_defaults_to_duplicated_data_and_judges_the_half_of_the_clai
     from raydist.experiments.gc_variance import summarise
 
     assert get_experiment("gc-variance").data == "duplicated" and get_experiment("label-noise").data is None
-    dup, plain = (experiment_dataset("labels", name, tmp_path, quick=True) for name in ("duplicated", "no-duplicates"))
+    dup, plain = (
+        experiment_dataset("labels", name, tmp_path, quick=True) for name in ("duplicated", "no-duplicates")
+    )
     assert [load_manifest(d).source["duplicates"] for d in (dup, plain)] == [16, 1]
     assert load_manifest(dup).splits["train"].rows == load_manifest(plain).splits["train"].rows == 640
 
     def trials(gc: float) -> list[TrialRecord]:  # epoch 1: clusters not formed yet, GC ≈ SGD
-        return [TrialRecord("", f"t{seed}", "TERMINATED", {"train.seed": seed},
-                            [{"epoch": e, "gvar/sgd_nvar": 0.5, "gvar/gc_nvar": 0.49 if e == 1 else gc + 0.01 * seed,
-                              "gc/distortion": 100.0} for e in (1, 2, 3)], "val/r1") for seed in range(3)]  # fmt: skip
+        return [
+            TrialRecord(
+                "",
+                f"t{seed}",
+                "TERMINATED",
+                {"train.seed": seed},
+                [
+                    {
+                        "epoch": e,
+                        "gvar/sgd_nvar": 0.5,
+                        "gvar/gc_nvar": 0.49 if e == 1 else gc + 0.01 * seed,
+                        "gc/distortion": 100.0,
+                    }
+                    for e in (1, 2, 3)
+                ],
+                "val/r1",
+            )
+            for seed in range(3)
+        ]
 
     setup = _setup("gc-variance", quick=False)
-    verdict = {(d.name, gc): summarise(trials(gc), tmp_path, replace(setup, data_dir=d)).verdict[0]
-               for d in (dup, plain) for gc in (0.2, 0.49)}  # fmt: skip
+    verdict = {
+        (d.name, gc): summarise(trials(gc), tmp_path, replace(setup, data_dir=d)).verdict[0]
+        for d in (dup, plain)
+        for gc in (0.2, 0.49)
+    }
     assert verdict[(dup.name, 0.2)].startswith("Duplicated data (each train example ×16)")
-    assert verdict[(dup.name, 0.2)].endswith(": held.") and verdict[(dup.name, 0.49)].endswith("did not hold.")
-    assert verdict[(plain.name, 0.49)].endswith(": held.") and verdict[(plain.name, 0.2)].endswith("did not hold.")
+    assert verdict[(dup.name, 0.2)].endswith(": held.") and verdict[(dup.name, 0.49)].endswith(
+        "did not hold."
+    )
+    assert verdict[(plain.name, 0.49)].endswith(": held.") and verdict[(plain.name, 0.2)].endswith(
+        "did not hold."
+    )
     assert "GC/SGD 0.42 ± 0.02" in verdict[(dup.name, 0.2)]
 
 
 def test_a_name_that_is_neither_a_folder_nor_a_named_dataset_lists_the_named_ones(tmp_path):
-    with pytest.raises(ConfigError, match=r"--data nope: neither a dataset folder .*\n  synthetic-pairs \(pairs\): "):
+    with pytest.raises(
+        ConfigError, match=r"--data nope: neither a dataset folder .*\n  synthetic-pairs \(pairs\): "
+    ):
         experiment_dataset("pairs", "nope", tmp_path, quick=True)
-    with pytest.raises(ConfigError, match=r"a 'labels' dataset; this experiment needs a 'pairs' one \(named: "
-                                          r"synthetic-pairs, digit-halves, or a folder\)"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"a 'labels' dataset; this experiment needs a 'pairs' one \(named: "
+        r"synthetic-pairs, digit-halves, or a folder\)",
+    ):
         experiment_dataset("pairs", "synthetic", tmp_path, quick=True)
 
 
@@ -142,7 +185,9 @@ def _imports(module: str, path: Path) -> set[str]:
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module:
-            base = node.module if node.level == 0 else ".".join(module.split(".")[: -node.level] + [node.module])
+            base = (
+                node.module if node.level == 0 else ".".join(module.split(".")[: -node.level] + [node.module])
+            )
             names = [base, *(f"{base}.{alias.name}" for alias in node.names)]
         found |= {n for n in names if n.startswith(PACKAGES) and n != module}
     return found
@@ -182,9 +227,11 @@ def test_seed_statistics():
 
 def test_mh_stall_is_found_at_two_batch_margin():
     config = {"loss.margin": 0.2, "train.batch_size": 128, "loss.reduction": "sum"}
-    history = [{"epoch": 1, "loss/hardest": 0, "train/loss": 51.2},  # SH phase: not MH, not a stall
-               {"epoch": 2, "loss/hardest": 1, "train/loss": 51.5},
-               {"epoch": 3, "loss/hardest": 1, "train/loss": 30.0}]  # fmt: skip
+    history = [
+        {"epoch": 1, "loss/hardest": 0, "train/loss": 51.2},  # SH phase: not MH, not a stall
+        {"epoch": 2, "loss/hardest": 1, "train/loss": 51.5},
+        {"epoch": 3, "loss/hardest": 1, "train/loss": 30.0},
+    ]
     record = TrialRecord("mh", "t", "TERMINATED", config, history, "val/rsum")
     assert collapse_value(config) == pytest.approx(51.2)
     assert stalled_epochs(record) == [2]

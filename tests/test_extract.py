@@ -42,15 +42,22 @@ def colours(tmp_path_factory):
         (root / "src" / colour).mkdir(parents=True)
         for k in range(24):
             Image.fromarray(shape_image(colour, SHAPES[k % 3], rng)).save(root / "src" / colour / f"{k}.png")
-    return convert_image_folder(root / "src", root / "data", split_by="image", val_fraction=0.25,
-                                test_fraction=0.25)  # fmt: skip
+    return convert_image_folder(
+        root / "src", root / "data", split_by="image", val_fraction=0.25, test_fraction=0.25
+    )
 
 
 def views_of(table, size: int, crop_fraction: float = 0.875) -> torch.Tensor:
     """Eval views of a split's images, made here from the PNG bytes."""
     mean, std = default_mean_std(3)
-    return torch.as_tensor(np.stack([eval_view(decode_image(b, 3), size, mean=mean, std=std, crop_fraction=crop_fraction)
-                                     for b in table.column("image").to_pylist()]))  # fmt: skip
+    return torch.as_tensor(
+        np.stack(
+            [
+                eval_view(decode_image(b, 3), size, mean=mean, std=std, crop_fraction=crop_fraction)
+                for b in table.column("image").to_pylist()
+            ]
+        )
+    )
 
 
 def test_a_pretrained_backbone_embeds_every_caption_row_of_an_image_caption_set(shapes, tmp_path):
@@ -59,8 +66,12 @@ def test_a_pretrained_backbone_embeds_every_caption_row_of_an_image_caption_set(
     reference = build_image_encoder("small-cnn", 8, channels=3, image_size=SIZE)
     torch.save(reference.backbone.state_dict(), weights)
     out = tmp_path / "feats"
-    manifest = extract_features(shapes, out, pretrained_encoder("small-cnn", load_manifest(shapes), weights=weights),
-                                progress=lambda *a: None)  # fmt: skip
+    manifest = extract_features(
+        shapes,
+        out,
+        pretrained_encoder("small-cnn", load_manifest(shapes), weights=weights),
+        progress=lambda *a: None,
+    )
     assert manifest.image_format == "features" and manifest.task == "pairs"
     assert not validate_dataset(out).problems
     assert Vocab.load(out / "vocab.json").words == Vocab.load(shapes / "vocab.json").words
@@ -72,24 +83,48 @@ def test_a_pretrained_backbone_embeds_every_caption_row_of_an_image_caption_set(
         captions = source.column("captions").to_pylist()
         rows_of_image = np.repeat(np.arange(len(captions)), [len(c) for c in captions])
         assert written.column("caption").to_pylist() == [c for caps in captions for c in caps]
-        assert written.column("image_id").to_pylist() == np.asarray(source.column("image_id"))[rows_of_image].tolist()
+        assert (
+            written.column("image_id").to_pylist()
+            == np.asarray(source.column("image_id"))[rows_of_image].tolist()
+        )
         got = np.asarray(written.column("image").to_pylist(), dtype=np.float32)
         np.testing.assert_allclose(got, want[rows_of_image], rtol=1e-5, atol=1e-6)
     # the output is a dataset training takes (in-process, a few steps)
-    cfg = load_config("tiny", overrides={"data.path": str(out), "train.num_workers": 0, "train.epochs": 1,
-                                         "train.storage_path": str(tmp_path / "runs")})  # fmt: skip
+    cfg = load_config(
+        "tiny",
+        overrides={
+            "data.path": str(out),
+            "train.num_workers": 0,
+            "train.epochs": 1,
+            "train.storage_path": str(tmp_path / "runs"),
+        },
+    )
     assert run_training(cfg).test_metrics["rsum"] > 0
 
 
 def test_a_trained_checkpoint_embeds_with_its_head_on_a_labelled_set(colours, tmp_path, capsys):
-    cfg = load_config("tiny", overrides={"data.path": str(colours), "model.image_encoder": "small-cnn",
-                                         "train.num_workers": 0, "train.epochs": 1, "train.batch_size": 12,
-                                         "train.storage_path": str(tmp_path / "runs"), "train.run_name": "img",
-                                         "eval.recall_at": [1, 2]}, task_of=dataset_task)  # fmt: skip
+    cfg = load_config(
+        "tiny",
+        overrides={
+            "data.path": str(colours),
+            "model.image_encoder": "small-cnn",
+            "train.num_workers": 0,
+            "train.epochs": 1,
+            "train.batch_size": 12,
+            "train.storage_path": str(tmp_path / "runs"),
+            "train.run_name": "img",
+            "eval.recall_at": [1, 2],
+        },
+        task_of=dataset_task,
+    )
     run = run_training(cfg, evaluate_test=False).run_dir
     out = tmp_path / "feats"
-    assert main(["embed", "--checkpoint", str(run), "--data", str(colours), "--out", str(out),
-                 "--output", "head"]) == 0  # fmt: skip
+    assert (
+        main(
+            ["embed", "--checkpoint", str(run), "--data", str(colours), "--out", str(out), "--output", "head"]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert f"wrote {out}: task labels" in printed and f"raydist train --data {out}" in printed
     trained = load_trained(run, colours)
@@ -101,7 +136,9 @@ def test_a_trained_checkpoint_embeds_with_its_head_on_a_labelled_set(colours, tm
         with torch.no_grad():
             # the head's output, not normalised, on the run's eval views: the whole image (16 px trains pad-and-crop)
             want = encoder.eval()(views_of(source, SIZE, crop_fraction=1.0)).numpy()
-        np.testing.assert_allclose(np.asarray(written.column("image").to_pylist()), want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            np.asarray(written.column("image").to_pylist()), want, rtol=1e-5, atol=1e-6
+        )
         assert written.column("label").to_pylist() == source.column("label").to_pylist()
         assert written.column("sample_id").to_pylist() == source.column("sample_id").to_pylist()
     assert json.loads((out / "manifest.json").read_text())["source"]["kind"] == "embed"
@@ -111,6 +148,20 @@ def test_refusals_name_what_is_wrong(tiny_dataset, shapes, tmp_path):
     with pytest.raises(ConfigError, match="already holds feature vectors"):
         extract_features(tiny_dataset, tmp_path / "x", pretrained_encoder("small-cnn", load_manifest(shapes)))
     assert main(["embed", "--data", str(shapes), "--out", str(tmp_path / "y")]) == 2  # neither source given
-    assert main(["embed", "--data", str(shapes), "--out", str(tmp_path / "y"), "--image-encoder", "small-cnn",
-                 "--output", "head"]) == 2  # an untrained head  # fmt: skip
+    assert (
+        main(
+            [
+                "embed",
+                "--data",
+                str(shapes),
+                "--out",
+                str(tmp_path / "y"),
+                "--image-encoder",
+                "small-cnn",
+                "--output",
+                "head",
+            ]
+        )
+        == 2
+    )  # an untrained head
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()

@@ -231,7 +231,9 @@ def test_unsupported_layers_are_listed_and_excluded() -> None:
     zoo = Zoo()
     listed = dict(unsupported_layers(zoo))
     assert set(listed) == {"gru", "norm", "grouped", "same", "reflect", "freq", "attn", "attn.out_proj"}
-    assert "groups" in listed["grouped"] and listed["attn.out_proj"].startswith("inside unsupported MultiheadAttention,")
+    assert "groups" in listed["grouped"] and listed["attn.out_proj"].startswith(
+        "inside unsupported MultiheadAttention,"
+    )
     layers, _ = scan_layers(zoo)
     assert set(layers) == {"frozen_bias", "ok"}
     assert factor_shape(layers["frozen_bias"]) == (3, 4)  # frozen bias: no ones column

@@ -47,10 +47,18 @@ WORDS = [
 
 
 def labels_case(kind: str, miner: str) -> tuple[Task, dict[str, Tensor]]:
-    cfg = load_config("tiny", overrides={
-        "loss.kind": kind, "loss.miner": miner, "model.mlp_hidden": [7], "model.embed_dim": 5, "model.nesting": [],
-        "train.batch_size": 10, "train.num_workers": 1,
-    })  # fmt: skip
+    cfg = load_config(
+        "tiny",
+        overrides={
+            "loss.kind": kind,
+            "loss.miner": miner,
+            "model.mlp_hidden": [7],
+            "model.embed_dim": 5,
+            "model.nesting": [],
+            "train.batch_size": 10,
+            "train.num_workers": 1,
+        },
+    )
     task = build_task(cfg, DataInfo("labels", feature_dim=6, num_classes=3))
     g = torch.Generator().manual_seed(1)
     batch = {
@@ -62,10 +70,17 @@ def labels_case(kind: str, miner: str) -> tuple[Task, dict[str, Tensor]]:
 
 
 def pairs_case(hardest: bool, vocab_dir) -> tuple[Task, dict[str, Tensor]]:
-    cfg = load_config("tiny", overrides={
-        "loss.hardest": hardest, "loss.warmup_sh_epochs": 0, "model.embed_dim": 5, "model.word_dim": 4,
-        "train.batch_size": 8, "train.num_workers": 1,
-    })  # fmt: skip
+    cfg = load_config(
+        "tiny",
+        overrides={
+            "loss.hardest": hardest,
+            "loss.warmup_sh_epochs": 0,
+            "model.embed_dim": 5,
+            "model.word_dim": 4,
+            "train.batch_size": 8,
+            "train.num_workers": 1,
+        },
+    )
     path = vocab_dir / "vocab.json"
     Vocab(WORDS).save(path)
     task = build_task(cfg, DataInfo("pairs", feature_dim=6, files={"vocab.json": path}))
@@ -164,8 +179,10 @@ def test_row_contributions_sum_to_the_batch_gradient_and_are_what_gc_clusters(ca
     assert any(contributions[f"{n}.weight"].abs().max() > 0 for n in layers)
 
     # GC's per-row statistics are those of the contributions
-    matrices = {n: torch.stack([layer_matrix(m, {k: v[r] for k, v in contributions.items()}, n)
-                                for r in range(rows)]) for n, m in layers.items()}  # fmt: skip
+    matrices = {
+        n: torch.stack([layer_matrix(m, {k: v[r] for k, v in contributions.items()}, n) for r in range(rows)])
+        for n, m in layers.items()
+    }
     want_sq = sum(m.square().sum((1, 2)) for m in matrices.values())
     torch.testing.assert_close(sum(factors[n].sq_norms() for n in layers), want_sq, rtol=1e-10, atol=1e-14)
     centres = gc.centres
@@ -177,7 +194,9 @@ def test_row_contributions_sum_to_the_batch_gradient_and_are_what_gc_clusters(ca
     prepared = {n: PreparedCentres.of(centres[n], gc._bias[n]) for n in layers}
     centre_sq = sum(c.sq_norms() for c in centres.values())
     stacked = stackable(factors, list(layers))
-    assert stacked  # the per-step path stacks this model's one-position layers; check it and the per-layer one
+    assert (
+        stacked
+    )  # the per-step path stacks this model's one-position layers; check it and the per-layer one
     for names in ([], stacked):
         terms = batch_terms(factors, prepared, names)
         got = distances_from(terms.cross, terms.grad_sq, centre_sq)
@@ -188,9 +207,11 @@ def test_row_contributions_sum_to_the_batch_gradient_and_are_what_gc_clusters(ca
     nearest = want.min(1).values.numpy()
     np.testing.assert_allclose(window["counts"].numpy(), np.bincount(assignment.numpy(), minlength=K))
     np.testing.assert_allclose(
-        window["distortion"].numpy(), np.bincount(assignment.numpy(), weights=nearest, minlength=K),
-        rtol=1e-9, atol=1e-12,
-    )  # fmt: skip
+        window["distortion"].numpy(),
+        np.bincount(assignment.numpy(), weights=nearest, minlength=K),
+        rtol=1e-9,
+        atol=1e-12,
+    )
 
 
 def test_local_loss_with_row_weights_gives_the_weighted_sum_of_contributions(case) -> None:
@@ -213,7 +234,9 @@ def test_local_loss_with_row_weights_gives_the_weighted_sum_of_contributions(cas
     want = {n: torch.zeros_like(p) for n, p in params.items()}
     for r in range(rows):
         own = row_outputs(task.encode(model, {k: v[r : r + 1] for k, v in batch.items()}))
-        grads = torch.autograd.grad(own, list(params.values()), [o.grad[r : r + 1] for o in outs], allow_unused=True)
+        grads = torch.autograd.grad(
+            own, list(params.values()), [o.grad[r : r + 1] for o in outs], allow_unused=True
+        )
         for name, grad in zip(params, grads):
             if grad is not None:
                 want[name] += weights[r] * grad
@@ -238,7 +261,8 @@ def test_local_loss_of_cross_entropy_with_weights_is_the_weighted_mean() -> None
     # the head's cross-entropy runs in float32 (as in training), so the reference does too
     per_row = torch.nn.functional.cross_entropy(logits.float(), batch["label"], reduction="none")
     want = torch.autograd.grad((weights.float() * per_row).mean(), list(model.parameters()))
-    got = torch.autograd.grad(task.local_loss(model, batch, StepContext(0, 0, 0, 1), row_weights=weights),
-                              list(model.parameters()))  # fmt: skip
+    got = torch.autograd.grad(
+        task.local_loss(model, batch, StepContext(0, 0, 0, 1), row_weights=weights), list(model.parameters())
+    )
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-9)

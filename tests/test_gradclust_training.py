@@ -17,8 +17,17 @@ from raydist.train.wiring import build_hooks
 
 
 def _run(data, run_dir, resume_from=None, **overrides):
-    cfg = load_config("tiny", overrides={"data.path": str(data), "train.num_workers": 1, "gc.num_clusters": 4,
-                                         "gc.log_every": 5, "gc.variance_batches": 3, **overrides})  # fmt: skip
+    cfg = load_config(
+        "tiny",
+        overrides={
+            "data.path": str(data),
+            "train.num_workers": 1,
+            "gc.num_clusters": 4,
+            "gc.log_every": 5,
+            "gc.variance_batches": 3,
+            **overrides,
+        },
+    )
     task = build_task(cfg, DataInfo.from_dataset(data))
     plan = StepPlan.from_config(cfg)
     runtime = LocalRuntime(cfg, task, plan, run_dir)
@@ -37,8 +46,12 @@ def test_measure_reports_variance_and_resume_keeps_the_clusters(labels_dataset, 
     final = hook.gc.state_dict()
     assert saved["centres"].keys() == final["centres"].keys() and len(saved["assignments"]["sample_ids"]) > 0
     # resume: the restored clustering holds the saved centres, counts and assignments
-    _, _, again = _run(labels_dataset, tmp_path / "b", resume_from=str(runtime.checkpoints[-1]),
-                       **{"gc.measure": True, "train.epochs": 1})  # fmt: skip
+    _, _, again = _run(
+        labels_dataset,
+        tmp_path / "b",
+        resume_from=str(runtime.checkpoints[-1]),
+        **{"gc.measure": True, "train.epochs": 1},
+    )
     restored = again.gc.state_dict()
     for name, centre in saved["centres"].items():
         for part in ("d", "c"):
@@ -61,7 +74,9 @@ def test_sample_trains_on_stratified_weighted_batches(labels_dataset, tmp_path):
 def test_metric_loss_samples_by_row_contributions_and_meters_the_variance(labels_dataset, tmp_path, capsys):
     """Triplet loss (not a sum over rows): gc.sample runs as the documented heuristic, the reassignment pass
     assigns every row of the shard, and the variance meter reports both estimators."""
-    out, _, hook = _run(labels_dataset, tmp_path, **{"gc.sample": True, "loss.kind": "triplet", "train.epochs": 2})
+    out, _, hook = _run(
+        labels_dataset, tmp_path, **{"gc.sample": True, "loss.kind": "triplet", "train.epochs": 2}
+    )
     assert "heuristic" in capsys.readouterr().out
     last = out["history"][-1]
     for key in ("gvar/sgd_var", "gvar/sgd_nvar", "gvar/gc_var", "gvar/gc_nvar"):
@@ -75,7 +90,9 @@ def test_metric_loss_samples_by_row_contributions_and_meters_the_variance(labels
 def test_pairs_ranking_loss_gets_reassignment_and_the_variance_meter(small_pairs, tmp_path):
     """The pairs task (VSE++ ranking loss, per-row contributions): gc.measure with a reassignment pass each
     epoch and the meter every few steps (steps 5 and 10 of 12)."""
-    out, _, hook = _run(small_pairs, tmp_path, **{"gc.measure": True, "gc.reassign_every": 1, "train.epochs": 1})
+    out, _, hook = _run(
+        small_pairs, tmp_path, **{"gc.measure": True, "gc.reassign_every": 1, "train.epochs": 1}
+    )
     last = out["history"][-1]
     for key in ("gvar/sgd_var", "gvar/sgd_nvar", "gvar/gc_var", "gvar/gc_nvar", "gc/distortion"):
         assert key in last and last[key] > 0

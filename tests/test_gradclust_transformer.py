@@ -34,11 +34,19 @@ pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop:User
 
 def _model(pooling: str = "mean") -> nn.Module:
     """The project's VSE model (linear image side) with a 2-layer transformer caption encoder, no dropout."""
-    cfg = load_config("tiny", overrides={
-        "model.text_encoder": "transformer", "model.text_layers": 2, "model.text_heads": 2,
-        "model.text_width": 16, "model.text_dropout": 0.0, "model.text_pooling": pooling, "model.embed_dim": 8,
-        "data.max_caption_len": MAX_LEN,
-    })  # fmt: skip
+    cfg = load_config(
+        "tiny",
+        overrides={
+            "model.text_encoder": "transformer",
+            "model.text_layers": 2,
+            "model.text_heads": 2,
+            "model.text_width": 16,
+            "model.text_dropout": 0.0,
+            "model.text_pooling": pooling,
+            "model.embed_dim": 8,
+            "data.max_caption_len": MAX_LEN,
+        },
+    )
     torch.manual_seed(0)
     return build_model(cfg, FEATURES, VOCAB, pad_id=PAD).to(DTYPE)
 
@@ -54,7 +62,9 @@ def _batch(padding: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return torch.randn(len(LENGTHS), FEATURES, generator=g, dtype=DTYPE), tokens, lengths
 
 
-def _losses(model: nn.Module, features: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+def _losses(
+    model: nn.Module, features: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor
+) -> torch.Tensor:
     """ℓ_i = ‖f(x_i) − g(c_i)‖², one independent term per example."""
     image, text = model(features, tokens, lengths)
     return (image - text).square().sum(1)
@@ -99,7 +109,9 @@ def test_statistics_match_per_example_gradients_on_padded_captions(pooling: str,
         assert factors[name].grads.shape[1] == MAX_LEN
         assert torch.count_nonzero(factors[name].grads[padded]) == 0, name
     for name, factor in factors.items():
-        torch.testing.assert_close(factor.sq_norms(), matrices[name].square().sum((1, 2)), rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(
+            factor.sq_norms(), matrices[name].square().sum((1, 2)), rtol=1e-10, atol=1e-12
+        )
     g = torch.Generator().manual_seed(2)
     centres = random_centres({n: m.shape[1:] for n, m in matrices.items()}, 3, g)
     want = brute_force_distances(matrices, centres)
@@ -116,7 +128,9 @@ def test_reference_gradients_do_not_depend_on_padding() -> None:
         loss = _losses(model, features[i : i + 1], tokens[i : i + 1, :n], lengths[i : i + 1]).sum()
         alone = torch.autograd.grad(loss, list(params.values()))
         for (name, _), want in zip(params.items(), alone):
-            torch.testing.assert_close(grads[name][i], want, rtol=1e-9, atol=1e-12, msg=f"{name}, caption {i}")
+            torch.testing.assert_close(
+                grads[name][i], want, rtol=1e-9, atol=1e-12, msg=f"{name}, caption {i}"
+            )
 
 
 def test_attention_and_layer_norm_are_listed_as_excluded() -> None:
@@ -125,7 +139,10 @@ def test_attention_and_layer_norm_are_listed_as_excluded() -> None:
     attention = {f"{prefix}.{i}.self_attn" for i in range(2)}
     norms = {f"{prefix}.{i}.norm{j}" for i in range(2) for j in (1, 2)} | {"text.encoder.norm"}
     assert set(listed) == attention | {f"{a}.out_proj" for a in attention} | norms
-    assert all(listed[a].startswith("attention: in_proj_weight and out_proj are applied functionally") for a in attention)
+    assert all(
+        listed[a].startswith("attention: in_proj_weight and out_proj are applied functionally")
+        for a in attention
+    )
     assert all(listed[f"{a}.out_proj"].startswith("inside unsupported MultiheadAttention") for a in attention)
     assert all(listed[n].startswith("LayerNorm: an elementwise scale and shift") for n in norms)
 
@@ -152,13 +169,27 @@ def test_eval_mode_capture_takes_the_module_path() -> None:
 
 @pytest.mark.timeout(300)
 def test_measure_runs_in_process_with_nesting(tiny_dataset, tmp_path, capsys) -> None:
-    cfg = load_config("tiny", overrides={
-        "data.path": str(tiny_dataset), "train.num_workers": 0, "train.epochs": 1,
-        "train.storage_path": str(tmp_path / "runs"), "data.train_fraction": 0.1, "data.max_caption_len": 16,
-        "model.text_encoder": "transformer", "model.text_layers": 1, "model.text_heads": 2, "model.text_width": 32,
-        "model.nesting": [16, 64], "gc.measure": True, "gc.num_clusters": 4, "gc.reassign_every": 1,
-        "gc.log_every": 5, "gc.variance_batches": 2,
-    })  # fmt: skip
+    cfg = load_config(
+        "tiny",
+        overrides={
+            "data.path": str(tiny_dataset),
+            "train.num_workers": 0,
+            "train.epochs": 1,
+            "train.storage_path": str(tmp_path / "runs"),
+            "data.train_fraction": 0.1,
+            "data.max_caption_len": 16,
+            "model.text_encoder": "transformer",
+            "model.text_layers": 1,
+            "model.text_heads": 2,
+            "model.text_width": 32,
+            "model.nesting": [16, 64],
+            "gc.measure": True,
+            "gc.num_clusters": 4,
+            "gc.reassign_every": 1,
+            "gc.log_every": 5,
+            "gc.variance_batches": 2,
+        },
+    )
     outcome = train_in_process(cfg, tiny_dataset)
     last = outcome.history[-1]
     for key in ("gvar/sgd_var", "gvar/gc_var", "gc/distortion", "val/min_dim_rsum"):

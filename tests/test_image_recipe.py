@@ -29,7 +29,9 @@ from raydist.tasks.images import augmentation, image_transform, view_size
 from raydist.train.trainer import run_training
 
 
-def reference_pad_crop(image: np.ndarray, pad: int, seed: int, epoch: int, sample_id: int, flip: bool) -> np.ndarray:
+def reference_pad_crop(
+    image: np.ndarray, pad: int, seed: int, epoch: int, sample_id: int, flip: bool
+) -> np.ndarray:
     """The CIFAR crop written as loops: the offsets and the coin drawn in that order from the row's generator;
     out[y, x] = image[y + top − pad, x + left − pad] inside the image, 0 outside; then mirrored."""
     rng = np.random.default_rng([seed, epoch, sample_id])
@@ -59,8 +61,16 @@ def png_bytes(pixels: np.ndarray) -> bytes:
 def test_pad_crop_is_pixel_exact(shape, channels, pad, flip):
     rng = np.random.default_rng(0)
     image = rng.integers(1, 256, size=(*shape, channels), dtype=np.uint8)  # no zeros: padding shows
-    t = ImageTransform(size=shape if shape[0] != shape[1] else shape[0], channels=channels, train=True, flip=flip,
-                       seed=5, crop="pad", pad=pad, uint8=True)  # fmt: skip
+    t = ImageTransform(
+        size=shape if shape[0] != shape[1] else shape[0],
+        channels=channels,
+        train=True,
+        flip=flip,
+        seed=5,
+        crop="pad",
+        pad=pad,
+        uint8=True,
+    )
     flipped = shifted = 0
     for sample_id in range(40):
         got = t.view(png_bytes(image), sample_id, epoch=2).transpose(1, 2, 0)
@@ -77,9 +87,12 @@ def test_pad_crop_normalises_like_the_other_views():
     raw = ImageTransform(size=8, channels=1, train=True, flip=False, seed=0, crop="pad", pad=2, uint8=True)
     mean, std = default_mean_std(1)
     want = (reference_pad_crop(image, 2, 0, 0, 4, False).astype(np.float32) / 255 - mean[0]) / std[0]
-    np.testing.assert_allclose(floats.view(png_bytes(image), 4, 0), want.transpose(2, 0, 1), rtol=0, atol=1e-6)
-    np.testing.assert_array_equal(raw.normalize_batch(raw.view(png_bytes(image), 4, 0)[None])[0],
-                                  floats.view(png_bytes(image), 4, 0))  # fmt: skip
+    np.testing.assert_allclose(
+        floats.view(png_bytes(image), 4, 0), want.transpose(2, 0, 1), rtol=0, atol=1e-6
+    )
+    np.testing.assert_array_equal(
+        raw.normalize_batch(raw.view(png_bytes(image), 4, 0)[None])[0], floats.view(png_bytes(image), 4, 0)
+    )
 
 
 def test_no_crop_is_the_whole_image_and_flips_by_the_rows_coin():
@@ -131,8 +144,9 @@ def write_pattern_folder(root: Path, mirror_some: bool, per_class: int = 40) -> 
             if mirror_some and rng.random() < 0.5:
                 canvas = canvas[:, ::-1]
             Image.fromarray(np.ascontiguousarray(canvas)).save(folder / f"{i}.png")
-    return convert_image_folder(root / "src", root / "data", split_by="image", val_fraction=0.3,
-                                test_fraction=0.1)  # fmt: skip
+    return convert_image_folder(
+        root / "src", root / "data", split_by="image", val_fraction=0.3, test_fraction=0.1
+    )
 
 
 def test_flips_are_off_where_mirroring_changes_the_images_and_on_where_the_data_is_mirror_symmetric(tmp_path):
@@ -140,7 +154,9 @@ def test_flips_are_off_where_mirroring_changes_the_images_and_on_where_the_data_
     symmetric = mirror_verdict(str(write_pattern_folder(tmp_path / "symmetric", mirror_some=True)))
     assert not oriented.flip and oriented.farther >= MIRROR_SHARE_OFF, oriented
     assert symmetric.flip and symmetric.farther < MIRROR_SHARE_OFF, symmetric
-    assert "mirroring changes these images" in oriented.reason and "looks the same mirrored" in symmetric.reason
+    assert (
+        "mirroring changes these images" in oriented.reason and "looks the same mirrored" in symmetric.reason
+    )
 
 
 def test_the_mirror_share_is_a_half_under_a_mirror_symmetric_distribution():
@@ -164,10 +180,17 @@ def test_the_mirror_share_is_a_half_under_a_mirror_symmetric_distribution():
 
 
 def test_thumbnails_are_centred_unit_rows():
-    images = [png_bytes(np.random.default_rng(i).integers(0, 256, size=(20, 12, 3), dtype=np.uint8)) for i in range(3)]
+    images = [
+        png_bytes(np.random.default_rng(i).integers(0, 256, size=(20, 12, 3), dtype=np.uint8))
+        for i in range(3)
+    ]
     thumbs = thumbnails(images, side=8)
-    grey = np.asarray(Image.open(__import__("io").BytesIO(images[0])).convert("L").resize((8, 8), Image.Resampling.BILINEAR),
-                      dtype=np.float64).ravel()  # fmt: skip
+    grey = np.asarray(
+        Image.open(__import__("io").BytesIO(images[0]))
+        .convert("L")
+        .resize((8, 8), Image.Resampling.BILINEAR),
+        dtype=np.float64,
+    ).ravel()
     grey -= grey.mean()
     np.testing.assert_allclose(thumbs[0], grey / np.linalg.norm(grey), atol=1e-12)
 
@@ -179,11 +202,18 @@ def test_captions_that_name_a_side_turn_flips_off(tmp_path):
     rng = np.random.default_rng(0)
     entries = []
     for i in range(80):
-        canvas = rng.integers(0, 256, size=(12, 12, 3), dtype=np.uint8)  # noise: mirror-symmetric in distribution
+        canvas = rng.integers(
+            0, 256, size=(12, 12, 3), dtype=np.uint8
+        )  # noise: mirror-symmetric in distribution
         Image.fromarray(canvas).save(images / f"{i}.png")
         side = "left" if i % 4 == 0 else "middle"
-        entries.append({"filename": f"{i}.png", "split": "train" if i < 60 else "val" if i < 70 else "test",
-                        "sentences": [{"raw": f"a blob on the {side}"}]})  # fmt: skip
+        entries.append(
+            {
+                "filename": f"{i}.png",
+                "split": "train" if i < 60 else "val" if i < 70 else "test",
+                "sentences": [{"raw": f"a blob on the {side}"}],
+            }
+        )
     src = tmp_path / "d.json"
     src.write_text(json.dumps({"images": entries}))
     verdict = mirror_verdict(str(convert_karpathy(src, images, tmp_path / "data", min_count=1)))
@@ -197,9 +227,16 @@ def halves_dataset(root: Path) -> Path:
     rng = np.random.default_rng(0)
     entries = []
     for i in range(60):
-        Image.fromarray(rng.integers(0, 256, size=(24, 12), dtype=np.uint8)).save(root / "images" / f"{i}.png")
-        entries.append({"filename": f"{i}.png", "split": "train" if i < 40 else "val" if i < 50 else "test",
-                        "sentences": [{"raw": f"word{i % 5}"}]})  # fmt: skip
+        Image.fromarray(rng.integers(0, 256, size=(24, 12), dtype=np.uint8)).save(
+            root / "images" / f"{i}.png"
+        )
+        entries.append(
+            {
+                "filename": f"{i}.png",
+                "split": "train" if i < 40 else "val" if i < 50 else "test",
+                "sentences": [{"raw": f"word{i % 5}"}],
+            }
+        )
     (root / "d.json").write_text(json.dumps({"images": entries}))
     return convert_karpathy(root / "d.json", root / "images", root / "data", min_count=1)
 
@@ -209,8 +246,11 @@ def test_small_images_keep_their_shape_and_train_with_pad_and_crop(tmp_path):
     info = DataInfo.from_dataset(data)
 
     def config(**overrides):
-        return load_config("tiny", overrides={"data.path": str(data), "model.image_encoder": "small-cnn",
-                                              **overrides}, task_of=dataset_task)  # fmt: skip
+        return load_config(
+            "tiny",
+            overrides={"data.path": str(data), "model.image_encoder": "small-cnn", **overrides},
+            task_of=dataset_task,
+        )
 
     cfg = config()
     assert view_size(cfg, info) == (24, 12)
@@ -241,9 +281,16 @@ def test_the_rules_of_training_from_scratch_hold_whether_the_encoder_is_picked_o
     steps = {"train.min_steps": FROM_SCRATCH_MIN_STEPS}
     named = image_encoder_for_data([32, 32], 1, torchvision=False, named="small-cnn")
     assert named.overrides == steps and "small-cnn trains from scratch" in named.line()
-    assert image_encoder_for_data([32, 32], 1, torchvision=False, named="timm:resnet18", pretrained=True).overrides == {}
-    assert image_encoder_for_data([32, 32], 1, torchvision=False).overrides == {"model.image_encoder": "small-cnn",
-                                                                                **steps}  # fmt: skip
+    assert (
+        image_encoder_for_data(
+            [32, 32], 1, torchvision=False, named="timm:resnet18", pretrained=True
+        ).overrides
+        == {}
+    )
+    assert image_encoder_for_data([32, 32], 1, torchvision=False).overrides == {
+        "model.image_encoder": "small-cnn",
+        **steps,
+    }
 
 
 def test_naming_the_encoder_keeps_the_step_floor_and_the_line_names_every_key(tmp_path, capsys):
@@ -254,13 +301,35 @@ def test_naming_the_encoder_keeps_the_step_floor_and_the_line_names_every_key(tm
     from raydist.cli import main
 
     data = write_pattern_folder(tmp_path, mirror_some=False, per_class=10)
-    assert main(["train", "--data", str(data), "--print-config", "model.image_encoder=small-cnn",
-                 "data.flip=false"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(data),
+                "--print-config",
+                "model.image_encoder=small-cnn",
+                "data.flip=false",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr()
     assert yaml.safe_load(out.out)["train"]["min_steps"] == 585
     assert "model.image_encoder=small-cnn trains from scratch → train.min_steps=585" in out.err
-    assert main(["train", "--data", str(data), "--print-config", "model.image_encoder=small-cnn",
-                 "train.min_steps=7"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(data),
+                "--print-config",
+                "model.image_encoder=small-cnn",
+                "train.min_steps=7",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr()
     assert yaml.safe_load(out.out)["train"]["min_steps"] == 7 and "train.min_steps" not in out.err
     # a small set from scratch also stops early: 200 steps of patience, here 1 step per epoch
@@ -285,7 +354,9 @@ def digit_folders(tmp_path_factory):
         y, x = rng.integers(0, 9, size=2)
         canvas[y : y + 8, x : x + 8] = (image * 255 / 16).round().astype(np.uint8)
         Image.fromarray(canvas, mode="L").save(folder / f"{k:04d}.png")
-    return convert_image_folder(root / "src", root / "data", split_by="image", val_fraction=0.1, test_fraction=0.2)
+    return convert_image_folder(
+        root / "src", root / "data", split_by="image", val_fraction=0.1, test_fraction=0.2
+    )
 
 
 def leave_one_out_nn1(x: np.ndarray, labels: np.ndarray) -> float:
@@ -310,7 +381,9 @@ def test_two_ray_workers_train_real_digits_from_pngs_with_the_defaults_and_beat_
     from raydist.recipe import run_recipe
     from raydist.tasks import build_task
 
-    recipe = run_recipe(digit_folders, overrides={"train.min_steps": 150, "train.storage_path": str(tmp_path)})
+    recipe = run_recipe(
+        digit_folders, overrides={"train.min_steps": 150, "train.storage_path": str(tmp_path)}
+    )
     cfg = recipe.config
     assert (cfg.model.image_encoder, cfg.train.num_workers, cfg.data.flip) == ("small-cnn", 2, "auto")
     task = build_task(cfg, DataInfo.from_dataset(digit_folders))
@@ -318,9 +391,18 @@ def test_two_ray_workers_train_real_digits_from_pngs_with_the_defaults_and_beat_
     untrained = task.evaluate(task.build_model(), "test")["nn1"]
     outcome = run_training(cfg)
     table = read_split(digit_folders, "test")
-    pixels = np.stack([np.frombuffer(np.asarray(Image.open(__import__("io").BytesIO(b))).tobytes(), np.uint8)
-                       for b in table.column("image").to_pylist()]).astype(np.float64)  # fmt: skip
+    pixels = np.stack(
+        [
+            np.frombuffer(np.asarray(Image.open(__import__("io").BytesIO(b))).tobytes(), np.uint8)
+            for b in table.column("image").to_pylist()
+        ]
+    ).astype(np.float64)
     raw = leave_one_out_nn1(pixels, table.column("label").to_numpy())
     assert outcome.history[-1]["step"] >= 150
     learnt = outcome.test_metrics["nn1"]
-    assert learnt > raw + 20 and learnt > untrained + 5, (raw, untrained, outcome.test_metrics, outcome.history)
+    assert learnt > raw + 20 and learnt > untrained + 5, (
+        raw,
+        untrained,
+        outcome.test_metrics,
+        outcome.history,
+    )

@@ -23,8 +23,16 @@ CLASSES = 10  # labels_dataset (tests/conftest.py)
 
 
 def _config(data_dir: Path, **overrides):
-    return load_config("tiny", overrides={"data.path": str(data_dir), "train.num_workers": 0, "train.epochs": 1,
-                                          "train.batch_size": 64, **overrides})  # fmt: skip
+    return load_config(
+        "tiny",
+        overrides={
+            "data.path": str(data_dir),
+            "train.num_workers": 0,
+            "train.epochs": 1,
+            "train.batch_size": 64,
+            **overrides,
+        },
+    )
 
 
 def _checkpoint(folder: Path, data_dir: Path, **overrides) -> Path:
@@ -37,7 +45,9 @@ def _checkpoint(folder: Path, data_dir: Path, **overrides) -> Path:
 
 
 def test_loaded_model_holds_the_saved_weights_in_eval_mode(labels_dataset, tmp_path):
-    folder = _checkpoint(tmp_path / "run" / "checkpoint_00000003", labels_dataset, **{"model.nesting": [16, 64]})
+    folder = _checkpoint(
+        tmp_path / "run" / "checkpoint_00000003", labels_dataset, **{"model.nesting": [16, 64]}
+    )
     trained = load_trained(tmp_path / "run")  # a run folder, and the dataset the checkpoint records
     saved = torch.load(folder / STATE_FILE, weights_only=False)["model"]
     loaded = trained.model.state_dict()
@@ -56,9 +66,12 @@ def test_dims_without_nesting_are_the_powers_of_two_and_the_full_dim(labels_data
 
 def test_data_that_does_not_fit_is_refused_naming_both_sides(labels_dataset, tmp_path):
     folder = _checkpoint(tmp_path / "c", labels_dataset)
-    other = make_synthetic_labels(tmp_path / "other", classes=4, train_per_class=5, val_per_class=5,
-                                  test_per_class=5, dim=16, seed=1)  # fmt: skip
-    with pytest.raises(ConfigError, match=r"(?s)feature_dim: checkpoint=32 data=16.*num_classes: checkpoint=10 data=4"):
+    other = make_synthetic_labels(
+        tmp_path / "other", classes=4, train_per_class=5, val_per_class=5, test_per_class=5, dim=16, seed=1
+    )
+    with pytest.raises(
+        ConfigError, match=r"(?s)feature_dim: checkpoint=32 data=16.*num_classes: checkpoint=10 data=4"
+    ):
         load_trained(folder, other)
     with pytest.raises(ConfigError, match=r"feature_dim: checkpoint=32 data=16"):
         resume_checkpoint(folder, _config(other), other)
@@ -66,8 +79,17 @@ def test_data_that_does_not_fit_is_refused_naming_both_sides(labels_dataset, tmp
 
 def test_resume_changing_nesting_of_a_labels_model_exits_2_naming_the_key(labels_dataset, tmp_path, capsys):
     folder = _checkpoint(tmp_path / "c", labels_dataset)
-    code = main(["train", "--resume", str(folder), "--storage", str(tmp_path / "runs"),
-                 "model.nesting=[16,64]", "train.lr=0.01"])  # fmt: skip
+    code = main(
+        [
+            "train",
+            "--resume",
+            str(folder),
+            "--storage",
+            str(tmp_path / "runs"),
+            "model.nesting=[16,64]",
+            "train.lr=0.01",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2
     assert "cannot change model.nesting when resuming" in err and "train.lr" not in err.split("\n")[0]
@@ -103,4 +125,3 @@ def test_the_loop_refuses_a_checkpoint_its_model_does_not_fit(labels_dataset, tm
     plan = StepPlan.from_config(cfg)
     with pytest.raises(ConfigError, match="cannot change model.nesting"):
         run_loop(cfg, task, LocalRuntime(cfg, task, plan, tmp_path / "run"), plan, resume_from=str(folder))
-

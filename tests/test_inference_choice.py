@@ -25,8 +25,17 @@ METRIC = "val/top1"  # the labels task's primary metric with its default loss (c
 
 
 def _config(data_dir: Path, **overrides):
-    return load_config("tiny", overrides={"data.path": str(data_dir), "train.num_workers": 0, "train.epochs": 1,
-                                          "train.batch_size": 64, **overrides}, task_of=dataset_task)  # fmt: skip
+    return load_config(
+        "tiny",
+        overrides={
+            "data.path": str(data_dir),
+            "train.num_workers": 0,
+            "train.epochs": 1,
+            "train.batch_size": 64,
+            **overrides,
+        },
+        task_of=dataset_task,
+    )
 
 
 def _checkpoint(run_dir: Path, data_dir: Path, step: int, score: float | None, seed: int) -> Path:
@@ -38,7 +47,9 @@ def _checkpoint(run_dir: Path, data_dir: Path, step: int, score: float | None, s
     model = build_task(cfg, info).build_model()
     history = [{"epoch": 1, "step": step, **({METRIC: score} if score is not None else {})}]
     state = {"model": model.state_dict(), "loop": {"global_step": step, "history": history}}
-    return save_checkpoint(run_dir / f"checkpoint_{step:08d}", state, cfg, task=info.to_json(), files=info.files)
+    return save_checkpoint(
+        run_dir / f"checkpoint_{step:08d}", state, cfg, task=info.to_json(), files=info.files
+    )
 
 
 @pytest.fixture()
@@ -103,7 +114,10 @@ def test_without_scored_checkpoints_the_newest_is_used_and_said_so(labels_datase
     _checkpoint(run, labels_dataset, 10, None, seed=1)  # no val metric (mid-epoch)
     _checkpoint(run, labels_dataset, 20, None, seed=2)
     chosen = choose_checkpoint(run)
-    assert chosen.path == run / "checkpoint_00000020" and chosen.reason == f"latest: no checkpoint has a {METRIC}"
+    assert (
+        chosen.path == run / "checkpoint_00000020"
+        and chosen.reason == f"latest: no checkpoint has a {METRIC}"
+    )
     with pytest.raises(FileNotFoundError, match="neither a checkpoint folder"):
         choose_checkpoint(tmp_path)
 
@@ -111,8 +125,16 @@ def test_without_scored_checkpoints_the_newest_is_used_and_said_so(labels_datase
 def test_a_finished_run_records_the_best_checkpoint_it_reports(labels_dataset, tmp_path):
     """A short in-process run (no Ray): the record names the outcome's best checkpoint, whose own reported
     metric is the highest of the run's checkpoints."""
-    cfg = _config(labels_dataset, **{"train.epochs": 2, "train.keep_checkpoints": 2, "train.lr": 0.05,
-                                     "train.storage_path": str(tmp_path / "runs"), "train.run_name": "r"})  # fmt: skip
+    cfg = _config(
+        labels_dataset,
+        **{
+            "train.epochs": 2,
+            "train.keep_checkpoints": 2,
+            "train.lr": 0.05,
+            "train.storage_path": str(tmp_path / "runs"),
+            "train.run_name": "r",
+        },
+    )
     outcome = run_training(cfg, evaluate_test=False)
     record = json.loads(Path(outcome.run_dir, BEST_CHECKPOINT_FILE).read_text())
     assert record["checkpoint"] == Path(outcome.best_checkpoint).name and record["metric"] == METRIC

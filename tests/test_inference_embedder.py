@@ -29,8 +29,11 @@ SPLITS = ("train", "val", "test")
 
 def _checkpoint(folder: Path, data_dir: Path, **overrides) -> Path:
     """A checkpoint of a freshly built (seeded) model: the vectors only have to be the model's."""
-    cfg = load_config("tiny", overrides={"data.path": str(data_dir), "train.num_workers": 0, **overrides},
-                      task_of=dataset_task)  # fmt: skip
+    cfg = load_config(
+        "tiny",
+        overrides={"data.path": str(data_dir), "train.num_workers": 0, **overrides},
+        task_of=dataset_task,
+    )
     info = DataInfo.from_dataset(data_dir)
     torch.manual_seed(0)
     model = build_task(cfg, info).build_model()
@@ -39,8 +42,11 @@ def _checkpoint(folder: Path, data_dir: Path, **overrides) -> Path:
 
 @pytest.fixture(scope="module")
 def pairs_ckpt(tiny_dataset, tmp_path_factory) -> Path:
-    return _checkpoint(tmp_path_factory.mktemp("pairs") / "run" / "checkpoint_00000001", tiny_dataset,
-                       **{"model.nesting": [16, 64]})  # fmt: skip
+    return _checkpoint(
+        tmp_path_factory.mktemp("pairs") / "run" / "checkpoint_00000001",
+        tiny_dataset,
+        **{"model.nesting": [16, 64]},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -87,11 +93,15 @@ def test_pairs_embedder_equals_evaluation_and_the_training_data_path(pairs_ckpt,
     with torch.no_grad():
         encoded = trained.task.encode(trained.model, to_tensors(batch, "cpu"))
     np.testing.assert_allclose(texts[:40], encoded.embeddings["cap"].numpy(), atol=1e-5)
-    np.testing.assert_allclose(embedder.embed_features(cols["image"][:40]), encoded.embeddings["img"].numpy(),
-                               atol=1e-5)  # fmt: skip
+    np.testing.assert_allclose(
+        embedder.embed_features(cols["image"][:40]), encoded.embeddings["img"].numpy(), atol=1e-5
+    )
     # texts and features in one space: a caption's score with its image is the evaluation's score
-    np.testing.assert_allclose((texts * images[rset.query_keys]).sum(1),
-                               (rset.queries * rset.database[rset.query_keys]).sum(1), atol=1e-5)  # fmt: skip
+    np.testing.assert_allclose(
+        (texts * images[rset.query_keys]).sum(1),
+        (rset.queries * rset.database[rset.query_keys]).sum(1),
+        atol=1e-5,
+    )
 
 
 def test_a_matryoshka_dim_is_the_renormalised_prefix(pairs_ckpt, tiny_dataset):
@@ -102,8 +112,9 @@ def test_a_matryoshka_dim_is_the_renormalised_prefix(pairs_ckpt, tiny_dataset):
     got = cut.embed_texts(captions)
     assert got.shape == (50, 16)
     np.testing.assert_allclose(got, _unit(full.embed_texts(captions), 16), atol=1e-6)
-    np.testing.assert_allclose(cut.embed_features(cols["image"][:7]), _unit(full.embed_features(cols["image"][:7]), 16),
-                               atol=1e-6)  # fmt: skip
+    np.testing.assert_allclose(
+        cut.embed_features(cols["image"][:7]), _unit(full.embed_features(cols["image"][:7]), 16), atol=1e-6
+    )
     with pytest.raises(ValueError, match=r"dim=65: expected 1 <= dim <= 64"):
         Embedder.from_checkpoint(pairs_ckpt, dim=65)
 
@@ -127,8 +138,11 @@ def test_the_embedder_needs_no_dataset_but_evaluation_does(pairs_ckpt, tmp_path)
     info = json.loads((moved / TASK_FILE).read_text())
     (moved / TASK_FILE).write_text(json.dumps({**info, "data_dir": str(tmp_path / "gone")}))
     texts = ["a small test caption", "another one"]
-    np.testing.assert_allclose(Embedder.from_checkpoint(moved).embed_texts(texts),
-                               Embedder.from_checkpoint(pairs_ckpt).embed_texts(texts), atol=1e-6)  # fmt: skip
+    np.testing.assert_allclose(
+        Embedder.from_checkpoint(moved).embed_texts(texts),
+        Embedder.from_checkpoint(pairs_ckpt).embed_texts(texts),
+        atol=1e-6,
+    )
     with pytest.raises(ConfigError, match="records no dataset that still exists"):
         load_trained(moved)
 
@@ -145,7 +159,9 @@ def _brute_force(queries: np.ndarray, database: np.ndarray, ids: np.ndarray, dim
 
 
 @pytest.mark.parametrize("dim", [16, 64])
-def test_search_of_an_index_over_the_whole_dataset_equals_brute_force(pairs_ckpt, tiny_dataset, tmp_path, dim):
+def test_search_of_an_index_over_the_whole_dataset_equals_brute_force(
+    pairs_ckpt, tiny_dataset, tmp_path, dim
+):
     out = tmp_path / "index"
     rset, dims = write_checkpoint_indexes(pairs_ckpt, out, split="all", dims=[16, 64])
     assert dims == [16, 64] and rset.split == "train+val+test"
@@ -158,18 +174,34 @@ def test_search_of_an_index_over_the_whole_dataset_equals_brute_force(pairs_ckpt
     np.testing.assert_array_equal(np.load(out / "database_ids.npy"), ids)
     captions = [str(c) for c in columns[0]["caption"][:6]] + ["an unseen caption with zzzunknown words"]
     result = search_index(out, captions, k=7, dim=dim)
-    want_ids, want_scores = _brute_force(Embedder.from_checkpoint(pairs_ckpt).embed_texts(captions), database,
-                                         ids, dim, 7)  # fmt: skip
+    want_ids, want_scores = _brute_force(
+        Embedder.from_checkpoint(pairs_ckpt).embed_texts(captions), database, ids, dim, 7
+    )
     np.testing.assert_array_equal(result.ids, want_ids)
     np.testing.assert_allclose(result.scores, want_scores, atol=1e-5)
     assert result.dim == dim and result.checkpoint.path == pairs_ckpt
 
 
-def test_search_command_prints_the_ids_and_scores(pairs_ckpt, labels_ckpt, tiny_dataset, labels_dataset, tmp_path,
-                                                  capsys):  # fmt: skip
+def test_search_command_prints_the_ids_and_scores(
+    pairs_ckpt, labels_ckpt, tiny_dataset, labels_dataset, tmp_path, capsys
+):
     out = tmp_path / "index"
-    assert main(["index", "--checkpoint", str(pairs_ckpt.parent), "--split", "val", "--dims", "64",
-                 "--out", str(out)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "index",
+                "--checkpoint",
+                str(pairs_ckpt.parent),
+                "--split",
+                "val",
+                "--dims",
+                "64",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     queries = tmp_path / "queries.txt"
     captions = [str(c) for c in _split(tiny_dataset, "val")["caption"][:2]]
@@ -187,8 +219,13 @@ def test_search_command_prints_the_ids_and_scores(pairs_ckpt, labels_ckpt, tiny_
     np.save(tmp_path / "q.npy", vectors)
     assert main(["search", "--index", str(labels_out), "--queries", str(tmp_path / "q.npy"), "--k", "5"]) == 0
     printed = _result_lines(capsys.readouterr().out)
-    want_ids, _ = _brute_force(Embedder.from_checkpoint(labels_ckpt).embed_features(vectors), rset.database,
-                               rset.database_ids, rset.dim, 5)  # fmt: skip
+    want_ids, _ = _brute_force(
+        Embedder.from_checkpoint(labels_ckpt).embed_features(vectors),
+        rset.database,
+        rset.database_ids,
+        rset.dim,
+        5,
+    )
     assert [int(p[2]) for p in printed] == want_ids.ravel().tolist()
     assert main(["search", "--index", str(labels_out), "--query", "text"]) == 2
     assert "has no text side" in capsys.readouterr().err

@@ -23,14 +23,24 @@ import yaml
 from raydist.config import load_config
 from raydist.simcluster import free_port
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]  # a cluster test is slow too (tests/conftest.py enforces it)
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.slow,
+]  # a cluster test is slow too (tests/conftest.py enforces it)
 
 REPO = Path(__file__).resolve().parents[1]
 RAY = str(Path(sys.executable).parent / "ray")
 PORT_FLAGS = (
-    "port", "dashboard-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "ray-client-server-port",
-    "metrics-export-port", "runtime-env-agent-port", "node-manager-port", "object-manager-port",
-)  # fmt: skip
+    "port",
+    "dashboard-port",
+    "dashboard-agent-listen-port",
+    "dashboard-agent-grpc-port",
+    "ray-client-server-port",
+    "metrics-export-port",
+    "runtime-env-agent-port",
+    "node-manager-port",
+    "object-manager-port",
+)
 
 
 def _kill_group(pgid: int) -> None:
@@ -58,10 +68,23 @@ def job_client_env():
     }
     env.pop("RAY_ADDRESS", None)
     head = subprocess.Popen(
-        [RAY, "start", "--head", "--num-cpus=4", "--disable-usage-stats", f"--temp-dir={temp_dir}",
-         "--dashboard-host=127.0.0.1", "--include-dashboard=true", *(f"--{k}={v}" for k, v in ports.items())],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
+        [
+            RAY,
+            "start",
+            "--head",
+            "--num-cpus=4",
+            "--disable-usage-stats",
+            f"--temp-dir={temp_dir}",
+            "--dashboard-host=127.0.0.1",
+            "--include-dashboard=true",
+            *(f"--{k}={v}" for k, v in ports.items()),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, _ = head.communicate(timeout=120)
         assert head.returncode == 0, out
@@ -75,8 +98,13 @@ def submit(env: dict, *job: str, timeout: float = 240) -> str:
     """`ray job submit --working-dir <repo> -- python <job...>`; returns the logs it streamed."""
     done = subprocess.run(
         [RAY, "job", "submit", "--working-dir", str(REPO), "--", "python", *job],
-        env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False,
-    )  # fmt: skip
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     assert "succeeded" in out, out[-4000:]
@@ -93,8 +121,18 @@ def printed_path(out: str, label: str) -> Path:
 def test_train_eval_and_tune_jobs(job_client_env, tiny_dataset, tmp_path):
     data, runs = str(tiny_dataset), str(tmp_path / "runs")
 
-    out = submit(job_client_env, "jobs/train.py", "--preset", "tiny", "--data", data, "--storage", runs,
-                 "train.epochs=1", "train.num_workers=1")  # fmt: skip
+    out = submit(
+        job_client_env,
+        "jobs/train.py",
+        "--preset",
+        "tiny",
+        "--data",
+        data,
+        "--storage",
+        runs,
+        "train.epochs=1",
+        "train.num_workers=1",
+    )
     assert "== per-epoch metrics ==" in out and re.search(r"val rsum \d", out)
     checkpoint = printed_path(out, "best checkpoint")
     assert checkpoint.is_dir() and str(checkpoint).startswith(runs)
@@ -104,9 +142,21 @@ def test_train_eval_and_tune_jobs(job_client_env, tiny_dataset, tmp_path):
     )
     assert "rsum" in out and f"checkpoint {checkpoint}" in out
 
-    out = submit(job_client_env, "jobs/tune.py", "--preset", "tiny", "--data", data, "--storage", runs,
-                 "--num-samples", "1", "tune_spaces/margin.yaml", "train.epochs=1",
-                 "train.num_workers=1")  # fmt: skip
+    out = submit(
+        job_client_env,
+        "jobs/tune.py",
+        "--preset",
+        "tiny",
+        "--data",
+        data,
+        "--storage",
+        runs,
+        "--num-samples",
+        "1",
+        "tune_spaces/margin.yaml",
+        "train.epochs=1",
+        "train.num_workers=1",
+    )
     assert "== sweep results ==" in out and "TERMINATED" in out
     experiment = printed_path(out, "experiment folder")
     assert experiment.is_dir() and str(experiment).startswith(runs)

@@ -15,18 +15,54 @@ PACKAGE = Path(__file__).resolve().parents[1] / "raydist"
 # __init__, which exports raydist.Embedder lazily) matches only itself.
 ROOT = "raydist"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("foundation", ("raydist.config", "raydist.dataset_task", "raydist.console", "raydist.runfiles", "raydist.choices", "raydist.nesting",
-                    "raydist.presets")),
-    ("formats and numerics", ("raydist.data", "raydist.losses", "raydist.models", "raydist.distributed",
-                              "raydist.checkpoint", "raydist.train.malloc", "raydist.tune.space", "raydist.runtime")),
+    (
+        "foundation",
+        (
+            "raydist.config",
+            "raydist.dataset_task",
+            "raydist.console",
+            "raydist.runfiles",
+            "raydist.choices",
+            "raydist.nesting",
+            "raydist.presets",
+        ),
+    ),
+    (
+        "formats and numerics",
+        (
+            "raydist.data",
+            "raydist.losses",
+            "raydist.models",
+            "raydist.distributed",
+            "raydist.checkpoint",
+            "raydist.train.malloc",
+            "raydist.tune.space",
+            "raydist.runtime",
+        ),
+    ),
     ("metrics and statistics", ("raydist.eval", "raydist.gradclust", "raydist.plots")),
     ("tasks", ("raydist.tasks", "raydist.recipe")),
     ("trained models", ("raydist.inference", "raydist.extract", ROOT)),
     ("loop and hooks", ("raydist.train", "raydist.train.hooks", "raydist.gradclust.hook")),
-    ("wiring and Ray Train", ("raydist.train.wiring", "raydist.train.ray_worker", "raydist.train.trainer",
-                              "raydist.train.elastic")),
-    ("drivers", ("raydist.tune", "raydist.benchmarks", "raydist.experiments", "raydist.simcluster",
-                 "raydist.autoscaling")),
+    (
+        "wiring and Ray Train",
+        (
+            "raydist.train.wiring",
+            "raydist.train.ray_worker",
+            "raydist.train.trainer",
+            "raydist.train.elastic",
+        ),
+    ),
+    (
+        "drivers",
+        (
+            "raydist.tune",
+            "raydist.benchmarks",
+            "raydist.experiments",
+            "raydist.simcluster",
+            "raydist.autoscaling",
+        ),
+    ),
     ("command line", ("raydist.cli",)),
 ]
 
@@ -68,8 +104,15 @@ def graph() -> dict[str, set[str]]:
 
 
 def layer_of(name: str) -> int:
-    best = max(((len(prefix), i) for i, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes
-                if name == prefix or (prefix != ROOT and name.startswith(prefix + "."))), default=None)
+    best = max(
+        (
+            (len(prefix), i)
+            for i, (_, prefixes) in enumerate(LAYERS)
+            for prefix in prefixes
+            if name == prefix or (prefix != ROOT and name.startswith(prefix + "."))
+        ),
+        default=None,
+    )
     if best is None:
         raise AssertionError(f"{name} is in no layer: add it to LAYERS (and docs/architecture.md)")
     return best[1]
@@ -116,8 +159,12 @@ def test_no_import_circles():
 
 def test_layers_point_one_way():
     g = graph()
-    upward = [f"{m} ({LAYERS[layer_of(m)][0]}) imports {t} ({LAYERS[layer_of(t)][0]})"
-              for m in sorted(g) for t in sorted(g[m]) if layer_of(t) > layer_of(m)]
+    upward = [
+        f"{m} ({LAYERS[layer_of(m)][0]}) imports {t} ({LAYERS[layer_of(t)][0]})"
+        for m in sorted(g)
+        for t in sorted(g[m])
+        if layer_of(t) > layer_of(m)
+    ]
     assert upward == []
 
 

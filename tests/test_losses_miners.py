@@ -27,7 +27,9 @@ def test_hardest_negatives_match_brute_force(tile: int, similarity: str) -> None
     qi, qc, ki, kc = _batch(6, 11, seed=tile)
     query_ids = torch.tensor([0, 1, 2, 3, 4, 5])
     key_ids = torch.tensor([0, 0, 1, 7, 8, 9, 2, 3, 10, 11, 12])
-    got = mine_hardest_negatives(RankingInputs(qi, qc, ki, kc, query_ids, key_ids), similarity=similarity, tile=tile)
+    got = mine_hardest_negatives(
+        RankingInputs(qi, qc, ki, kc, query_ids, key_ids), similarity=similarity, tile=tile
+    )
 
     def s(a, b):
         a, b = a.detach(), b.detach()
@@ -68,7 +70,11 @@ def test_mined_terms_equal_dense_reference(hardest: bool, square: bool) -> None:
 
 def test_query_without_negative_is_unmined() -> None:
     qi, qc, ki, kc = _batch(2, 3)
-    mined = mine_hardest_negatives(RankingInputs(qi, qc, ki, kc, torch.tensor([1, 2]), torch.tensor([1, 1, 2])), tile=2)
+    mined = mine_hardest_negatives(
+        RankingInputs(qi, qc, ki, kc, torch.tensor([1, 2]), torch.tensor([1, 1, 2])), tile=2
+    )
     assert mined.image_query_key[0] == 2 and int(mined.image_query_key[1]) in (0, 1)
-    all_same = mine_hardest_negatives(RankingInputs(qi, qc, ki, kc, torch.tensor([1, 1]), torch.tensor([1, 1, 1])))
+    all_same = mine_hardest_negatives(
+        RankingInputs(qi, qc, ki, kc, torch.tensor([1, 1]), torch.tensor([1, 1, 1]))
+    )
     assert all_same.image_query_key.tolist() == [-1, -1] and all_same.caption_query_key.tolist() == [-1, -1]

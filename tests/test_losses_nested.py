@@ -93,9 +93,17 @@ def test_nested_views_are_unit_prefixes():
 
 @pytest.mark.parametrize(
     "dims, weights",
-    [([], None), ([8, 8], None), ([0, 4], None), ([2.5], None), ([True], None),
-     ([4, 8], [1.0]), ([4, 8], [1.0, -0.1]), ([4, 8], [1.0, float("nan")])],
-)  # fmt: skip
+    [
+        ([], None),
+        ([8, 8], None),
+        ([0, 4], None),
+        ([2.5], None),
+        ([True], None),
+        ([4, 8], [1.0]),
+        ([4, 8], [1.0, -0.1]),
+        ([4, 8], [1.0, float("nan")]),
+    ],
+)
 def test_invalid_configuration(dims, weights):
     with pytest.raises((ValueError, TypeError)):
         nested_loss(squared_sum, dims, weights)
@@ -113,7 +121,9 @@ def test_embeddings_as_separate_arguments_or_one_sequence():
     img = rng.standard_normal((7, 16))
     cap = img + 0.9 * rng.standard_normal((7, 16))
     dims, weights, margin = [2, 6, 16], [1.5, 1.0, 0.25], 0.2
-    expected = sum(c * vsepp_mh(unit_prefix(img, m), unit_prefix(cap, m), margin) for m, c in zip(dims, weights))
+    expected = sum(
+        c * vsepp_mh(unit_prefix(img, m), unit_prefix(cap, m), margin) for m, c in zip(dims, weights)
+    )
     nested = nested_loss(ranking_loss, dims, weights)
     img_t, cap_t = torch.from_numpy(img), torch.from_numpy(cap)
     assert nested(img_t, cap_t, margin=margin).item() == pytest.approx(expected, rel=1e-12)
@@ -137,14 +147,20 @@ def test_unsorted_dims_give_the_sorted_loss_with_their_weights():
     x = rng.standard_normal((9, 24))
     nested = nested_loss(squared_sum, [12, 3, 24, 6], [2.0, 0.5, 1.5, 0.0])
     assert nested.dims == (3, 6, 12, 24)
-    expected = sum(c * float((unit_prefix(x, m).sum(0) ** 2).sum()) for m, c in ((3, 0.5), (12, 2.0), (24, 1.5)))
+    expected = sum(
+        c * float((unit_prefix(x, m).sum(0) ** 2).sum()) for m, c in ((3, 0.5), (12, 2.0), (24, 1.5))
+    )
     assert nested(torch.from_numpy(x)).item() == pytest.approx(expected, rel=1e-12)
 
 
 @pytest.mark.parametrize(
-    "dims, message", [([8, 4, 8], "must be distinct, got 8"), ([4, 0], "must be positive, got 0"),
-                      ([4, -2, 8], "must be positive, got -2")],
-)  # fmt: skip
+    "dims, message",
+    [
+        ([8, 4, 8], "must be distinct, got 8"),
+        ([4, 0], "must be positive, got 0"),
+        ([4, -2, 8], "must be positive, got -2"),
+    ],
+)
 def test_duplicate_or_non_positive_dims_are_refused_clearly(dims, message):
     with pytest.raises(ValueError, match=message):
         nested_loss(squared_sum, dims)

@@ -59,7 +59,9 @@ def test_tiled_terms_equal_dense_reference(tile: int, square: bool, hardest: boo
     emb, ids_q, ids_k, leaves = _case(square, seed=tile)
     margin = 0.3 if similarity == "dot" else 0.6
     inputs = RankingInputs(*emb, ids_q, ids_k)
-    img_t, cap_t, _ = mined_ranking_terms(inputs, margin=margin, hardest=hardest, similarity=similarity, tile=tile)
+    img_t, cap_t, _ = mined_ranking_terms(
+        inputs, margin=margin, hardest=hardest, similarity=similarity, tile=tile
+    )
     ref = ranking_terms(inputs, margin=margin, hardest=hardest, similarity=similarity)
     assert (ref.image_queries > 0).any() and (ref.caption_queries > 0).any()
     torch.testing.assert_close(img_t, ref.image_queries, rtol=1e-12, atol=1e-14)

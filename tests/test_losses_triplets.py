@@ -351,10 +351,19 @@ def test_semihard_window_is_strict_at_the_margin_for_both_strategies() -> None:
     line so the distances are exact: anchor 0 has d_ap = 0.25 and d_an = 0.75 = d_ap + 0.5 (excluded); anchor 1
     has d_ap = 0.25 and d_an = 0.5 (inside)."""
     emb, labels = torch.tensor([[0.0], [0.25], [0.75]], dtype=torch.float64), torch.tensor([0, 0, 1])
-    every = mine_triplets(emb, labels, strategy="semihard-all", margin=0.5, distance="euclidean", normalize=False)
+    every = mine_triplets(
+        emb, labels, strategy="semihard-all", margin=0.5, distance="euclidean", normalize=False
+    )
     assert as_list(every) == [(1, 0, 2)]
-    drawn = mine_triplets(emb, labels, strategy="semihard-random", margin=0.5, distance="euclidean",
-                          generator=torch.Generator().manual_seed(0), normalize=False)  # fmt: skip
+    drawn = mine_triplets(
+        emb,
+        labels,
+        strategy="semihard-random",
+        margin=0.5,
+        distance="euclidean",
+        generator=torch.Generator().manual_seed(0),
+        normalize=False,
+    )
     assert as_list(drawn) == [(1, 0, 2)]
 
 
@@ -381,20 +390,33 @@ def test_raw_rows_give_the_normalised_draw_probabilities() -> None:
     unit = unit_rows(len(labels), seed=13)
     want = draw_probabilities(unit, labels, "distance-weighted", 0.2, "euclidean")
     (a, p), n = next(iter(want)), 1
-    got = negative_probabilities(scaled_rows(unit, seed=14), torch.tensor(labels), torch.tensor([a]),
-                                 torch.tensor([p]), torch.tensor([n]), strategy="distance-weighted")  # fmt: skip
+    got = negative_probabilities(
+        scaled_rows(unit, seed=14),
+        torch.tensor(labels),
+        torch.tensor([a]),
+        torch.tensor([p]),
+        torch.tensor([n]),
+        strategy="distance-weighted",
+    )
     assert float(got[0]) == pytest.approx(want[(a, p)][n], rel=1e-12)
 
 
 def test_normalize_false_mines_the_rows_as_given() -> None:
     """Anchor 0 at angle 0, its positive at 90°; negative 2 at 20° but of norm 5, negative 3 at 120° of norm 1.
     Normalised, 2 is the closest negative; as given, 3 is (|e_0 − e_2| ≈ 4.06 > |e_0 − e_3| ≈ 1.73)."""
-    angles, norms = torch.tensor([0.0, 90.0, 20.0, 120.0], dtype=torch.float64).deg2rad(), [1.0, 1.0, 5.0, 1.0]
+    angles, norms = (
+        torch.tensor([0.0, 90.0, 20.0, 120.0], dtype=torch.float64).deg2rad(),
+        [1.0, 1.0, 5.0, 1.0],
+    )
     raw = torch.stack([angles.cos(), angles.sin()], 1) * torch.tensor(norms, dtype=torch.float64).unsqueeze(1)
     labels = [0, 0, 1, 1]
     unit = raw / raw.norm(dim=1, keepdim=True)
     default = mine_triplets(raw, torch.tensor(labels), strategy="hardest")
     as_given = mine_triplets(raw, torch.tensor(labels), strategy="hardest", normalize=False)
-    assert set(as_list(default)) == brute_force_mine(distance_table(unit, "euclidean"), labels, "hardest", 0.2)
-    assert set(as_list(as_given)) == brute_force_mine(distance_table(raw, "euclidean"), labels, "hardest", 0.2)
+    assert set(as_list(default)) == brute_force_mine(
+        distance_table(unit, "euclidean"), labels, "hardest", 0.2
+    )
+    assert set(as_list(as_given)) == brute_force_mine(
+        distance_table(raw, "euclidean"), labels, "hardest", 0.2
+    )
     assert as_list(default)[0] == (0, 1, 2) and as_list(as_given)[0] == (0, 1, 3)

@@ -33,10 +33,19 @@ CASES = {
 
 
 def _model(case: str) -> torch.nn.Module:
-    cfg = load_config("tiny", overrides={
-        "model.text_encoder": "transformer", "model.text_layers": 2, "model.text_heads": 2, "model.text_width": 8,
-        "model.text_dropout": 0.0, "model.embed_dim": 6, "data.max_caption_len": MAX_LEN, **CASES[case][0],
-    })  # fmt: skip
+    cfg = load_config(
+        "tiny",
+        overrides={
+            "model.text_encoder": "transformer",
+            "model.text_layers": 2,
+            "model.text_heads": 2,
+            "model.text_width": 8,
+            "model.text_dropout": 0.0,
+            "model.embed_dim": 6,
+            "data.max_caption_len": MAX_LEN,
+            **CASES[case][0],
+        },
+    )
     torch.manual_seed(0)
     if cfg.model.image_encoder == "linear":
         return build_model(cfg, FEATURES, VOCAB).double()
@@ -53,8 +62,13 @@ def _bank(case: str) -> dict[str, torch.Tensor]:
     image_ids = torch.tensor([0, 1, 2, 3, 4, 1, 6, 7])
     shape = (FEATURES,) if case == "transformer-text" else (CHANNELS, SIDE, SIDE)
     features = torch.randn(ROWS, *shape, generator=g, dtype=torch.float64)
-    return {"features": features, "tokens": tokens, "lengths": lengths, "image_ids": image_ids,
-            "sample_ids": torch.arange(100, 100 + ROWS)}  # fmt: skip
+    return {
+        "features": features,
+        "tokens": tokens,
+        "lengths": lengths,
+        "image_ids": image_ids,
+        "sample_ids": torch.arange(100, 100 + ROWS),
+    }
 
 
 def _forward(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,8 +88,15 @@ def _worker(rank: int, case: str, init_file: str, state: dict, bank: dict, out_d
     for hardest in (True, False):
         ddp.zero_grad(set_to_none=True)
         img, cap = _forward(ddp, batch)
-        loss = step_ranking_loss(img, cap, image_ids=batch["image_ids"], sample_ids=batch["sample_ids"],
-                                 loss_cfg=LossSection(), batch_size=ROWS, hardest=hardest)  # fmt: skip
+        loss = step_ranking_loss(
+            img,
+            cap,
+            image_ids=batch["image_ids"],
+            sample_ids=batch["sample_ids"],
+            loss_cfg=LossSection(),
+            batch_size=ROWS,
+            hardest=hardest,
+        )
         loss.backward()
         results[hardest] = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
     torch.save(results, Path(out_dir) / f"rank{rank}.pt")
@@ -99,9 +120,12 @@ def test_ddp_gradients_match_single_process(tmp_path, case):
         for name, expected in want.items():
             assert expected.abs().max() > 0 or name.endswith("embed.weight"), name
             for rank in ranks:
-                torch.testing.assert_close(rank[hardest][name], expected, rtol=1e-9, atol=1e-12,
-                                           msg=lambda m, n=name: f"{n}: {m}")  # fmt: skip
+                torch.testing.assert_close(
+                    rank[hardest][name], expected, rtol=1e-9, atol=1e-12, msg=lambda m, n=name: f"{n}: {m}"
+                )
     # the cross-worker duplicate's mask is visible in SH's gradients (MH's hardest negatives here are other rows)
     unmasked = dense_loss(*_forward(model, bank), hardest=False, image_ids=torch.arange(ROWS))
-    gaps = [(g - ranks[0][False][n]).abs().max() for n, g in zip(names, torch.autograd.grad(unmasked, params))]
+    gaps = [
+        (g - ranks[0][False][n]).abs().max() for n, g in zip(names, torch.autograd.grad(unmasked, params))
+    ]
     assert max(gaps) > 1e-6

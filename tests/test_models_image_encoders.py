@@ -75,7 +75,9 @@ def test_small_cnn_shapes_and_gradients(channels, size):
 def test_small_cnn_rows_do_not_depend_on_their_batch():
     """GroupNorm: in train mode a row's features are the same alone or among other rows (BatchNorm's are not)."""
     torch.manual_seed(0)
-    enc = build_image_encoder("small-cnn", 6, channels=3, width=8).train().double()  # float64: no kernel noise
+    enc = (
+        build_image_encoder("small-cnn", 6, channels=3, width=8).train().double()
+    )  # float64: no kernel noise
     x = torch.randn(5, 3, 16, 16, dtype=torch.float64)
     torch.testing.assert_close(enc(x[:2]), enc(x)[:2], rtol=0, atol=1e-12)
 
@@ -89,7 +91,9 @@ def _stripes(n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Te
     coord = torch.arange(16.0)
     rows = torch.sin(coord.view(1, 16, 1) * 6.2832 / period + phase).expand(n, 16, 16)
     cols = torch.sin(coord.view(1, 1, 16) * 6.2832 / period + phase).expand(n, 16, 16)
-    images = torch.where(labels.view(n, 1, 1) == 0, rows, cols) + 0.3 * torch.randn(n, 16, 16, generator=generator)
+    images = torch.where(labels.view(n, 1, 1) == 0, rows, cols) + 0.3 * torch.randn(
+        n, 16, 16, generator=generator
+    )
     return images.unsqueeze(1), labels
 
 
@@ -137,7 +141,9 @@ def test_backbone_weights_round_trip(tmp_path):
     assert not torch.equal(fresh.backbone(x), trained.backbone(x))
     assert torch.equal(loaded.head.weight, fresh.head.weight)  # the head is new, drawn as without weights
     ids = {id(p) for p in backbone_parameters(nn.Sequential(loaded))}
-    assert ids == {id(p) for p in loaded.backbone.parameters()} and not ids & {id(p) for p in loaded.head.parameters()}
+    assert ids == {id(p) for p in loaded.backbone.parameters()} and not ids & {
+        id(p) for p in loaded.head.parameters()
+    }
 
 
 def test_weights_that_do_not_fit_are_refused_by_key(tmp_path):
@@ -172,7 +178,9 @@ def test_safetensors_files(tmp_path, monkeypatch):
         read_state_dict(tmp_path / "w.safetensors")
 
 
-@pytest.mark.parametrize(("name", "package"), [("torchvision:resnet18", "torchvision"), ("timm:resnet18", "timm")])
+@pytest.mark.parametrize(
+    ("name", "package"), [("torchvision:resnet18", "torchvision"), ("timm:resnet18", "timm")]
+)
 def test_a_missing_optional_package_is_a_clear_error(monkeypatch, name, package):
     for module in (package, f"{package}.models"):
         monkeypatch.setitem(sys.modules, module, None)  # `import` raises ImportError("import of … halted …")
@@ -187,7 +195,9 @@ def test_a_broken_install_is_a_clear_error_too(monkeypatch):
         raise OSError("libcudart.so.12: cannot open shared object file")
 
     monkeypatch.setattr(image_encoders.importlib, "import_module", broken)
-    with pytest.raises(ImportError, match=r"needs torchvision.*OSError: libcudart.so.12.*pip install torchvision"):
+    with pytest.raises(
+        ImportError, match=r"needs torchvision.*OSError: libcudart.so.12.*pip install torchvision"
+    ):
         build_image_encoder("torchvision:resnet18", 8)
 
 
@@ -241,11 +251,18 @@ def test_greyscale_reaches_an_rgb_model_as_if_decoded_as_rgb(monkeypatch, tmp_pa
 
     from raydist.data.image_transforms import decode_image, default_mean_std, normalize
 
-    _fake_package(monkeypatch, "torchvision", "get_model", lambda name, weights=None, **kw: _TinyClassifier(**kw))
+    _fake_package(
+        monkeypatch, "torchvision", "get_model", lambda name, weights=None, **kw: _TinyClassifier(**kw)
+    )
     reference = _TinyClassifier()
     torch.save(reference.state_dict(), tmp_path / "rgb.pth")  # RGB weights load for a greyscale dataset
     enc = build_image_encoder("torchvision:tiny_resnet", 5, channels=1, weights=tmp_path / "rgb.pth")
-    assert list(enc.state_dict()) == ["backbone.conv.weight", "backbone.conv.bias", "head.weight", "head.bias"]
+    assert list(enc.state_dict()) == [
+        "backbone.conv.weight",
+        "backbone.conv.bias",
+        "head.weight",
+        "head.bias",
+    ]
     pixels = np.random.default_rng(0).integers(0, 256, (9, 11), dtype=np.uint8)
     Image.fromarray(pixels, mode="L").save(tmp_path / "g.png")
     png = (tmp_path / "g.png").read_bytes()
@@ -253,7 +270,9 @@ def test_greyscale_reaches_an_rgb_model_as_if_decoded_as_rgb(monkeypatch, tmp_pa
     rgb = torch.as_tensor(normalize(decode_image(png, 3), *default_mean_std(3)))[None]
     assert grey.shape == (1, 1, 9, 11) and rgb.shape == (1, 3, 9, 11)
     torch.testing.assert_close(enc.adapter(grey), rgb, rtol=0, atol=1e-6)
-    torch.testing.assert_close(enc.backbone(enc.adapter(grey)), reference.conv(rgb).mean(dim=(2, 3)), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        enc.backbone(enc.adapter(grey)), reference.conv(rgb).mean(dim=(2, 3)), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_image_size_goes_only_to_constructors_that_take_it(monkeypatch):
@@ -266,7 +285,9 @@ def test_image_size_goes_only_to_constructors_that_take_it(monkeypatch):
             return net
         net = nn.Sequential(nn.Flatten(), nn.Linear(12, 4), nn.ReLU(), nn.Linear(4, 1000))  # no image_size
         if kwargs:
-            raise TypeError(f"Sequential.__init__() got an unexpected keyword argument {next(iter(kwargs))!r}")
+            raise TypeError(
+                f"Sequential.__init__() got an unexpected keyword argument {next(iter(kwargs))!r}"
+            )
         return net
 
     _fake_package(monkeypatch, "torchvision", "get_model", get_model)
@@ -291,6 +312,8 @@ def test_timm_builder_asks_for_pooled_features_and_skips_the_classifier_keys(mon
     enc = build_image_encoder("timm:tiny", 5, weights=tmp_path / "tiny.pth", drop_rate=0.1)
     assert calls == [("tiny", False, 0, 3, {"drop_rate": 0.1})]
     assert enc(torch.randn(2, 3, 8, 8)).shape == (2, 5)
-    grey = build_image_encoder("timm:tiny", 5, channels=1, weights=tmp_path / "tiny.pth")  # RGB weights, grey data
+    grey = build_image_encoder(
+        "timm:tiny", 5, channels=1, weights=tmp_path / "tiny.pth"
+    )  # RGB weights, grey data
     assert calls[-1][3] == 3 and isinstance(grey.adapter, image_encoders.GreyAsRGB)
     assert grey(torch.randn(2, 1, 8, 8)).shape == (2, 5)

@@ -24,8 +24,9 @@ def test_efficient_logits_slice_one_shared_matrix():
     logits = head(z)
     assert len(logits) == 3
     for lg, m in zip(logits, (2, 4, 16)):
-        expected = np.array([[sum(z[i, j].item() * w[c, j] for j in range(m)) + b[c] for c in range(5)]
-                             for i in range(7)])  # fmt: skip
+        expected = np.array(
+            [[sum(z[i, j].item() * w[c, j] for j in range(m)) + b[c] for c in range(5)] for i in range(7)]
+        )
         np.testing.assert_allclose(lg.detach().numpy(), expected, rtol=1e-12, atol=1e-12)
 
 

@@ -33,7 +33,9 @@ def _captions(n: int = 6, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _each_alone(encoder: torch.nn.Module, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """The brute-force reference: every caption encoded on its own, without any padding."""
-    return torch.cat([encoder(tokens[i : i + 1, :n], lengths[i : i + 1]) for i, n in enumerate(lengths.tolist())])
+    return torch.cat(
+        [encoder(tokens[i : i + 1, :n], lengths[i : i + 1]) for i, n in enumerate(lengths.tolist())]
+    )
 
 
 def test_registry_names_and_errors():
@@ -56,8 +58,13 @@ def test_pool_tokens_is_the_mean_of_the_real_tokens():
 @pytest.mark.parametrize("train", [False, True])
 def test_transformer_never_sees_padding(pooling, train):
     torch.manual_seed(0)
-    encoder = TransformerTextEncoder(VOCAB, 8, max_len=MAX_LEN, pad_id=PAD, layers=2, heads=2, width=16,
-                                     dropout=0.0, pooling=pooling).double().train(train)  # fmt: skip
+    encoder = (
+        TransformerTextEncoder(
+            VOCAB, 8, max_len=MAX_LEN, pad_id=PAD, layers=2, heads=2, width=16, dropout=0.0, pooling=pooling
+        )
+        .double()
+        .train(train)
+    )
     tokens, lengths = _captions()
     out = encoder(tokens, lengths)
     torch.testing.assert_close(out, _each_alone(encoder, tokens, lengths), rtol=1e-10, atol=1e-12)
@@ -68,14 +75,23 @@ def test_transformer_never_sees_padding(pooling, train):
 
 
 def test_transformer_size_keys_and_gc_refusal_of_hf():
-    cfg = load_config("tiny", overrides={"model.text_encoder": "transformer", "model.text_layers": 3,
-                                         "model.text_heads": 2, "model.text_width": 24})  # fmt: skip
+    cfg = load_config(
+        "tiny",
+        overrides={
+            "model.text_encoder": "transformer",
+            "model.text_layers": 3,
+            "model.text_heads": 2,
+            "model.text_width": 24,
+        },
+    )
     task_cfg = cfg.model
     assert (task_cfg.text_layers, task_cfg.text_heads, task_cfg.text_width) == (3, 2, 24)
     with pytest.raises(ConfigError, match="must divide by model.text_heads"):
         validate(load_config("tiny", overrides={"model.text_encoder": "transformer", "model.text_heads": 5}))
     validate(load_config("tiny", overrides={"model.text_encoder": "transformer", "gc.measure": True}))
-    with pytest.raises(ConfigError, match="gradient clustering supports the gru and transformer text encoders"):
+    with pytest.raises(
+        ConfigError, match="gradient clustering supports the gru and transformer text encoders"
+    ):
         validate(load_config("tiny", overrides={"model.text_encoder": "hf:bert", "gc.sample": True}))
 
 
@@ -85,8 +101,16 @@ def pretrained(tmp_path_factory) -> tuple:
     folder = tmp_path_factory.mktemp("bert")
     tokenizer = train_tokenizer(["a dog runs on the beach", "two cats sleep on a red bench"] * 2, 40)
     torch.manual_seed(0)
-    model = BertModel(BertConfig(vocab_size=len(tokenizer) + 3, hidden_size=16, num_hidden_layers=2,
-                                 num_attention_heads=2, intermediate_size=32, max_position_embeddings=32))  # fmt: skip
+    model = BertModel(
+        BertConfig(
+            vocab_size=len(tokenizer) + 3,
+            hidden_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=32,
+            max_position_embeddings=32,
+        )
+    )
     model.eval()
     model.save_pretrained(folder)
     tokenizer.save(folder / TOKENIZER_NAME)
@@ -95,8 +119,9 @@ def pretrained(tmp_path_factory) -> tuple:
 
 def test_pretrained_folder_loads_the_saved_weights(pretrained):
     folder, saved, tokenizer = pretrained
-    encoder = build_text_encoder(f"hf:{folder}", vocab_size=len(tokenizer), embed_dim=8, max_len=MAX_LEN,
-                                 pooling="mean")  # fmt: skip
+    encoder = build_text_encoder(
+        f"hf:{folder}", vocab_size=len(tokenizer), embed_dim=8, max_len=MAX_LEN, pooling="mean"
+    )
     assert isinstance(encoder, PretrainedTextEncoder)
     encoder.eval()
     ids, lengths = tokenizer.encode_batch(["a dog sleeps", "two red cats on the beach", "a"], MAX_LEN)
@@ -109,8 +134,9 @@ def test_pretrained_folder_loads_the_saved_weights(pretrained):
         pooled = torch.stack([want[i, :n].mean(0) for i, n in enumerate(lengths.tolist())])
         embedding = encoder.proj(pooled)
         torch.testing.assert_close(encoder(tokens, lengths), embedding / embedding.norm(dim=1, keepdim=True))
-        torch.testing.assert_close(encoder(tokens, lengths), _each_alone(encoder, tokens, lengths), atol=1e-6,
-                                   rtol=1e-5)  # fmt: skip
+        torch.testing.assert_close(
+            encoder(tokens, lengths), _each_alone(encoder, tokens, lengths), atol=1e-6, rtol=1e-5
+        )
     with pytest.raises(ValueError, match="token ids but the tokenizer has"):
         build_text_encoder(f"hf:{folder}", vocab_size=1000, embed_dim=8, max_len=MAX_LEN)
     with pytest.raises(ValueError, match="takes at most 32 tokens"):
@@ -120,15 +146,28 @@ def test_pretrained_folder_loads_the_saved_weights(pretrained):
 def test_transformer_trains_in_process_and_eval_checks_the_tokenizer(tiny_dataset, tmp_path, capsys):
     data = shutil.copytree(tiny_dataset, tmp_path / "data")
     train_dataset_tokenizer(data, 120, "wordpiece")
-    cfg = load_config("tiny", overrides={
-        "data.path": str(data), "train.num_workers": 0, "train.epochs": 1, "train.storage_path": str(tmp_path / "runs"),
-        "model.text_encoder": "transformer", "model.text_layers": 1, "model.text_heads": 2, "model.text_width": 32,
-        "model.nesting": [16, 64], "data.max_caption_len": 16, "data.train_fraction": 0.5,
-    })  # fmt: skip
+    cfg = load_config(
+        "tiny",
+        overrides={
+            "data.path": str(data),
+            "train.num_workers": 0,
+            "train.epochs": 1,
+            "train.storage_path": str(tmp_path / "runs"),
+            "model.text_encoder": "transformer",
+            "model.text_layers": 1,
+            "model.text_heads": 2,
+            "model.text_width": 32,
+            "model.nesting": [16, 64],
+            "data.max_caption_len": 16,
+            "data.train_fraction": 0.5,
+        },
+    )
     task = build_task(cfg, DataInfo.from_dataset(data))
     assert task.tokenizer_kind == "subword" and len(task.tokenizer) == 120
     [note] = task.data_notes()
-    assert note.endswith("of 2000 train captions are longer than data.max_caption_len=16 tokens and are truncated")
+    assert note.endswith(
+        "of 2000 train captions are longer than data.max_caption_len=16 tokens and are truncated"
+    )
     torch.manual_seed(cfg.train.seed)
     untrained = task.evaluate(task.build_model(), "val")
     outcome = train_in_process(cfg, data)

@@ -17,29 +17,64 @@ from drills import run_drill
 
 from raydist.data import load_manifest
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]  # a cluster test is slow too (tests/conftest.py enforces it)
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.slow,
+]  # a cluster test is slow too (tests/conftest.py enforces it)
 
 # Two worker nodes (three would be closer to a real cluster, but every worker's start-up costs seconds of a
 # 2-core CI machine) of 2 logical CPUs: one 1.5-CPU worker per node (two do not fit), and the run's own check
 # passes: 2 workers × 1.5 CPUs + 1 CPU for Ray Data <= 4.
 NODES, NODE_CPUS, CPUS_PER_WORKER = 2, 2, 1.5
-BATCH = 96  # the global batch: divides over 1, 2 and 3 workers; 20 steps per epoch of the session's tiny dataset
+BATCH = (
+    96  # the global batch: divides over 1, 2 and 3 workers; 20 steps per epoch of the session's tiny dataset
+)
 NEGATIVES = 48  # loss.negative_set_size: a common subset of each step's rows
 CHECKPOINT_EVERY = 10  # half an epoch: the node goes a few steps after the first checkpoint
 
 
-def drill(tmp_path: Path, *command: str, nodes: int = NODES, run_dir: Path | None = None, timeout: int = 240) -> dict:
+def drill(
+    tmp_path: Path, *command: str, nodes: int = NODES, run_dir: Path | None = None, timeout: int = 240
+) -> dict:
     """`python -m raydist.simcluster` with ``raydist COMMAND``; its report (with the command's output)."""
-    return run_drill("raydist.simcluster", "--nodes", str(nodes), "--node-cpus", str(NODE_CPUS), "--timeout",
-                     str(timeout), *(["--run-dir", str(run_dir)] if run_dir else []), "--", *command,
-                     report=tmp_path / "drill.json", timeout=timeout + 90)  # fmt: skip
+    return run_drill(
+        "raydist.simcluster",
+        "--nodes",
+        str(nodes),
+        "--node-cpus",
+        str(NODE_CPUS),
+        "--timeout",
+        str(timeout),
+        *(["--run-dir", str(run_dir)] if run_dir else []),
+        "--",
+        *command,
+        report=tmp_path / "drill.json",
+        timeout=timeout + 90,
+    )
 
 
 def train_args(data: Path, runs: Path, name: str, *overrides: str) -> list[str]:
-    return ["train", "--preset", "tiny", "--data", str(data), "--storage", str(runs), "--storage-shared",
-            "--name", name, "--json", str(runs / f"{name}.json"), "train.epochs=2", f"train.batch_size={BATCH}",
-            f"loss.negative_set_size={NEGATIVES}", f"train.cpus_per_worker={CPUS_PER_WORKER}",
-            f"train.checkpoint_every={CHECKPOINT_EVERY}", "train.log_every=1", *overrides]  # fmt: skip
+    return [
+        "train",
+        "--preset",
+        "tiny",
+        "--data",
+        str(data),
+        "--storage",
+        str(runs),
+        "--storage-shared",
+        "--name",
+        name,
+        "--json",
+        str(runs / f"{name}.json"),
+        "train.epochs=2",
+        f"train.batch_size={BATCH}",
+        f"loss.negative_set_size={NEGATIVES}",
+        f"train.cpus_per_worker={CPUS_PER_WORKER}",
+        f"train.checkpoint_every={CHECKPOINT_EVERY}",
+        "train.log_every=1",
+        *overrides,
+    ]
 
 
 def steps_lines(run_dir: Path) -> list[dict]:
@@ -49,8 +84,19 @@ def steps_lines(run_dir: Path) -> list[dict]:
 @pytest.mark.timeout(200)
 def test_a_local_run_folder_is_refused_on_a_two_node_cluster_before_any_worker_starts(tiny_dataset, tmp_path):
     runs = tmp_path / "runs"
-    result = drill(tmp_path, "train", "--preset", "tiny", "--data", str(tiny_dataset), "--storage", str(runs),
-                   "train.num_workers=1", nodes=1, timeout=120)  # fmt: skip
+    result = drill(
+        tmp_path,
+        "train",
+        "--preset",
+        "tiny",
+        "--data",
+        str(tiny_dataset),
+        "--storage",
+        str(runs),
+        "train.num_workers=1",
+        nodes=1,
+        timeout=120,
+    )
     assert result["returncode"] == 2, result["text"][-3000:]
     error = next(line for line in result["text"].splitlines() if line.startswith("raydist: error:"))
     assert "the Ray cluster has 2 nodes" in error  # the head and one worker node
@@ -62,8 +108,14 @@ def test_a_local_run_folder_is_refused_on_a_two_node_cluster_before_any_worker_s
 @pytest.mark.timeout(420)
 def test_an_elastic_run_loses_a_node_and_finishes_every_epoch_on_the_rest(tiny_dataset, tmp_path):
     runs = tmp_path / "runs"
-    args = train_args(tiny_dataset, runs, "elastic", f"train.num_workers={NODES}", "train.min_workers=1",
-                      "train.max_failures=2")  # fmt: skip
+    args = train_args(
+        tiny_dataset,
+        runs,
+        "elastic",
+        f"train.num_workers={NODES}",
+        "train.min_workers=1",
+        "train.max_failures=2",
+    )
     result = drill(tmp_path, *args, run_dir=runs / "elastic", timeout=330)
     assert result["returncode"] == 0, result["text"][-4000:]
     assert result["removed_workers"] == 1
@@ -90,20 +142,33 @@ def test_an_elastic_run_loses_a_node_and_finishes_every_epoch_on_the_rest(tiny_d
     assert [line["step"] for line in lines] == list(range(1, 2 * steps_per_epoch + 1))
     assert {line["world"] for line in lines if line["step"] <= resumed} == {NODES}
     assert {line["world"] for line in lines if line["step"] > resumed} == {NODES - 1}
-    assert {(line["stats"]["neg/queries"], line["stats"]["neg/keys"]) for line in lines} == {(BATCH, NEGATIVES)}
+    assert {(line["stats"]["neg/queries"], line["stats"]["neg/keys"]) for line in lines} == {
+        (BATCH, NEGATIVES)
+    }
 
 
 @pytest.mark.timeout(420)
-def test_a_fixed_size_run_whose_node_does_not_return_fails_clearly_within_capacity_wait(tiny_dataset, tmp_path):
+def test_a_fixed_size_run_whose_node_does_not_return_fails_clearly_within_capacity_wait(
+    tiny_dataset, tmp_path
+):
     runs = tmp_path / "runs"
     wait = 10
-    args = train_args(tiny_dataset, runs, "fixed", f"train.num_workers={NODES}", "train.max_failures=2",
-                      f"train.capacity_wait_s={wait}")  # fmt: skip
+    args = train_args(
+        tiny_dataset,
+        runs,
+        "fixed",
+        f"train.num_workers={NODES}",
+        "train.max_failures=2",
+        f"train.capacity_wait_s={wait}",
+    )
     result = drill(tmp_path, *args, run_dir=runs / "fixed", timeout=330)
     assert result["removed_workers"] == 1, result["text"][-4000:]
     assert result["returncode"] == 1, result["text"][-4000:]
     error = next(line for line in result["text"].splitlines() if line.startswith("raydist: error:"))
-    assert f"{NODES} Ray Train workers did not get their CPUs/GPUs within train.capacity_wait_s={wait} s" in error
+    assert (
+        f"{NODES} Ray Train workers did not get their CPUs/GPUs within train.capacity_wait_s={wait} s"
+        in error
+    )
     assert "the same command continues it" in error  # a named run
     # bounded: the wait, the teardown and the driver's exit, not Ray's default of retrying forever
     assert result["ended_at"] - result["removed_at"] < wait + 90

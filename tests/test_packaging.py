@@ -47,14 +47,33 @@ def wheel(tmp_path_factory) -> tuple[Path, Path]:
     src.mkdir()
     for name in BUILD_INPUTS:
         if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+            shutil.copytree(
+                ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
+            )
         else:
             shutil.copy2(ROOT / name, src / name)
     out = tmp / "dist"
-    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-           "-w", str(out), str(src)]  # fmt: skip
-    done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=240,
-                          env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "--no-build-isolation",
+        "--no-index",
+        "-q",
+        "-w",
+        str(out),
+        str(src),
+    ]
+    done = subprocess.run(
+        cmd,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     (built,) = out.glob("raydist-*.whl")
     return built, src
@@ -65,7 +84,9 @@ def test_the_wheel_holds_the_package_the_spaces_and_the_jobs(wheel):
     with zipfile.ZipFile(built) as z:
         shipped = {n: z.read(n) for n in z.namelist() if n.startswith("raydist/")}
     expected = source_files(src)
-    assert {"raydist/tune_spaces/margin.yaml", "raydist/jobs/train.py", "raydist/presets/tiny.yaml"} <= set(expected)
+    assert {"raydist/tune_spaces/margin.yaml", "raydist/jobs/train.py", "raydist/presets/tiny.yaml"} <= set(
+        expected
+    )
     assert sorted(shipped) == sorted(expected)
     assert all(shipped[name] == path.read_bytes() for name, path in expected.items())
 
@@ -73,8 +94,9 @@ def test_the_wheel_holds_the_package_the_spaces_and_the_jobs(wheel):
 def run_installed(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
     """Python with only the unpacked wheel added to its path, run from ``cwd`` (not the checkout)."""
     env = {**os.environ, "PYTHONPATH": str(site), "RAY_USAGE_STATS_ENABLED": "0"}
-    return subprocess.run([sys.executable, *args], check=False, cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, *args], check=False, cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 LOAD_MARGIN = """
@@ -136,14 +158,19 @@ def declared_distributions(built: Path) -> set[str]:
     with zipfile.ZipFile(built) as z:
         (metadata,) = [n for n in z.namelist() if n.endswith(".dist-info/METADATA")]
         lines = z.read(metadata).decode().splitlines()
-    requirements = [line.removeprefix("Requires-Dist:").strip() for line in lines if line.startswith("Requires-Dist:")]
+    requirements = [
+        line.removeprefix("Requires-Dist:").strip() for line in lines if line.startswith("Requires-Dist:")
+    ]
     return {normalized(re.match(r"[A-Za-z0-9._-]+", r).group()) for r in requirements}
 
 
 def test_every_third_party_import_is_a_declared_dependency(wheel):
     installed = importlib.metadata.packages_distributions()
-    third_party = {name: files for name, files in imported_modules([ROOT / "raydist", ROOT / "jobs"]).items()
-                   if name not in sys.stdlib_module_names and name not in ("raydist", "__future__")}  # fmt: skip
+    third_party = {
+        name: files
+        for name, files in imported_modules([ROOT / "raydist", ROOT / "jobs"]).items()
+        if name not in sys.stdlib_module_names and name not in ("raydist", "__future__")
+    }
     assert {"torch", "ray", "yaml", "pydantic"} <= set(third_party)  # the scan sees the package's imports
     declared = declared_distributions(wheel[0])
     undeclared = {}
@@ -151,4 +178,6 @@ def test_every_third_party_import_is_a_declared_dependency(wheel):
         distributions = {*installed.get(name, []), DISTRIBUTION_NAMES.get(name, name)}
         if not declared & {normalized(d) for d in distributions}:
             undeclared[name] = (sorted(distributions), sorted(files))
-    assert not undeclared, f"imported but not declared in pyproject.toml (dependencies or an extra): {undeclared}"
+    assert not undeclared, (
+        f"imported but not declared in pyproject.toml (dependencies or an extra): {undeclared}"
+    )

@@ -45,10 +45,17 @@ def _switch_lines(fig):
 
 
 def test_a_finished_run_is_plotted_and_marks_the_switch_at_the_first_mh_step(small_pairs, tmp_path):
-    cfg = load_config("tiny", overrides={  # 200 rows: 6 steps per epoch (steps 5 and 10 logged)
-        "data.path": str(small_pairs), "data.train_fraction": 0.5, "train.num_workers": 0, "train.epochs": 2,
-        "train.storage_path": str(tmp_path), "train.run_name": "run",
-    })  # fmt: skip
+    cfg = load_config(
+        "tiny",
+        overrides={  # 200 rows: 6 steps per epoch (steps 5 and 10 logged)
+            "data.path": str(small_pairs),
+            "data.train_fraction": 0.5,
+            "train.num_workers": 0,
+            "train.epochs": 2,
+            "train.storage_path": str(tmp_path),
+            "train.run_name": "run",
+        },
+    )
     outcome = run_training(cfg, evaluate_test=False)
     run_dir = tmp_path / "run"
     assert [p.name for p in sorted((run_dir / "plots").iterdir())] == ["loss.png", "negatives.png", "val.png"]
@@ -66,14 +73,28 @@ def test_a_finished_run_is_plotted_and_marks_the_switch_at_the_first_mh_step(sma
     assert max(logged[1]) < first_mh <= min(logged[2])
     val = val_figure(history)
     titles = [ax.get_title() for ax in val.axes]
-    assert titles == ["val rsum", "val recall@K", "val median rank (lower is better)",
-                      "val mean rank (lower is better)"]  # fmt: skip
-    assert _legend(val.axes[1]) == ["i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", SWITCH_LABEL]
+    assert titles == [
+        "val rsum",
+        "val recall@K",
+        "val median rank (lower is better)",
+        "val mean rank (lower is better)",
+    ]
+    assert _legend(val.axes[1]) == [
+        "i2t_r1",
+        "i2t_r5",
+        "i2t_r10",
+        "t2i_r1",
+        "t2i_r5",
+        "t2i_r10",
+        SWITCH_LABEL,
+    ]
     for fig in (loss_figure(history, steps), val, negatives_figure(history, steps)):
         _assert_labelled(fig)
     negatives = negatives_figure(history, steps)
     assert [ax.get_title() for ax in negatives.axes] == list(NEGATIVE_STATS)
-    assert all(_legend(ax)[0].startswith(ax.get_title()) and SWITCH_LABEL in _legend(ax) for ax in negatives.axes)
+    assert all(
+        _legend(ax)[0].startswith(ax.get_title()) and SWITCH_LABEL in _legend(ax) for ax in negatives.axes
+    )
 
 
 def test_phase_switch_step():
@@ -87,17 +108,28 @@ def test_phase_switch_step():
 
 def test_labels_history_without_steps(tmp_path):
     history = [
-        {"epoch": e, "step": 50 * e, "phase": None, "train/loss": 2.0 / e, "val/top1": 40.0 + e, "val/r1": 30.0 + e,
-         "val/nmi": 20.0 + e, "val/map10": 10.0 + e, "val/r2": 35.0 + e}
+        {
+            "epoch": e,
+            "step": 50 * e,
+            "phase": None,
+            "train/loss": 2.0 / e,
+            "val/top1": 40.0 + e,
+            "val/r1": 30.0 + e,
+            "val/nmi": 20.0 + e,
+            "val/map10": 10.0 + e,
+            "val/r2": 35.0 + e,
+        }
         for e in (1, 2, 3)
-    ]  # fmt: skip
+    ]
     (tmp_path / "history.json").write_text(json.dumps(history))
     assert [p.name for p in plot_run(tmp_path, tmp_path / "out")] == ["loss.png", "val.png"]
     fig = val_figure(history)
     assert [(ax.get_title(), _legend(ax)) for ax in fig.axes] == [
-        ("val top-1 accuracy", ["top1"]), ("val recall@K", ["r1", "r2"]), ("val mAP@k", ["map10"]),
+        ("val top-1 accuracy", ["top1"]),
+        ("val recall@K", ["r1", "r2"]),
+        ("val mAP@k", ["map10"]),
         ("val NMI", ["nmi"]),
-    ]  # fmt: skip
+    ]
     _assert_labelled(fig)
     assert not _switch_lines(fig) and not _switch_lines(loss_figure(history, []))
     with pytest.raises(FileNotFoundError, match="neither history.json nor steps.jsonl"):
@@ -163,8 +195,16 @@ def test_plot_sweep_categorical_values(tmp_path):
 
 
 def test_gradient_variance_panels_are_labelled():
-    history = [{"epoch": e, "step": 10 * e, "gvar/sgd_nvar": 1.0 / e, "gvar/gc_nvar": 0.5 / e,
-                "gvar/gc_distortion": 2.0 + e} for e in (1, 2)]  # fmt: skip
+    history = [
+        {
+            "epoch": e,
+            "step": 10 * e,
+            "gvar/sgd_nvar": 1.0 / e,
+            "gvar/gc_nvar": 0.5 / e,
+            "gvar/gc_distortion": 2.0 + e,
+        }
+        for e in (1, 2)
+    ]
     fig = gradient_variance_figure(history)
     _assert_labelled(fig)
     assert [_legend(ax) for ax in fig.axes] == [["SGD", "GC (stratified)"], ["GC (stratified)"]]

@@ -59,15 +59,23 @@ def _write(out: Path, task: str, captions_per_image: int, images: int = 24) -> P
     return out
 
 
-@pytest.mark.parametrize(("task", "per_image", "expected"),
-                         [("pairs", 1, "small"), ("pairs", 5, "default"), ("labels", 1, "default")])  # fmt: skip
-def test_train_print_config_says_the_pick(tmp_path: Path, capsys, task: str, per_image: int, expected: str) -> None:
+@pytest.mark.parametrize(
+    ("task", "per_image", "expected"),
+    [("pairs", 1, "small"), ("pairs", 5, "default"), ("labels", 1, "default")],
+)
+def test_train_print_config_says_the_pick(
+    tmp_path: Path, capsys, task: str, per_image: int, expected: str
+) -> None:
     data = _write(tmp_path / "d", task, per_image)
     assert main(["train", "--data", str(data), "--print-config"]) == 0
     out, err = capsys.readouterr()
     lines = [line for line in err.splitlines() if line.startswith("[raydist] preset ")]
-    assert len(lines) == 1 and lines[0].startswith(f"[raydist] preset {expected}: ") and "--preset" in lines[0]
-    assert out.strip() == dump_yaml(load_config(expected, overrides={"data.path": str(data.resolve())})).strip()
+    assert (
+        len(lines) == 1 and lines[0].startswith(f"[raydist] preset {expected}: ") and "--preset" in lines[0]
+    )
+    assert (
+        out.strip() == dump_yaml(load_config(expected, overrides={"data.path": str(data.resolve())})).strip()
+    )
 
 
 def test_preset_options_and_embedded_run_unchanged(tmp_path: Path, capsys) -> None:
@@ -75,7 +83,9 @@ def test_preset_options_and_embedded_run_unchanged(tmp_path: Path, capsys) -> No
     assert main(["train", "--data", str(data), "--preset", "default", "--print-config"]) == 0
     out, err = capsys.readouterr()
     assert "[raydist] preset" not in err + out
-    assert out.strip() == dump_yaml(load_config("default", overrides={"data.path": str(data.resolve())})).strip()
+    assert (
+        out.strip() == dump_yaml(load_config("default", overrides={"data.path": str(data.resolve())})).strip()
+    )
     assert main(["train", "--print-config"]) == 0  # no --data: the embedded run's default preset
     out, err = capsys.readouterr()
     assert "[raydist] preset" not in err + out and out.strip() == dump_yaml(load_config("default")).strip()
@@ -89,4 +99,6 @@ def test_training_line_goes_to_stdout(tmp_path: Path, capsys) -> None:
     data = _write(tmp_path / "d", "pairs", 1)
     args = argparse.Namespace(preset=None, preset_file=None, data=str(data))
     assert preset_from_args(args) == "small"
-    assert capsys.readouterr().out.startswith(f"[raydist] preset small: 24 train images (< {SMALL_MAX_IMAGES:,})")
+    assert capsys.readouterr().out.startswith(
+        f"[raydist] preset small: 24 train images (< {SMALL_MAX_IMAGES:,})"
+    )

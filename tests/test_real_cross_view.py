@@ -45,7 +45,11 @@ def test_subset_is_a_valid_dataset(subset: Path) -> None:
     validate_dataset(subset).raise_if_problems()
     manifest = load_manifest(subset)
     assert manifest.task == "pairs" and manifest.feature_dim == 32
-    assert {s: manifest.splits[s].rows for s in ("train", "val", "test")} == {"train": 300, "val": 100, "test": 200}
+    assert {s: manifest.splits[s].rows for s in ("train", "val", "test")} == {
+        "train": 300,
+        "val": 100,
+        "test": 200,
+    }
     vocab = Vocab.load(subset / "vocab.json")
     ids = {s: set(split_arrays(subset, s)[0].tolist()) for s in ("train", "val", "test")}
     assert not (ids["train"] & ids["val"] or ids["train"] & ids["test"] or ids["val"] & ids["test"])
@@ -59,9 +63,15 @@ def test_subset_is_a_valid_dataset(subset: Path) -> None:
 def test_the_named_source_builds_the_full_split_for_pairs_runs_only(tmp_path: Path) -> None:
     data_dir = experiment_dataset("pairs", "digit-halves", tmp_path, quick=True)
     manifest = load_manifest(data_dir)
-    assert {s: manifest.splits[s].rows for s in ("train", "val", "test")} == {"train": 1100, "val": 300, "test": 397}
+    assert {s: manifest.splits[s].rows for s in ("train", "val", "test")} == {
+        "train": 1100,
+        "val": 300,
+        "test": 397,
+    }
     assert experiment_dataset("pairs", "digit-halves", tmp_path, quick=False) == data_dir  # built once
-    with pytest.raises(ConfigError, match="--data digit-halves: a 'pairs' dataset; this experiment needs a 'labels'"):
+    with pytest.raises(
+        ConfigError, match="--data digit-halves: a 'pairs' dataset; this experiment needs a 'labels'"
+    ):
         experiment_dataset("labels", "digit-halves", tmp_path, quick=True)
 
 
@@ -73,7 +83,9 @@ def test_least_squares_baseline_is_sklearn_ridge(subset: Path) -> None:
     ridge = Ridge(alpha=1e-3 * len(x_train)).fit(x_train, b_train)
     centred = b_train.mean(0)
     unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)
-    want = retrieval_metrics(unit(ridge.predict(x_test) - centred), unit(b_test - centred), np.arange(len(x_test)))
+    want = retrieval_metrics(
+        unit(ridge.predict(x_test) - centred), unit(b_test - centred), np.arange(len(x_test))
+    )
     got = least_squares_baseline(subset, ridge=1e-3)
     assert got == pytest.approx(want)
 

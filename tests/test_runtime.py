@@ -23,9 +23,23 @@ def test_two_concurrent_runs_both_finish(tiny_dataset, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
     procs = []
     for i in range(2):
-        cmd = [sys.executable, "-m", "raydist.cli", "train", "--preset", "tiny", "--data", str(tiny_dataset),
-               "--storage", str(tmp_path / "runs"), "--json", str(tmp_path / f"run{i}.json"),
-               "train.epochs=1", "train.num_workers=1", f"train.seed={i}"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "raydist.cli",
+            "train",
+            "--preset",
+            "tiny",
+            "--data",
+            str(tiny_dataset),
+            "--storage",
+            str(tmp_path / "runs"),
+            "--json",
+            str(tmp_path / f"run{i}.json"),
+            "train.epochs=1",
+            "train.num_workers=1",
+            f"train.seed={i}",
+        ]
         log = open(tmp_path / f"run{i}.log", "w")  # noqa: SIM115  (closed with the process below)
         procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
     for proc, log in procs:

@@ -59,8 +59,10 @@ def test_a_new_task_is_one_registered_class(labels_dataset, tmp_path):
     (data / "manifest.json").write_text(json.dumps({**manifest, "task": "toy-centroid"}))
     assert "toy-centroid" in task_names()
     validate_dataset(data).raise_if_problems()
-    cfg = load_config("tiny", overrides={"data.path": str(data), "train.num_workers": 1, "train.epochs": 4,
-                                         "train.lr": 0.02})  # fmt: skip
+    cfg = load_config(
+        "tiny",
+        overrides={"data.path": str(data), "train.num_workers": 1, "train.epochs": 4, "train.lr": 0.02},
+    )
     task = build_task(cfg, DataInfo.from_dataset(data))
     assert isinstance(task, NearestCentroidTask)
     plan = StepPlan.from_config(cfg)
@@ -72,9 +74,31 @@ def test_a_new_task_is_one_registered_class(labels_dataset, tmp_path):
 @pytest.fixture(scope="module")
 def separable_labels(tmp_path_factory):
     data = tmp_path_factory.mktemp("labels") / "labels"
-    assert main(["make-data", "synthetic-labels", "--out", str(data), "--classes", "10", "--train-per-class",
-                 "80", "--val-per-class", "20", "--test-per-class", "30", "--dim", "32", "--overlap", "0.05",
-                 "--seed", "1"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "make-data",
+                "synthetic-labels",
+                "--out",
+                str(data),
+                "--classes",
+                "10",
+                "--train-per-class",
+                "80",
+                "--val-per-class",
+                "20",
+                "--test-per-class",
+                "30",
+                "--dim",
+                "32",
+                "--overlap",
+                "0.05",
+                "--seed",
+                "1",
+            ]
+        )
+        == 0
+    )
     return data
 
 
@@ -83,8 +107,21 @@ def separable_labels(tmp_path_factory):
 def test_labels_task_trains_end_to_end_with_two_workers(ray_cluster, separable_labels, tmp_path, capsys):
     data = separable_labels
     out_json = tmp_path / "outcome.json"
-    code = main(["train", "--preset", "tiny", "--data", str(data), "--storage", str(tmp_path / "runs"),
-                 "--json", str(out_json), "train.epochs=4", "train.lr=0.005"])  # fmt: skip
+    code = main(
+        [
+            "train",
+            "--preset",
+            "tiny",
+            "--data",
+            str(data),
+            "--storage",
+            str(tmp_path / "runs"),
+            "--json",
+            str(out_json),
+            "train.epochs=4",
+            "train.lr=0.005",
+        ]
+    )
     assert code == 0
     outcome = json.loads(out_json.read_text())
     assert outcome["test_metrics"]["top1"] > 50, outcome["test_metrics"]  # chance: 10 %
@@ -94,13 +131,31 @@ def test_labels_task_trains_end_to_end_with_two_workers(ray_cluster, separable_l
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_triplet_loss_under_label_noise_trains_end_to_end_with_two_workers(ray_cluster, separable_labels, tmp_path):
+def test_triplet_loss_under_label_noise_trains_end_to_end_with_two_workers(
+    ray_cluster, separable_labels, tmp_path
+):
     """Triplet loss, random semi-hard mining over the batch gathered from 2 workers, 20 % of the train labels
     flipped: clean-label test Recall@1 far above chance (10 %)."""
     out_json = tmp_path / "outcome.json"
-    code = main(["train", "--preset", "tiny", "--data", str(separable_labels), "--storage", str(tmp_path / "runs"),
-                 "--json", str(out_json), "train.epochs=4", "train.lr=0.005", "train.batch_size=64",
-                 "loss.kind=triplet", "loss.miner=semihard-random", "data.label_noise=0.2"])  # fmt: skip
+    code = main(
+        [
+            "train",
+            "--preset",
+            "tiny",
+            "--data",
+            str(separable_labels),
+            "--storage",
+            str(tmp_path / "runs"),
+            "--json",
+            str(out_json),
+            "train.epochs=4",
+            "train.lr=0.005",
+            "train.batch_size=64",
+            "loss.kind=triplet",
+            "loss.miner=semihard-random",
+            "data.label_noise=0.2",
+        ]
+    )
     assert code == 0
     metrics = json.loads(out_json.read_text())["test_metrics"]
     assert metrics["r1"] > 50, metrics
@@ -117,12 +172,15 @@ def _fit(data, **overrides):
     return cfg
 
 
-@pytest.mark.parametrize("overrides, key", [
-    ({"loss.kind": "triplet", "loss.miner": "hardest"}, "loss.kind=triplet"),
-    ({"loss.miner": "hardest"}, "loss.miner=hardest"),
-    ({"loss.beta": 0.5}, "loss.beta=0.5"),
-    ({"data.label_noise": 0.2}, "data.label_noise=0.2"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        ({"loss.kind": "triplet", "loss.miner": "hardest"}, "loss.kind=triplet"),
+        ({"loss.miner": "hardest"}, "loss.miner=hardest"),
+        ({"loss.beta": 0.5}, "loss.beta=0.5"),
+        ({"data.label_noise": 0.2}, "data.label_noise=0.2"),
+    ],
+)
 def test_pairs_task_refuses_keys_and_values_of_the_labels_task(tiny_dataset, overrides, key):
     from raydist.config import ConfigError
 
@@ -134,15 +192,26 @@ def test_pairs_task_refuses_keys_and_values_of_the_labels_task(tiny_dataset, ove
     assert f"the pairs task ({tiny_dataset})" in line and "labels task" in line
 
 
-@pytest.mark.parametrize("overrides, key, says", [
-    ({"loss.kind": "ranking"}, "loss.kind=ranking", "trains loss.kind auto, cross_entropy, triplet, margin"),
-    ({"loss.hardest": False}, "loss.hardest=false", "it is for the pairs task"),
-    ({"loss.warmup_sh_epochs": 2}, "loss.warmup_sh_epochs=2", "it is for the pairs task"),
-    ({"loss.warmup_sh_steps": 50}, "loss.warmup_sh_steps=50", "it is for the pairs task"),
-    ({"model.word_dim": 64}, "model.word_dim=64", "it is for the pairs task"),
-    ({"loss.miner": "hardest"}, "loss.miner=hardest", "only with loss.kind triplet/margin, not cross_entropy"),
-    ({"loss.kind": "triplet", "loss.nu": 0.1}, "loss.nu=0.1", "only with loss.kind margin, not triplet"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "overrides, key, says",
+    [
+        (
+            {"loss.kind": "ranking"},
+            "loss.kind=ranking",
+            "trains loss.kind auto, cross_entropy, triplet, margin",
+        ),
+        ({"loss.hardest": False}, "loss.hardest=false", "it is for the pairs task"),
+        ({"loss.warmup_sh_epochs": 2}, "loss.warmup_sh_epochs=2", "it is for the pairs task"),
+        ({"loss.warmup_sh_steps": 50}, "loss.warmup_sh_steps=50", "it is for the pairs task"),
+        ({"model.word_dim": 64}, "model.word_dim=64", "it is for the pairs task"),
+        (
+            {"loss.miner": "hardest"},
+            "loss.miner=hardest",
+            "only with loss.kind triplet/margin, not cross_entropy",
+        ),
+        ({"loss.kind": "triplet", "loss.nu": 0.1}, "loss.nu=0.1", "only with loss.kind margin, not triplet"),
+    ],
+)
 def test_labels_task_refuses_what_it_ignores(labels_dataset, overrides, key, says):
     from raydist.config import ConfigError
 
@@ -155,11 +224,30 @@ def test_labels_task_refuses_what_it_ignores(labels_dataset, overrides, key, say
 def test_each_task_accepts_its_own_keys_and_every_shipped_preset(tiny_dataset, labels_dataset):
     from raydist.config import preset_names
 
-    _fit(labels_dataset, **{"loss.kind": "triplet", "loss.miner": "hardest", "loss.hinged": False,
-                            "loss.margin": 0.3, "data.label_noise": 0.2, "model.mlp_hidden": [64]})  # fmt: skip
-    _fit(labels_dataset, **{"loss.kind": "margin", "loss.beta": 0.9, "loss.nu": 0.1, "eval.recall_at": [1, 5]})
-    _fit(tiny_dataset, **{"loss.hardest": False, "loss.warmup_sh_steps": 10, "model.word_dim": 16,
-                          "eval.folds": 5, "loss.kind": "ranking"})  # fmt: skip
+    _fit(
+        labels_dataset,
+        **{
+            "loss.kind": "triplet",
+            "loss.miner": "hardest",
+            "loss.hinged": False,
+            "loss.margin": 0.3,
+            "data.label_noise": 0.2,
+            "model.mlp_hidden": [64],
+        },
+    )
+    _fit(
+        labels_dataset, **{"loss.kind": "margin", "loss.beta": 0.9, "loss.nu": 0.1, "eval.recall_at": [1, 5]}
+    )
+    _fit(
+        tiny_dataset,
+        **{
+            "loss.hardest": False,
+            "loss.warmup_sh_steps": 10,
+            "model.word_dim": 16,
+            "eval.folds": 5,
+            "loss.kind": "ranking",
+        },
+    )
     for preset in preset_names():  # the preset's values for the other task never reach a run
         for data in (tiny_dataset, labels_dataset):
             from raydist.data import dataset_task

@@ -61,8 +61,14 @@ def write_shapes(root, *, per_class: dict[str, int], seed: int = 0):
                     Image.fromarray(shape_image(colour, shape, rng)).save(root / name)
                     captions = [f"a {colour} {shape}", f"{shape} in {colour}", f"the {colour} {shape} here"]
                     count = 2 + k % 2
-                    entries.append({"filename": name, "split": split, "imgid": k,
-                                    "sentences": [{"raw": c} for c in captions[:count]]})  # fmt: skip
+                    entries.append(
+                        {
+                            "filename": name,
+                            "split": split,
+                            "imgid": k,
+                            "sentences": [{"raw": c} for c in captions[:count]],
+                        }
+                    )
                     k += 1
     src = root / "dataset.json"
     src.write_text(json.dumps({"images": entries}))
@@ -79,8 +85,15 @@ def shapes(tmp_path_factory):
 
 
 def pairs_config(data, **overrides):
-    return load_config("tiny", overrides={"data.path": str(data), "model.image_encoder": "small-cnn",
-                                          "train.num_workers": 0, **overrides})  # fmt: skip
+    return load_config(
+        "tiny",
+        overrides={
+            "data.path": str(data),
+            "model.image_encoder": "small-cnn",
+            "train.num_workers": 0,
+            **overrides,
+        },
+    )
 
 
 def expected_caption(seed: int, epoch: int, sample_id: int, count: int) -> int:
@@ -93,8 +106,9 @@ def one_batch_epochs(cfg, task):
     """The in-memory split as one batch per epoch (all rows, world 1), as the runtimes build it."""
     arrays = train_arrays(task.info.data_dir, task.columns, task.transform)
     n = len(arrays["sample_id"])
-    return InMemoryBatches(arrays, rows=n, rank=0, world=1, seed=cfg.train.seed,
-                           epoch_transform=task.epoch_transform())  # fmt: skip
+    return InMemoryBatches(
+        arrays, rows=n, rank=0, world=1, seed=cfg.train.seed, epoch_transform=task.epoch_transform()
+    )
 
 
 def the_batch(batches, epoch):
@@ -113,14 +127,18 @@ def test_one_caption_per_image_per_epoch_follows_the_seeded_rule(shapes):
     used: dict[int, set[str]] = {sid: set() for sid in captions}
     for epoch in range(6):  # two full cycles of 3 captions, three of 2
         batch = the_batch(batches, epoch)
-        want = [captions[sid][expected_caption(5, epoch, sid, len(captions[sid]))] for sid in batch["sample_id"]]
+        want = [
+            captions[sid][expected_caption(5, epoch, sid, len(captions[sid]))] for sid in batch["sample_id"]
+        ]
         tokens, lengths = vocab.encode_batch(want, cfg.data.max_caption_len)
         assert np.array_equal(batch["lengths"], lengths)
         assert np.array_equal(batch["tokens"][:, : tokens.shape[1]], tokens)
         for sid, text in zip(batch["sample_id"], want):
             used[int(sid)].add(text)
         if epoch in (1, 5):  # after each full cycle every caption of every image has been used
-            assert all(used[sid] == set(captions[sid]) for sid in captions if epoch == 5 or len(captions[sid]) == 2)
+            assert all(
+                used[sid] == set(captions[sid]) for sid in captions if epoch == 5 or len(captions[sid]) == 2
+            )
     # a new run (another runtime, e.g. after a restart) draws the same captions for the same epoch
     again = the_batch(one_batch_epochs(cfg, task), 4)
     assert np.array_equal(again["tokens"], the_batch(batches, 4)["tokens"])
@@ -140,7 +158,9 @@ def test_every_epoch_draws_new_views_and_a_rerun_the_same_pixels(shapes):
     for epoch, batch in ((0, e0), (1, e1)):
         for row in (0, 7, len(raw) - 1):
             sid = int(batch["sample_id"][row])
-            want = train_view(decode_image(raw[sid], 3), size, view_rng(2, epoch, sid), flip=True, mean=mean, std=std)
+            want = train_view(
+                decode_image(raw[sid], 3), size, view_rng(2, epoch, sid), flip=True, mean=mean, std=std
+            )
             np.testing.assert_array_equal(batch["image"][row], want)
     by_id = [{int(s): img for s, img in zip(b["sample_id"], b["image"])} for b in (e0, e1, rerun)]
     changed = [not np.array_equal(by_id[0][s], by_id[1][s]) for s in raw]
@@ -163,8 +183,9 @@ def test_encoded_eval_has_one_query_per_caption_and_exact_metrics(shapes):
     # the database rows are the eval views' embeddings; the metrics are those of the embeddings (5-fold protocol
     # with 2 folds here), and the t2i R@1 a brute-force count over the scores
     metrics = task.evaluate(model, "test")
-    want = retrieval_metrics(torch.as_tensor(found.database), torch.as_tensor(found.queries), found.query_keys,
-                             folds=2)  # fmt: skip
+    want = retrieval_metrics(
+        torch.as_tensor(found.database), torch.as_tensor(found.queries), found.query_keys, folds=2
+    )
     assert metrics == pytest.approx(want)
     half = 18
     hits = []
@@ -176,8 +197,9 @@ def test_encoded_eval_has_one_query_per_caption_and_exact_metrics(shapes):
 
 
 def test_a_small_cnn_learns_shapes_and_colours_in_process(shapes, tmp_path):
-    cfg = pairs_config(shapes, **{"train.epochs": 1, "train.batch_size": 27, "train.lr": 0.003,
-                                  "data.flip": False})  # fmt: skip
+    cfg = pairs_config(
+        shapes, **{"train.epochs": 1, "train.batch_size": 27, "train.lr": 0.003, "data.flip": False}
+    )
     task = build_task(cfg, DataInfo.from_dataset(shapes))
     torch.manual_seed(cfg.train.seed)
     before = task.evaluate(task.build_model(), "val")["rsum"]
@@ -185,8 +207,10 @@ def test_a_small_cnn_learns_shapes_and_colours_in_process(shapes, tmp_path):
     runtime = LocalRuntime(cfg, task, plan, tmp_path / "run")
     started = time.perf_counter()
     out = run_loop(cfg, task, runtime, plan, hooks=[ValidationHook(task)])
-    print(f"1 epoch in {time.perf_counter() - started:.1f} s; val rsum {before:.1f} → "
-          f"{[round(m['val/rsum'], 1) for m in out['history']]}")
+    print(
+        f"1 epoch in {time.perf_counter() - started:.1f} s; val rsum {before:.1f} → "
+        f"{[round(m['val/rsum'], 1) for m in out['history']]}"
+    )
     assert out["history"][-1]["val/rsum"] > before + 60
 
 
@@ -199,14 +223,25 @@ def colour_folders(tmp_path_factory):
         (root / "src" / colour).mkdir(parents=True)
         for k in range(24):
             Image.fromarray(shape_image(colour, SHAPES[k % 3], rng)).save(root / "src" / colour / f"{k}.png")
-    return convert_image_folder(root / "src", root / "data", split_by="image", val_fraction=0.25,
-                                test_fraction=0.25)  # fmt: skip
+    return convert_image_folder(
+        root / "src", root / "data", split_by="image", val_fraction=0.25, test_fraction=0.25
+    )
 
 
 def test_labels_on_encoded_images_train_and_evaluate_eval_views(colour_folders, tmp_path):
-    cfg = load_config("tiny", overrides={"data.path": str(colour_folders), "model.image_encoder": "small-cnn",
-                                         "train.num_workers": 0, "train.epochs": 1, "train.batch_size": 12,
-                                         "train.lr": 0.003, "eval.recall_at": [1, 2]}, task_of=dataset_task)  # fmt: skip
+    cfg = load_config(
+        "tiny",
+        overrides={
+            "data.path": str(colour_folders),
+            "model.image_encoder": "small-cnn",
+            "train.num_workers": 0,
+            "train.epochs": 1,
+            "train.batch_size": 12,
+            "train.lr": 0.003,
+            "eval.recall_at": [1, 2],
+        },
+        task_of=dataset_task,
+    )
     info = DataInfo.from_dataset(colour_folders)
     check_image_config(cfg, info)
     task = build_task(cfg, info)
@@ -222,8 +257,12 @@ def test_labels_on_encoded_images_train_and_evaluate_eval_views(colour_folders, 
     table = read_split(colour_folders, "val")
     emb, _, labels = task.embed_split(model, "val")
     mean, std = default_mean_std(3)
-    views = np.stack([eval_view(decode_image(b, 3), SIZE, mean=mean, std=std, crop_fraction=1.0)
-                      for b in table.column("image").to_pylist()])  # fmt: skip
+    views = np.stack(
+        [
+            eval_view(decode_image(b, 3), SIZE, mean=mean, std=std, crop_fraction=1.0)
+            for b in table.column("image").to_pylist()
+        ]
+    )
     with torch.no_grad():
         want, _ = model.eval()(torch.as_tensor(views))
     torch.testing.assert_close(emb, want)
@@ -235,9 +274,13 @@ def test_an_image_encoder_must_fit_the_data(shapes, tiny_dataset):
     check_image_config(pairs_config(shapes), encoded)
     with pytest.raises(ConfigError, match=r"model.image_encoder=linear: .*encoded images.*small-cnn"):
         check_image_config(pairs_config(shapes, **{"model.image_encoder": "linear"}), encoded)
-    with pytest.raises(ConfigError, match=r"model.image_encoder=small-cnn: .*feature vectors.*feature_dim 32"):
+    with pytest.raises(
+        ConfigError, match=r"model.image_encoder=small-cnn: .*feature vectors.*feature_dim 32"
+    ):
         check_image_config(pairs_config(tiny_dataset), features)
-    with pytest.raises(ConfigError, match=r"model.image_encoder=resnet: unknown image encoder; known: .*small-cnn"):
+    with pytest.raises(
+        ConfigError, match=r"model.image_encoder=resnet: unknown image encoder; known: .*small-cnn"
+    ):
         check_image_config(pairs_config(shapes, **{"model.image_encoder": "resnet"}), encoded)
     check_image_config(pairs_config(shapes, **{"data.in_memory_max_mb": 0}), encoded)  # streams: no refusal
     with pytest.raises(ConfigError, match=r"model.image_weights=.*nope.pt: no such file"):
@@ -258,7 +301,9 @@ def test_an_encoder_that_cannot_be_built_is_refused_before_ray_starts(shapes, tm
     image_encoder_problem.cache_clear()
     for module in ("torchvision", "torchvision.models"):  # an import of torchvision fails here
         monkeypatch.setitem(sys.modules, module, None)
-    with pytest.raises(ConfigError, match=r"model.image_encoder=torchvision:resnet18: .*needs torchvision.*pip install"):
+    with pytest.raises(
+        ConfigError, match=r"model.image_encoder=torchvision:resnet18: .*needs torchvision.*pip install"
+    ):
         check_image_config(pairs_config(shapes, **{"model.image_encoder": "torchvision:resnet18"}), encoded)
 
     def get_model(name, weights=None, **kwargs):
@@ -268,14 +313,21 @@ def test_an_encoder_that_cannot_be_built_is_refused_before_ray_starts(shapes, tm
     fake.get_model = get_model
     monkeypatch.setitem(sys.modules, "torchvision", types.ModuleType("torchvision"))
     monkeypatch.setitem(sys.modules, "torchvision.models", fake)
-    with pytest.raises(ConfigError, match=r"model.image_encoder=torchvision:resnet19: Unknown model resnet19"):
+    with pytest.raises(
+        ConfigError, match=r"model.image_encoder=torchvision:resnet19: Unknown model resnet19"
+    ):
         check_image_config(pairs_config(shapes, **{"model.image_encoder": "torchvision:resnet19"}), encoded)
 
     wide = tmp_path / "wide.pt"  # a small-cnn backbone of width 48, for a run that builds width 32
     torch.save(build_image_encoder("small-cnn", 8, channels=3, width=48).backbone.state_dict(), wide)
-    with pytest.raises(ConfigError, match=r"model.image_weights=.*wide.pt does not fit small-cnn \(wrong shape: "):
+    with pytest.raises(
+        ConfigError, match=r"model.image_weights=.*wide.pt does not fit small-cnn \(wrong shape: "
+    ):
         check_image_config(pairs_config(shapes, **{"model.image_weights": str(wide)}), encoded)
-    assert main(["train", "--data", str(shapes), "model.image_encoder=small-cnn", f"model.image_weights={wide}"]) == 2
+    assert (
+        main(["train", "--data", str(shapes), "model.image_encoder=small-cnn", f"model.image_weights={wide}"])
+        == 2
+    )
     assert "does not fit small-cnn" in capsys.readouterr().err
     image_encoder_problem.cache_clear()
 
@@ -289,22 +341,32 @@ def test_crop_scale_reaches_the_train_views(shapes, tiny_dataset):
     mean, std = default_mean_std(3)
 
     def reference(scale):
-        return train_view(decode_image(image, 3), SIZE, view_rng(0, 2, sample_id), flip=True, mean=mean, std=std,
-                          scale=scale)  # fmt: skip
+        return train_view(
+            decode_image(image, 3),
+            SIZE,
+            view_rng(0, 2, sample_id),
+            flip=True,
+            mean=mean,
+            std=std,
+            scale=scale,
+        )
 
     views = {}
     for scale in ((0.08, 1.0), (0.7, 0.7)):
-        cfg = pairs_config(shapes, **{"data.crop_scale": list(scale), "train.seed": 0, "data.crop": "resized",
-                                      "data.flip": True})  # fmt: skip
+        cfg = pairs_config(
+            shapes,
+            **{"data.crop_scale": list(scale), "train.seed": 0, "data.crop": "resized", "data.flip": True},
+        )
         views[scale] = image_transform(cfg, info, train=True).view(image, sample_id, 2)
         np.testing.assert_array_equal(views[scale], reference(scale))
     assert not np.array_equal(views[(0.08, 1.0)], views[(0.7, 0.7)])
     with pytest.raises(ConfigError, match=r"data.crop_scale=\[0.9, 0.5\]: need 0 < lo <= hi <= 1"):
         pairs_config(shapes, **{"data.crop_scale": [0.9, 0.5]})
     with pytest.raises(ConfigError, match=r"data.crop_scale=\(0.5, 1.0\): .*feature vectors"):
-        check_image_config(pairs_config(tiny_dataset, **{"data.crop_scale": [0.5, 1.0],
-                                                         "model.image_encoder": "linear"}),
-                           DataInfo.from_dataset(tiny_dataset))  # fmt: skip
+        check_image_config(
+            pairs_config(tiny_dataset, **{"data.crop_scale": [0.5, 1.0], "model.image_encoder": "linear"}),
+            DataInfo.from_dataset(tiny_dataset),
+        )
 
 
 ORIENTATIONS = ("horizontal", "vertical", "diagonal", "antidiagonal")
@@ -317,9 +379,12 @@ def bar_image(orientation: str, cy: int, cx: int, rng: np.random.Generator, size
     img = rng.integers(64, 192, (size, size, 3)).astype(np.uint8)
     yy, xx = np.mgrid[:size, :size]
     dy, dx = yy - cy, xx - cx
-    mask = {"horizontal": (abs(dy) <= 1) & (abs(dx) <= 4), "vertical": (abs(dx) <= 1) & (abs(dy) <= 4),
-            "diagonal": (abs(dy - dx) <= 1) & (abs(dx + dy) <= 6),
-            "antidiagonal": (abs(dy + dx) <= 1) & (abs(dx - dy) <= 6)}[orientation]  # fmt: skip
+    mask = {
+        "horizontal": (abs(dy) <= 1) & (abs(dx) <= 4),
+        "vertical": (abs(dx) <= 1) & (abs(dy) <= 4),
+        "diagonal": (abs(dy - dx) <= 1) & (abs(dx + dy) <= 6),
+        "antidiagonal": (abs(dy + dx) <= 1) & (abs(dx - dy) <= 6),
+    }[orientation]
     img[mask] = 255 if rng.random() < 0.5 else 0
     return img
 
@@ -343,8 +408,14 @@ def bars(tmp_path_factory):
                         k = len(entries)
                         Image.fromarray(bar_image(orientation, cy, cx, rng)).save(images / f"{k:04d}.png")
                         caption = f"a {orientation} bar {vertical} {horizontal}"
-                        entries.append({"filename": f"{k:04d}.png", "split": split, "imgid": k,
-                                        "sentences": [{"raw": caption}]})  # fmt: skip
+                        entries.append(
+                            {
+                                "filename": f"{k:04d}.png",
+                                "split": split,
+                                "imgid": k,
+                                "sentences": [{"raw": caption}],
+                            }
+                        )
     (root / "dataset.json").write_text(json.dumps({"images": entries}))
     return convert_karpathy(root / "dataset.json", images, root / "data", min_count=1)
 
@@ -360,7 +431,9 @@ def pixel_cca_metrics(data, components: int = 8) -> dict[str, float]:
 
     def views(split):
         table = read_split(data, split)
-        pixels = np.stack([decode_image(b, 3).astype(np.float64).ravel() for b in table.column("image").to_pylist()])
+        pixels = np.stack(
+            [decode_image(b, 3).astype(np.float64).ravel() for b in table.column("image").to_pylist()]
+        )
         return pixels, bag_of_words([c[0] for c in table.column("captions").to_pylist()], vocab)
 
     x_train, b_train = views("train")
@@ -379,10 +452,21 @@ def test_two_ray_workers_stream_pngs_and_beat_a_linear_cca(ray_cluster, bars, tm
     (`data.in_memory_max_mb=0`: Ray Data's tasks decode and make each epoch's views, alternate epochs on two
     splits), small-cnn, SH loss (captions repeat across images, so MH's hardest negative would often be a false
     one). The test rsum of the best checkpoint beats CCA on the raw pixels by a wide margin."""
-    cfg = pairs_config(bars, **{"train.num_workers": 2, "train.epochs": 10, "train.batch_size": 32,
-                                "train.lr": 0.003, "train.storage_path": str(tmp_path), "loss.hardest": False,
-                                "data.flip": False, "eval.folds": 1, "data.in_memory_max_mb": 0,
-                                "data.transform_concurrency": 1})  # fmt: skip
+    cfg = pairs_config(
+        bars,
+        **{
+            "train.num_workers": 2,
+            "train.epochs": 10,
+            "train.batch_size": 32,
+            "train.lr": 0.003,
+            "train.storage_path": str(tmp_path),
+            "loss.hardest": False,
+            "data.flip": False,
+            "eval.folds": 1,
+            "data.in_memory_max_mb": 0,
+            "data.transform_concurrency": 1,
+        },
+    )
     outcome = run_training(cfg)
     assert [(m["epoch"], m["step"]) for m in outcome.history] == [(e, e * (192 // 32)) for e in range(1, 11)]
     baseline = pixel_cca_metrics(bars)["rsum"]
@@ -402,12 +486,24 @@ def test_streamed_epochs_make_the_same_views_as_the_in_memory_cache(ray_cluster,
     memory = one_batch_epochs(cfg, task)
     rows = len(read_split(shapes, "train"))
     epochs = 3
-    datasets, views = train_streams(shapes, task.columns, task.stream_transform(), task.epoch_transform(),
-                                     epochs=epochs, seed=cfg.train.seed)  # fmt: skip
+    datasets, views = train_streams(
+        shapes,
+        task.columns,
+        task.stream_transform(),
+        task.epoch_transform(),
+        epochs=epochs,
+        seed=cfg.train.seed,
+    )
     assert list(datasets) == list(views) == ["train", "train_next"]
-    stream = StreamedEpochs([datasets[n].streaming_split(1, equal=True)[0] for n in datasets], rows=rows,
-                            shuffle_buffer=0, seed=cfg.train.seed, rank=0, epochs=epochs,
-                            views=[views[n] for n in datasets])  # fmt: skip
+    stream = StreamedEpochs(
+        [datasets[n].streaming_split(1, equal=True)[0] for n in datasets],
+        rows=rows,
+        shuffle_buffer=0,
+        seed=cfg.train.seed,
+        rank=0,
+        epochs=epochs,
+        views=[views[n] for n in datasets],
+    )
     for epoch in range(epochs):
         (streamed,) = list(stream.epoch(epoch))
         assert "epoch" not in streamed
@@ -443,10 +539,15 @@ def test_train_on_images_picks_an_encoder_when_none_is_named(shapes, tiny_datase
     assert "[raydist] images: median 16×16 colour (shorter side ≤ 64)" in out.err
     assert "model.image_encoder=small-cnn" in out.err
     assert "image_encoder: small-cnn" in out.out
-    assert main(["train", "--data", str(shapes), "--print-config", "model.image_encoder=torchvision:resnet18"]) == 0
+    assert (
+        main(["train", "--data", str(shapes), "--print-config", "model.image_encoder=torchvision:resnet18"])
+        == 0
+    )
     out = capsys.readouterr()
     assert "image_encoder: torchvision:resnet18" in out.out  # named: kept; the from-scratch rules still hold
-    assert "model.image_encoder=torchvision:resnet18 trains from scratch → train.early_stop_patience" in out.err
+    assert (
+        "model.image_encoder=torchvision:resnet18 trains from scratch → train.early_stop_patience" in out.err
+    )
     assert main(["train", "--data", str(tiny_dataset), "--print-config"]) == 0
     out = capsys.readouterr()
     assert "[raydist] images:" not in out.err and "image_encoder: linear" in out.out

@@ -37,7 +37,9 @@ def test_pairs_nesting_single_dim_is_the_plain_loss(tiny_dataset):
 
 
 def test_pairs_nesting_is_the_weighted_sum_over_prefixes(tiny_dataset):
-    got, enc = _pairs_loss(tiny_dataset, **{"model.nesting": "[4, 16, 64]", "loss.nesting_weights": "[2, 0.5, 1]"})
+    got, enc = _pairs_loss(
+        tiny_dataset, **{"model.nesting": "[4, 16, 64]", "loss.nesting_weights": "[2, 0.5, 1]"}
+    )
     img, cap, ids = enc.embeddings["img"], enc.embeddings["cap"], enc.ids["image_id"]
     want = sum(
         c * ranking_loss(l2_normalize(img[:, :m]), l2_normalize(cap[:, :m]), image_ids=ids)
@@ -48,21 +50,35 @@ def test_pairs_nesting_is_the_weighted_sum_over_prefixes(tiny_dataset):
 
 @pytest.mark.parametrize("kind", ["cross_entropy", "triplet"])
 def test_labels_nesting(labels_dataset, kind):
-    cfg = load_config("tiny", overrides={"data.path": str(labels_dataset), "train.num_workers": 1,
-                                         "model.nesting": "[8, 64]", "loss.kind": kind,
-                                         "loss.miner": "semihard-fixed"})  # fmt: skip
+    cfg = load_config(
+        "tiny",
+        overrides={
+            "data.path": str(labels_dataset),
+            "train.num_workers": 1,
+            "model.nesting": "[8, 64]",
+            "loss.kind": kind,
+            "loss.miner": "semihard-fixed",
+        },
+    )
     task = build_task(cfg, DataInfo.from_dataset(labels_dataset))
     torch.manual_seed(0)
     model = task.build_model()
-    batch = {k: v[:40] for k, v in to_tensors(task.transform(split_columns(labels_dataset, "train", task.columns)),
-                                               "cpu").items()}  # fmt: skip
+    batch = {
+        k: v[:40]
+        for k, v in to_tensors(
+            task.transform(split_columns(labels_dataset, "train", task.columns)), "cpu"
+        ).items()
+    }
     enc = task.encode(model, batch)
-    got = task.loss(enc, gather_step(enc.embeddings, enc.ids, enabled=task.gathers), None,
-                    StepContext(0, 0, 0, 1), {})  # fmt: skip
+    got = task.loss(
+        enc, gather_step(enc.embeddings, enc.ids, enabled=task.gathers), None, StepContext(0, 0, 0, 1), {}
+    )
     emb, y = enc.embeddings["emb"], batch["label"]
     weight, bias = model.head.shared.weight, model.head.shared.bias
-    ce = sum(F.cross_entropy((emb.detach() if kind != "cross_entropy" else emb)[:, :m] @ weight[:, :m].T + bias, y)
-             for m in (8, 64))  # fmt: skip
+    ce = sum(
+        F.cross_entropy((emb.detach() if kind != "cross_entropy" else emb)[:, :m] @ weight[:, :m].T + bias, y)
+        for m in (8, 64)
+    )
     if kind == "cross_entropy":
         torch.testing.assert_close(got, ce, rtol=1e-5, atol=1e-6)
     else:  # the metric part at each prefix, by brute force over semi-hard-fixed triplets
@@ -106,7 +122,10 @@ def test_validation_reports_the_smallest_prefix_next_to_the_full_dim(tiny_datase
     """min_dim_* (what a Matryoshka sweep can score on) equals the metric of the explicitly truncated model."""
     from raydist.eval.label_metrics import label_metrics
 
-    for data, nesting, keys in ((tiny_dataset, "[8, 64]", ("rsum", "i2t_r1", "t2i_r1")), (labels_dataset, "[4, 32]", ("r1",))):
+    for data, nesting, keys in (
+        (tiny_dataset, "[8, 64]", ("rsum", "i2t_r1", "t2i_r1")),
+        (labels_dataset, "[4, 32]", ("r1",)),
+    ):
         cfg = load_config("tiny", overrides={"data.path": str(data), "model.nesting": nesting})
         task = build_task(cfg, DataInfo.from_dataset(data))
         torch.manual_seed(0)
@@ -117,7 +136,9 @@ def test_validation_reports_the_smallest_prefix_next_to_the_full_dim(tiny_datase
             emb, _, labels = task.embed_split(_Prefix(model, small), "val")
             want = label_metrics(emb.numpy(), labels, ks=(1,))
         else:
-            plain = build_task(load_config("tiny", overrides={"data.path": str(data)}), DataInfo.from_dataset(data))
+            plain = build_task(
+                load_config("tiny", overrides={"data.path": str(data)}), DataInfo.from_dataset(data)
+            )
             want = plain.evaluate(_Prefix(model, small), "val")
             assert "min_dim_rsum" not in plain.evaluate(model, "val")  # no nesting: no extra metric
         for key in keys:

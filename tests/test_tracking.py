@@ -102,17 +102,24 @@ def test_log_every_and_tensorboard_off(tiny_dataset, tmp_path):
     hook = TrackingHook(cfg, tmp_path)
     before = time.time()
     for step in range(65):
-        hook.after_step(StepContext(step // 30, step, 0, 2 if step < 30 else 3), float(step), {"neg/keys": 32.0})
+        hook.after_step(
+            StepContext(step // 30, step, 0, 2 if step < 30 else 3), float(step), {"neg/keys": 32.0}
+        )
     epoch_metrics = {"train/loss": 1.0}
     hook.end_of_epoch(StepContext(1, 65, 0, 3), None, epoch_metrics)
     steps = _steps(tmp_path)
     # steps.jsonl keeps times to the millisecond (rounded), so a step within 0.5 ms of `before` may read below it
     assert all(before - 1e-3 <= s.pop("time") <= time.time() + 1e-3 for s in steps)
     assert steps == [
-        {"step": s, "epoch": (s - 1) // 30 + 1, "world": 2 if s <= 30 else 3, "loss": s - 1.0,
-         "stats": {"neg/keys": 32.0}}
+        {
+            "step": s,
+            "epoch": (s - 1) // 30 + 1,
+            "world": 2 if s <= 30 else 3,
+            "loss": s - 1.0,
+            "stats": {"neg/keys": 32.0},
+        }
         for s in (20, 40, 60)
-    ]  # fmt: skip
+    ]
     assert epoch_metrics["world"] == 3  # history.json shows the workers of each epoch
     assert not event_files(tmp_path)
 

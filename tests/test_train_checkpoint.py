@@ -35,7 +35,9 @@ def vocab_file(tmp_path):
 
 def test_round_trip(tmp_path, vocab_file):
     cfg = load_config("tiny", overrides={"loss.margin": 0.3})
-    save_checkpoint(tmp_path / "run" / "checkpoint_a", {"w": torch.arange(3)}, cfg, files={"vocab.json": vocab_file})
+    save_checkpoint(
+        tmp_path / "run" / "checkpoint_a", {"w": torch.arange(3)}, cfg, files={"vocab.json": vocab_file}
+    )
     state, loaded, folder = load_checkpoint(tmp_path / "run")
     assert torch.equal(state["w"], torch.arange(3)) and loaded == cfg and folder.name == "checkpoint_a"
 
@@ -54,18 +56,30 @@ def test_crash_while_writing_leaves_no_loadable_half(tmp_path, vocab_file):
 
 
 def test_truncated_state_file_is_a_clear_error(tmp_path, vocab_file):
-    folder = save_checkpoint(tmp_path / "c", {"w": torch.ones(1000)}, load_config("tiny"), files={"vocab.json": vocab_file})
+    folder = save_checkpoint(
+        tmp_path / "c", {"w": torch.ones(1000)}, load_config("tiny"), files={"vocab.json": vocab_file}
+    )
     data = (folder / STATE_FILE).read_bytes()
     (folder / STATE_FILE).write_bytes(data[: len(data) // 2])
     with pytest.raises(ValueError, match=r"state.pt: unreadable checkpoint state"):
         load_checkpoint(folder)
 
 
-@pytest.mark.parametrize("names", [
-    ["checkpoint_00000009", "checkpoint_00000010", "checkpoint_00000120"],  # LocalRuntime: the global step
-    ["checkpoint_2026-11-30_09-59-59.999999", "checkpoint_2026-11-30_10-00-00.000001",
-     "checkpoint_2026-12-01_08-00-00.500000"],  # Ray Train: the time of the report
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "names",
+    [
+        [
+            "checkpoint_00000009",
+            "checkpoint_00000010",
+            "checkpoint_00000120",
+        ],  # LocalRuntime: the global step
+        [
+            "checkpoint_2026-11-30_09-59-59.999999",
+            "checkpoint_2026-11-30_10-00-00.000001",
+            "checkpoint_2026-12-01_08-00-00.500000",
+        ],  # Ray Train: the time of the report
+    ],
+)
 def test_newest_is_the_last_name_whatever_the_mtimes(tmp_path, vocab_file, labels_dataset, names):
     """Folders written in name order but touched in reverse (a copy or a sync resets mtimes): the newest is
     the last name, for find_checkpoint and for LocalRuntime's restart alike; a half-written folder is skipped."""

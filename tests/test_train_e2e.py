@@ -20,7 +20,9 @@ def untrained_rsum(cfg, data_dir) -> float:
     torch.manual_seed(cfg.train.seed)
     vocab = Vocab.load(data_dir / "vocab.json")
     model = build_model(cfg, load_manifest(data_dir).feature_dim, len(vocab))
-    return evaluate_arrays(model, vocab, split_arrays(data_dir, "val"), max_len=cfg.data.max_caption_len)["rsum"]
+    return evaluate_arrays(model, vocab, split_arrays(data_dir, "val"), max_len=cfg.data.max_caption_len)[
+        "rsum"
+    ]
 
 
 @pytest.mark.slow
@@ -55,15 +57,24 @@ def test_tiny_two_workers_learn(ray_cluster, tiny_dataset, tmp_path):
 def test_streamed_train_split_through_ray_data_learns(ray_cluster, tiny_dataset, tmp_path):
     """data.in_memory_max_mb=0 forces the Ray Data path (read_parquet → map_batches → streaming_split):
     every epoch runs the same global steps as the in-memory path (2000 rows // 32) and the model learns."""
-    cfg = load_config("tiny", overrides={"data.path": str(tiny_dataset), "train.storage_path": str(tmp_path),
-                                         "train.epochs": 2, "data.in_memory_max_mb": 0})  # fmt: skip
+    cfg = load_config(
+        "tiny",
+        overrides={
+            "data.path": str(tiny_dataset),
+            "train.storage_path": str(tmp_path),
+            "train.epochs": 2,
+            "data.in_memory_max_mb": 0,
+        },
+    )
     before = untrained_rsum(cfg, tiny_dataset)
     outcome = run_training(cfg, evaluate_test=False)
     assert [m["step"] for m in outcome.history] == [2000 // 32, 2 * (2000 // 32)]
     assert outcome.history[-1]["val/rsum"] > before + 40, (before, outcome.history)
 
 
-def test_the_train_controller_polls_every_half_second_unless_the_user_sets_it(tiny_dataset, tmp_path, monkeypatch):
+def test_the_train_controller_polls_every_half_second_unless_the_user_sets_it(
+    tiny_dataset, tmp_path, monkeypatch
+):
     """Ray Train's controller reads its poll interval from the environment fit() runs in: raydist sets 0.5 s
     (a run ends at the first poll after its workers return; Ray's 2 s default costs seconds per run) and keeps
     a value the user exported."""

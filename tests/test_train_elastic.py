@@ -20,9 +20,13 @@ def test_a_fixed_run_is_the_default_and_an_elastic_one_asks_ray_for_a_range():
     fixed = load_config("tiny", overrides={"train.num_workers": 3, "train.batch_size": 48})
     assert fixed.train.min_workers is None
     assert worker_range(fixed) == 3 and describe_workers(fixed) == "3 Ray Train workers"
-    same = load_config("tiny", overrides={"train.num_workers": 3, "train.min_workers": 3, "train.batch_size": 48})
+    same = load_config(
+        "tiny", overrides={"train.num_workers": 3, "train.min_workers": 3, "train.batch_size": 48}
+    )
     assert worker_range(same) == 3  # min = max is a fixed-size run
-    elastic = load_config("tiny", overrides={"train.num_workers": 3, "train.min_workers": 1, "train.batch_size": 48})
+    elastic = load_config(
+        "tiny", overrides={"train.num_workers": 3, "train.min_workers": 1, "train.batch_size": 48}
+    )
     assert worker_range(elastic) == (1, 3) and describe_workers(elastic) == "1–3 Ray Train workers (elastic)"
     # the up-front CPU check counts the fewest workers the run may start with
     cpus = elastic.train.cpus_per_worker
@@ -34,22 +38,38 @@ def test_a_fixed_run_is_the_default_and_an_elastic_one_asks_ray_for_a_range():
     "overrides, match",
     [
         # 128 splits over 1, 2 and 4 workers but not over 3: an elastic run may get 3
-        ({"train.num_workers": 4, "train.min_workers": 1, "train.batch_size": 128},
-         r"every worker count .*train.min_workers=1 … train.num_workers=4.*multiple of 12 \(e\.g\. 120 or 132\)"),
+        (
+            {"train.num_workers": 4, "train.min_workers": 1, "train.batch_size": 128},
+            r"every worker count .*train.min_workers=1 … train.num_workers=4.*multiple of 12 \(e\.g\. 120 or 132\)",
+        ),
         ({"train.num_workers": 2, "train.min_workers": 3}, r"train.min_workers=3 must be between 1 and"),
         ({"train.num_workers": 0, "train.min_workers": 1}, r"an elastic run needs Ray Train workers"),
-        ({"train.num_workers": 3, "train.min_workers": 2, "train.batch_size": 48, "loss.negative_set_size": 100},
-         r"negative_set_size=100 > batch size must divide evenly over every worker count from"),
+        (
+            {
+                "train.num_workers": 3,
+                "train.min_workers": 2,
+                "train.batch_size": 48,
+                "loss.negative_set_size": 100,
+            },
+            r"negative_set_size=100 > batch size must divide evenly over every worker count from",
+        ),
     ],
-)  # fmt: skip
+)
 def test_an_elastic_config_that_some_worker_count_cannot_split_is_refused(overrides, match):
     with pytest.raises(ConfigError, match=match):
         load_config("tiny", overrides=overrides)
 
 
 def test_an_elastic_config_that_every_worker_count_splits_is_accepted():
-    cfg = load_config("tiny", overrides={"train.num_workers": 4, "train.min_workers": 1, "train.batch_size": 120,
-                                         "loss.negative_set_size": 240})  # fmt: skip
+    cfg = load_config(
+        "tiny",
+        overrides={
+            "train.num_workers": 4,
+            "train.min_workers": 1,
+            "train.batch_size": 120,
+            "loss.negative_set_size": 240,
+        },
+    )
     for world in range(1, 5):  # the step plan of every worker count: the same global rows per step
         plan = StepPlan(cfg.train.batch_size, cfg.loss.negative_set_size, world)
         assert plan.rows_per_worker * world == 240
@@ -64,8 +84,10 @@ def test_an_in_memory_epoch_resumed_after_a_resize_sees_every_row_once():
 
     def epoch_rows(world: int) -> list[np.ndarray]:
         """Per step, the rows of all ranks (rank-major)."""
-        ranks = [InMemoryBatches(arrays, rows=rows_per_step // world, rank=r, world=world, seed=seed).epoch(epoch)
-                 for r in range(world)]  # fmt: skip
+        ranks = [
+            InMemoryBatches(arrays, rows=rows_per_step // world, rank=r, world=world, seed=seed).epoch(epoch)
+            for r in range(world)
+        ]
         return [np.concatenate([b["sample_id"] for b in step]) for step in zip(*ranks)]
 
     one, two, three = epoch_rows(1), epoch_rows(2), epoch_rows(3)
@@ -87,12 +109,17 @@ def test_local_storage_is_refused_on_more_than_one_node_unless_shared_or_remote(
     check_storage_reachable("s3://bucket/runs", False, four)
     check_storage_reachable("gs://bucket/runs", False, four)
     check_storage_reachable("/mnt/nfs/runs", True, four)  # declared: --storage-shared
-    with pytest.raises(ConfigError, match=r"has 2 nodes, but the run folder /runs is on a local path.*--storage "
-                                          r"s3://.*--storage-shared \(train.storage_shared=true\)"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"has 2 nodes, but the run folder /runs is on a local path.*--storage "
+        r"s3://.*--storage-shared \(train.storage_shared=true\)",
+    ):
         check_storage_reachable("/runs", False, Capacity(cpus=8, nodes=2))
     # one node up now, but an autoscaler will add more: refused the same way, before any node joins
     for bound in (math.inf, 12.0):
-        with pytest.raises(ConfigError, match=r"adds nodes as it needs them \(autoscaling\), but the run folder"):
+        with pytest.raises(
+            ConfigError, match=r"adds nodes as it needs them \(autoscaling\), but the run folder"
+        ):
             check_storage_reachable("/runs", False, Capacity(cpus=1, nodes=1, max_cpus=bound))
     check_storage_reachable("/runs", True, Capacity(cpus=1, nodes=1, max_cpus=math.inf))
 
@@ -102,13 +129,17 @@ def test_a_run_beyond_the_cluster_is_refused_unless_an_autoscaler_may_bring_the_
     (and says so) unless it is beyond the autoscaler's published bound too."""
     check_cluster_fits(3, Capacity(cpus=3, nodes=1))  # fits exactly: nothing said
     assert capsys.readouterr().out == ""
-    with pytest.raises(ConfigError, match=r"this run needs 3 logical CPUs .* but the Ray cluster has 2: lower"):
+    with pytest.raises(
+        ConfigError, match=r"this run needs 3 logical CPUs .* but the Ray cluster has 2: lower"
+    ):
         check_cluster_fits(3, Capacity(cpus=2, nodes=1))
     check_cluster_fits(3, Capacity(cpus=1, nodes=1, max_cpus=math.inf))  # v1 autoscaler: no bound published
     assert "has 1 logical CPUs now and 3 are needed: waiting for its autoscaler" in capsys.readouterr().out
     check_cluster_fits(3, Capacity(cpus=1, nodes=1, max_cpus=9))
     assert "waiting for its autoscaler to add nodes (up to 9)" in capsys.readouterr().out
-    with pytest.raises(ConfigError, match=r"has 1 and its autoscaler adds nodes up to 2: lower train.num_workers"):
+    with pytest.raises(
+        ConfigError, match=r"has 1 and its autoscaler adds nodes up to 2: lower train.num_workers"
+    ):
         check_cluster_fits(3, Capacity(cpus=1, nodes=1, max_cpus=2))
 
 
@@ -131,26 +162,42 @@ class ControllerError(Exception):
 
 
 def test_a_fixed_run_that_waited_for_capacity_in_vain_says_so_and_how_to_continue():
-    named = load_config("tiny", overrides={"train.num_workers": 3, "train.batch_size": 48, "train.run_name": "r1",
-                                           "train.capacity_wait_s": 90})  # fmt: skip
-    error = training_failure(ControllerError(WorkerGroupStartupTimeoutError("timed out after 45 s")), named, "/x/r1")
+    named = load_config(
+        "tiny",
+        overrides={
+            "train.num_workers": 3,
+            "train.batch_size": 48,
+            "train.run_name": "r1",
+            "train.capacity_wait_s": 90,
+        },
+    )
+    error = training_failure(
+        ControllerError(WorkerGroupStartupTimeoutError("timed out after 45 s")), named, "/x/r1"
+    )
     assert isinstance(error, RuntimeError)
     assert "3 Ray Train workers did not get their CPUs/GPUs within train.capacity_wait_s=90 s" in str(error)
     assert "train.min_workers" in str(error) and "the same command continues it" in str(error)
     unnamed = load_config("tiny", overrides={"train.num_workers": 3, "train.batch_size": 48})
     error = training_failure(ControllerError(WorkerGroupStartupTimeoutError("x")), unnamed, "/x/raydist-1")
     assert "raydist train --resume /x/raydist-1 continues it" in str(error)
-    other = training_failure(ControllerError(ValueError("boom")), named, "/x/r1")  # anything else: its own line
+    other = training_failure(
+        ControllerError(ValueError("boom")), named, "/x/r1"
+    )  # anything else: its own line
     assert "boom" in str(other) and "capacity_wait_s" not in str(other)
 
 
 def test_the_drill_finds_restarts_in_the_progress_lines():
     from raydist.simcluster import progress_steps, restarts
 
-    lines = ["[raydist] epoch 1/2 step 4/20 (20%) samples/s 90", "[raydist] epoch 1/2 step 5/20 (25%) samples/s 90",
-             "(RayTrainWorker) something else", "[raydist] epoch 1/2 step 7/20 (35%) samples/s 90",
-             "[raydist] resumed from /r/checkpoint_x at epoch 1, step 5",
-             "[raydist] epoch 1/2 step 6/20 (30%) samples/s 0", "[raydist] epoch 2/2 step 1/20 (5%) samples/s 80"]  # fmt: skip
+    lines = [
+        "[raydist] epoch 1/2 step 4/20 (20%) samples/s 90",
+        "[raydist] epoch 1/2 step 5/20 (25%) samples/s 90",
+        "(RayTrainWorker) something else",
+        "[raydist] epoch 1/2 step 7/20 (35%) samples/s 90",
+        "[raydist] resumed from /r/checkpoint_x at epoch 1, step 5",
+        "[raydist] epoch 1/2 step 6/20 (30%) samples/s 0",
+        "[raydist] epoch 2/2 step 1/20 (5%) samples/s 80",
+    ]
     steps = progress_steps(lines, [10.0, 11.0, 11.5, 12.0, 30.0, 31.5, 40.0])
     assert steps == [(10.0, 4), (11.0, 5), (12.0, 7), (31.5, 6), (40.0, 21)]
     # steps 6 and 7 ran twice; 19.5 s between the end of step 7 and the end of the new step 6

@@ -31,7 +31,9 @@ def steps_per_epoch(outcome) -> int:
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_injected_fault_restarts_from_checkpoint_and_matches_uninterrupted(ray_cluster, small_pairs, tmp_path):
+def test_injected_fault_restarts_from_checkpoint_and_matches_uninterrupted(
+    ray_cluster, small_pairs, tmp_path
+):
     """A 1-worker Ray Train run that fails mid-epoch and restarts ends with the parameters of an uninterrupted
     run; the uninterrupted run is trained in process (``train.num_workers=0``: the same loop, rank 0 of 1,
     without Ray, and one torch thread as the Ray Train worker has), so this also holds the in-process runtime to
@@ -40,16 +42,21 @@ def test_injected_fault_restarts_from_checkpoint_and_matches_uninterrupted(ray_c
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a Ray worker of one logical CPU runs one torch thread; the sums' order follows
     try:
-        clean = run_training(tiny(small_pairs, tmp_path / "a", **common, **{"train.num_workers": 0}),
-                             evaluate_test=False)  # fmt: skip
+        clean = run_training(
+            tiny(small_pairs, tmp_path / "a", **common, **{"train.num_workers": 0}), evaluate_test=False
+        )
     finally:
         torch.set_num_threads(threads)
     fail_at = steps_per_epoch(clean) + 3  # mid second epoch
     faulty = run_training(
-        tiny(small_pairs, tmp_path / "b", **common,
-             **{"train.num_workers": 1, "debug.fail_at_step": fail_at, "train.max_failures": 1}),
+        tiny(
+            small_pairs,
+            tmp_path / "b",
+            **common,
+            **{"train.num_workers": 1, "debug.fail_at_step": fail_at, "train.max_failures": 1},
+        ),
         evaluate_test=False,
-    )  # fmt: skip
+    )
     resumed = faulty.resumed_at
     assert len(resumed) == 1, resumed
     assert fail_at - 4 <= resumed[0] <= fail_at  # at most one checkpoint interval redone
@@ -65,7 +72,9 @@ def test_injected_fault_restarts_from_checkpoint_and_matches_uninterrupted(ray_c
 def test_worker_killed_from_outside_run_completes(ray_cluster, tiny_dataset, tmp_path):
     import psutil
 
-    cfg = tiny(tiny_dataset, tmp_path, **{"train.checkpoint_every": 3, "train.max_failures": 2, "train.epochs": 3})
+    cfg = tiny(
+        tiny_dataset, tmp_path, **{"train.checkpoint_every": 3, "train.max_failures": 2, "train.epochs": 3}
+    )
     killed: list[int] = []
     waited: list[str] = []
 
@@ -126,8 +135,10 @@ def test_resume_by_path_and_by_run_name(ray_cluster, small_pairs, tmp_path):
     # the claim is about which run and checkpoint resume (decided before any worker starts), not the worker
     # group or the data: the runs train in process, on 400 rows
     one = {"train.num_workers": 0}
-    first = run_training(tiny(small_pairs, tmp_path, **one, **{"train.epochs": 1, "train.run_name": "same"}),
-                         evaluate_test=False)
+    first = run_training(
+        tiny(small_pairs, tmp_path, **one, **{"train.epochs": 1, "train.run_name": "same"}),
+        evaluate_test=False,
+    )
     longer = tiny(small_pairs, tmp_path, **one, **{"train.epochs": 2, "train.run_name": "same"})
     with pytest.raises(ConfigError, match="is finished"):  # the name alone never extends a finished run
         run_training(longer, evaluate_test=False)
@@ -135,7 +146,10 @@ def test_resume_by_path_and_by_run_name(ray_cluster, small_pairs, tmp_path):
     assert again.run_dir == first.run_dir
     assert [m["epoch"] for m in again.history] == [1, 2]
     assert again.resumed_at == [first.history[-1]["step"]]
-    by_path = run_training(tiny(small_pairs, tmp_path, **one, **{"train.epochs": 2}),
-                           resume_from=first.latest_checkpoint, evaluate_test=False)
+    by_path = run_training(
+        tiny(small_pairs, tmp_path, **one, **{"train.epochs": 2}),
+        resume_from=first.latest_checkpoint,
+        evaluate_test=False,
+    )
     assert by_path.resumed_at == [first.history[-1]["step"]]
     assert [m["epoch"] for m in by_path.history] == [1, 2]

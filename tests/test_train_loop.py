@@ -104,8 +104,9 @@ def test_loop_module_imports_no_ray():
 
 
 def test_early_stopping_stops_every_rank_at_the_same_epoch(tiny_dataset, tmp_path):
-    cfg, task, plan, runtime = _setup(tiny_dataset, tmp_path, **{"train.epochs": 5, "train.lr": 1e-12,
-                                                                 "train.early_stop_patience": 1})  # fmt: skip
+    cfg, task, plan, runtime = _setup(
+        tiny_dataset, tmp_path, **{"train.epochs": 5, "train.lr": 1e-12, "train.early_stop_patience": 1}
+    )
     out = run_loop(cfg, task, runtime, plan, hooks=[ValidationHook(task)])
     assert [m["epoch"] for m in out["history"]] == [1, 2]  # epoch 2 did not beat epoch 1
 
@@ -113,13 +114,18 @@ def test_early_stopping_stops_every_rank_at_the_same_epoch(tiny_dataset, tmp_pat
 def test_schedule_by_steps(tiny_dataset):
     from raydist.train.trainer import resolve_schedule
 
-    cfg = load_config("tiny", overrides={"data.path": str(tiny_dataset), "train.min_steps": 500,
-                                         "loss.warmup_sh_steps": 100})  # fmt: skip
+    cfg = load_config(
+        "tiny",
+        overrides={"data.path": str(tiny_dataset), "train.min_steps": 500, "loss.warmup_sh_steps": 100},
+    )
     resolved, note = resolve_schedule(cfg, tiny_dataset)
     steps = 2000 // cfg.train.batch_size  # 400 images × 5 captions
     assert resolved.train.epochs == -(-500 // steps) and resolved.loss.warmup_sh_epochs == -(-100 // steps)
     assert f"{resolved.train.epochs} epochs × {steps} steps" in note and "train.min_steps=500" in note
-    assert resolve_schedule(load_config("tiny"), tiny_dataset)[0].train.epochs == load_config("tiny").train.epochs
+    assert (
+        resolve_schedule(load_config("tiny"), tiny_dataset)[0].train.epochs
+        == load_config("tiny").train.epochs
+    )
 
 
 def test_raised_epochs_scale_the_lr_decay_epoch(tiny_dataset):
@@ -128,18 +134,35 @@ def test_raised_epochs_scale_the_lr_decay_epoch(tiny_dataset):
     from raydist.train.trainer import resolve_schedule
 
     steps = 2000 // 128  # tiny_dataset: 400 images × 5 captions, batch 128 → 15 steps per epoch
-    cfg = load_config("tiny", overrides={"data.path": str(tiny_dataset), "train.batch_size": 128, "train.epochs": 5,
-                                         "train.lr_decay_epoch": 4, "train.min_steps": 40 * steps})  # fmt: skip
+    cfg = load_config(
+        "tiny",
+        overrides={
+            "data.path": str(tiny_dataset),
+            "train.batch_size": 128,
+            "train.epochs": 5,
+            "train.lr_decay_epoch": 4,
+            "train.min_steps": 40 * steps,
+        },
+    )
     resolved, note = resolve_schedule(cfg, tiny_dataset)
     assert resolved.train.epochs == 40 and resolved.train.lr_decay_epoch == 32  # 4 · 40 / 5
     assert "LR decay at epoch 32, scaled from train.lr_decay_epoch=4" in note
-    plain, _ = resolve_schedule(cfg.model_copy(update={"train": cfg.train.model_copy(update={"min_steps": 0})}),
-                                tiny_dataset)  # fmt: skip
+    plain, _ = resolve_schedule(
+        cfg.model_copy(update={"train": cfg.train.model_copy(update={"min_steps": 0})}), tiny_dataset
+    )
     assert (plain.train.epochs, plain.train.lr_decay_epoch) == (5, 4)
     # the fine-tuning switch too: frozen 2 of 5 epochs → 16 of 40 (an image encoder has a backbone to freeze)
-    frozen = load_config("tiny", overrides={"data.path": str(tiny_dataset), "train.batch_size": 128,
-                                            "train.epochs": 5, "train.freeze_backbone_epochs": 2,
-                                            "model.image_encoder": "small-cnn", "train.min_steps": 40 * steps})  # fmt: skip
+    frozen = load_config(
+        "tiny",
+        overrides={
+            "data.path": str(tiny_dataset),
+            "train.batch_size": 128,
+            "train.epochs": 5,
+            "train.freeze_backbone_epochs": 2,
+            "model.image_encoder": "small-cnn",
+            "train.min_steps": 40 * steps,
+        },
+    )
     resolved, note = resolve_schedule(frozen, tiny_dataset)
     assert (resolved.train.epochs, resolved.train.freeze_backbone_epochs) == (40, 16)
     assert "backbone frozen 16 epochs, scaled from train.freeze_backbone_epochs=2" in note
@@ -180,10 +203,14 @@ def test_label_noise_turns_early_stopping_on_by_default(labels_dataset):
     from raydist.tasks import LabelsTask
     from raydist.train.trainer import resolve_schedule
 
-    resolved, note = resolve_schedule(_labels_config(labels_dataset, **{"data.label_noise": 0.2}), labels_dataset)
+    resolved, note = resolve_schedule(
+        _labels_config(labels_dataset, **{"data.label_noise": 0.2}), labels_dataset
+    )
     assert resolved.train.early_stop_patience == LabelsTask.noisy_label_patience > 0 and "early stop" in note
     for explicit in (0, 7):  # a value the user gives wins
-        cfg = _labels_config(labels_dataset, **{"data.label_noise": 0.2, "train.early_stop_patience": explicit})
+        cfg = _labels_config(
+            labels_dataset, **{"data.label_noise": 0.2, "train.early_stop_patience": explicit}
+        )
         assert resolve_schedule(cfg, labels_dataset)[0].train.early_stop_patience == explicit
 
 
@@ -192,7 +219,9 @@ def test_epochs_without_improvement_counts_from_the_first_best():
 
     rng = torch.Generator().manual_seed(0)
     for _ in range(200):
-        scores = torch.randint(0, 5, (int(torch.randint(1, 12, (1,), generator=rng)),), generator=rng).tolist()
+        scores = torch.randint(
+            0, 5, (int(torch.randint(1, 12, (1,), generator=rng)),), generator=rng
+        ).tolist()
         stale, best = 0, float("-inf")  # running count: reset on a strictly better score
         for s in scores:
             stale, best = (0, s) if s > best else (stale + 1, best)
@@ -205,8 +234,16 @@ def test_noisy_labels_stop_early_in_process(labels_dataset, tmp_path):
     (a learning rate too small to change it) after that many epochs."""
     from raydist.train.trainer import resolve_schedule
 
-    cfg = _labels_config(labels_dataset, **{"data.label_noise": 0.2, "train.lr": 1e-12, "train.epochs": 8,
-                                            "train.num_workers": 1, "train.batch_size": 64})  # fmt: skip
+    cfg = _labels_config(
+        labels_dataset,
+        **{
+            "data.label_noise": 0.2,
+            "train.lr": 1e-12,
+            "train.epochs": 8,
+            "train.num_workers": 1,
+            "train.batch_size": 64,
+        },
+    )
     cfg, _ = resolve_schedule(cfg, labels_dataset)
     task = build_task(cfg, DataInfo.from_dataset(labels_dataset))
     plan = StepPlan.from_config(cfg)
@@ -224,7 +261,9 @@ def test_reported_training_loss_leaves_out_the_probe(labels_dataset, tmp_path):
     from raydist.tasks.base import PROBE_LOSS
     from raydist.train.loop import Trainables, train_step
 
-    cfg = _labels_config(labels_dataset, **{"loss.kind": "triplet", "train.num_workers": 1, "train.batch_size": 64})
+    cfg = _labels_config(
+        labels_dataset, **{"loss.kind": "triplet", "train.num_workers": 1, "train.batch_size": 64}
+    )
     task = build_task(cfg, DataInfo.from_dataset(labels_dataset))
     plan, ctx = StepPlan.from_config(cfg), StepContext(0, 0, 0, 1)
     torch.manual_seed(0)

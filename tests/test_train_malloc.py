@@ -47,8 +47,13 @@ PAGES_PER_ROUND = 5 * PAGES_PER_BLOCK
 
 
 def fault_rounds(mode: str, blocks: int = 5, env: dict[str, str] | None = None) -> list[int]:
-    out = subprocess.run([sys.executable, "-c", ROUNDS, mode, str(blocks)], check=True, capture_output=True,
-                         text=True, env={**os.environ, **(env or {})})  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", ROUNDS, mode, str(blocks)],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -85,11 +90,14 @@ def test_ray_train_workers_get_the_arena_env_only_when_tuned(tmp_path) -> None:
     from raydist.data import make_synthetic
     from raydist.train.trainer import build_trainer
 
-    data = make_synthetic(tmp_path / "data", images=12, captions_per_image=2, dim=8, seed=0, val_images=4,
-                          test_images=4)  # fmt: skip
+    data = make_synthetic(
+        tmp_path / "data", images=12, captions_per_image=2, dim=8, seed=0, val_images=4, test_images=4
+    )
     for on in (True, False):
         cfg = load_config("tiny", overrides={"data.path": str(data), "train.tune_malloc": on})
-        env = build_trainer(cfg, data, storage_path=str(tmp_path / "runs")).run_config.worker_runtime_env["env_vars"]
+        env = build_trainer(cfg, data, storage_path=str(tmp_path / "runs")).run_config.worker_runtime_env[
+            "env_vars"
+        ]
         assert ("MALLOC_ARENA_MAX" in env) == (on and on_glibc())
 
 

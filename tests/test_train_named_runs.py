@@ -19,7 +19,9 @@ def _config(tmp_path: Path, **overrides):
     return load_config("tiny", overrides={**base, **overrides})
 
 
-def _saved_run(cfg, *, epoch: int, step: int, finished: bool = False, name: str = "checkpoint_00000010") -> Path:
+def _saved_run(
+    cfg, *, epoch: int, step: int, finished: bool = False, name: str = "checkpoint_00000010"
+) -> Path:
     """A run folder with one checkpoint of ``cfg`` whose loop counters say where it stopped."""
     loop = LoopState(epoch=epoch, step_in_epoch=0, global_step=step, finished=finished)
     folder = Path(cfg.train.storage_path) / cfg.train.run_name / name
@@ -42,8 +44,11 @@ def test_an_unfinished_run_with_the_same_config_resumes(tmp_path):
     assert run.changes == [] and not run.finished
 
 
-@pytest.mark.parametrize("loop", [{"epoch": 4, "step": 40}, {"epoch": 2, "step": 20, "finished": True}],
-                         ids=["all-epochs", "early-stop"])  # fmt: skip
+@pytest.mark.parametrize(
+    "loop",
+    [{"epoch": 4, "step": 40}, {"epoch": 2, "step": 20, "finished": True}],
+    ids=["all-epochs", "early-stop"],
+)
 def test_a_finished_run_is_refused_unless_forced(tmp_path, loop):
     cfg = _config(tmp_path)
     _saved_run(cfg, **loop)
@@ -73,7 +78,19 @@ def test_the_cli_refuses_a_finished_name_before_ray_starts(tmp_path, tiny_datase
     so starting Ray would fail it), with exit 2 as for other config errors."""
     cfg = _config(tmp_path, **{"data.path": str(tiny_dataset), "train.epochs": 1})
     _saved_run(cfg, epoch=1, step=62)
-    code = main(["train", "--preset", "tiny", "--data", str(tiny_dataset), "--storage", str(tmp_path / "runs"),
-                 "--name", "r", "train.epochs=1"])  # fmt: skip
+    code = main(
+        [
+            "train",
+            "--preset",
+            "tiny",
+            "--data",
+            str(tiny_dataset),
+            "--storage",
+            str(tmp_path / "runs"),
+            "--name",
+            "r",
+            "train.epochs=1",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "raydist: error: run 'r'" in err and "is finished" in err

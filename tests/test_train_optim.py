@@ -46,7 +46,9 @@ def test_default_is_adam_with_a_per_epoch_steplr_bit_for_bit():
     assert type(parts.optimizer) is torch.optim.Adam and len(parts.optimizer.param_groups) == 1
     assert parts.optimizer.param_groups[0]["params"] == list(model.parameters())
     assert isinstance(parts.scheduler, torch.optim.lr_scheduler.StepLR)
-    optimizer = torch.optim.Adam(ref.parameters(), lr=0.01)  # what the loop built before raydist/train/optim.py
+    optimizer = torch.optim.Adam(
+        ref.parameters(), lr=0.01
+    )  # what the loop built before raydist/train/optim.py
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
     x = torch.randn(5, 3, 4)
     for epoch in range(5):
@@ -65,20 +67,35 @@ def test_default_is_adam_with_a_per_epoch_steplr_bit_for_bit():
 
 
 def test_vse_parameter_groups_by_name():
-    cfg = from_dict({"model": {"image_encoder": "small-cnn", "embed_dim": 16, "word_dim": 8},
-                     "train": {"lr": 1e-3, "weight_decay": 0.05, "backbone_lr_mult": 0.1}})  # fmt: skip
+    cfg = from_dict(
+        {
+            "model": {"image_encoder": "small-cnn", "embed_dim": 16, "word_dim": 8},
+            "train": {"lr": 1e-3, "weight_decay": 0.05, "backbone_lr_mult": 0.1},
+        }
+    )
     model = build_model(cfg, None, 12, channels=3, image_size=8)
     groups = parameter_groups(model, cfg.train)
     trunk = "image.encoder.backbone.features"
     assert _group_names(model, groups) == {
-        "decay": ["image.encoder.head.weight", "text.embed.weight", "text.rnn.weight_ih_l0", "text.rnn.weight_hh_l0"],
+        "decay": [
+            "image.encoder.head.weight",
+            "text.embed.weight",
+            "text.rnn.weight_ih_l0",
+            "text.rnn.weight_hh_l0",
+        ],
         "no_decay": ["image.encoder.head.bias", "text.rnn.bias_ih_l0", "text.rnn.bias_hh_l0"],
         "backbone": [f"{trunk}.{i}.weight" for i in (0, 4, 8)],  # the convolutions
-        "backbone_no_decay": [f"{trunk}.{i}.{w}" for i in (1, 5, 9) for w in ("weight", "bias")],  # GroupNorms
+        "backbone_no_decay": [
+            f"{trunk}.{i}.{w}" for i in (1, 5, 9) for w in ("weight", "bias")
+        ],  # GroupNorms
     }
     settings = {g["name"]: (g["lr"], g["weight_decay"]) for g in groups}
-    assert settings == {"decay": (1e-3, 0.05), "no_decay": (1e-3, 0.0), "backbone": (pytest.approx(1e-4), 0.05),
-                        "backbone_no_decay": (pytest.approx(1e-4), 0.0)}  # fmt: skip
+    assert settings == {
+        "decay": (1e-3, 0.05),
+        "no_decay": (1e-3, 0.0),
+        "backbone": (pytest.approx(1e-4), 0.05),
+        "backbone_no_decay": (pytest.approx(1e-4), 0.0),
+    }
 
 
 def test_batchnorm_conv_bias_and_a_pretrained_text_backbone():
@@ -90,14 +107,21 @@ def test_batchnorm_conv_bias_and_a_pretrained_text_backbone():
         "decay": ["image.head.weight", "text.proj.weight", "extra.weight"],
         "no_decay": ["image.head.bias", "text.proj.bias", "extra.bias"],
         "backbone": ["image.backbone.0.weight", "text.backbone.0.weight"],
-        "backbone_no_decay": ["image.backbone.0.bias", "image.backbone.1.weight", "image.backbone.1.bias",
-                              "text.backbone.1.weight", "text.backbone.1.bias"],
-    }  # fmt: skip
+        "backbone_no_decay": [
+            "image.backbone.0.bias",
+            "image.backbone.1.weight",
+            "image.backbone.1.bias",
+            "text.backbone.1.weight",
+            "text.backbone.1.bias",
+        ],
+    }
 
 
 def test_adamw_decays_only_the_decay_groups_at_their_own_lr():
     """With zero gradients an AdamW step only decays: p ← p (1 − lr_g · wd_g)."""
-    train = from_dict({"train": {"optimizer": "adamw", "lr": 0.1, "weight_decay": 0.5, "backbone_lr_mult": 0.2}}).train
+    train = from_dict(
+        {"train": {"optimizer": "adamw", "lr": 0.1, "weight_decay": 0.5, "backbone_lr_mult": 0.2}}
+    ).train
     model = BackboneEncoder(nn.Sequential(nn.Linear(3, 4), nn.LayerNorm(4)), 4, 2)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     optimizer = build_optimizer(model, train)
@@ -114,8 +138,19 @@ def test_adamw_decays_only_the_decay_groups_at_their_own_lr():
 @pytest.mark.parametrize("kind", ["cosine", "step"])
 def test_warmup_then_decay_matches_the_closed_form(kind):
     spe, epochs, warmup, lr = 5, 4, 3, 0.1
-    train = from_dict({"train": {"lr": lr, "epochs": epochs, "lr_schedule": kind, "warmup_steps": warmup,
-                                 "lr_decay_epoch": 2, "lr_decay_factor": 0.3, "backbone_lr_mult": 0.5}}).train  # fmt: skip
+    train = from_dict(
+        {
+            "train": {
+                "lr": lr,
+                "epochs": epochs,
+                "lr_schedule": kind,
+                "warmup_steps": warmup,
+                "lr_decay_epoch": 2,
+                "lr_decay_factor": 0.3,
+                "backbone_lr_mult": 0.5,
+            }
+        }
+    ).train
     model = BackboneEncoder(nn.Linear(3, 4), 4, 2)
     optimizer = build_optimizer(model, train)
     schedule = build_schedule(optimizer, train, spe)
@@ -130,7 +165,10 @@ def test_warmup_then_decay_matches_the_closed_form(kind):
                 decay = 0.3 ** (epoch // 2)
             for group in optimizer.param_groups:
                 mult = 0.5 if group["name"].startswith("backbone") else 1.0
-                assert group["lr"] == pytest.approx(lr * mult * warm * decay, rel=1e-12, abs=1e-15), (s, group["name"])
+                assert group["lr"] == pytest.approx(lr * mult * warm * decay, rel=1e-12, abs=1e-15), (
+                    s,
+                    group["name"],
+                )
             seen.append(optimizer.param_groups[0]["lr"])
             schedule.after_step()
         schedule.after_epoch()
@@ -139,17 +177,20 @@ def test_warmup_then_decay_matches_the_closed_form(kind):
         assert seen == sorted(seen[:warmup]) + sorted(seen[warmup:], reverse=True) and seen[-1] < 0.01 * lr
 
 
-@pytest.mark.parametrize(("overrides", "says"), [
-    ({"train.optimizer": "sgd"}, "train.optimizer: expected 'adam' or 'adamw'"),
-    ({"train.weight_decay": -0.1}, "train.weight_decay=-0.1: must be >= 0"),
-    ({"train.lr_schedule": "linear"}, "train.lr_schedule: expected 'step' or 'cosine'"),
-    ({"train.warmup_steps": -1}, "train.warmup_steps=-1: must be >= 0"),
-    ({"train.warmup_steps": "abc"}, "train.warmup_steps: expected an integer"),
-    ({"train.backbone_lr_mult": 0}, "train.backbone_lr_mult=0: must be > 0"),
-    ({"train.freeze_backbone_epochs": -2}, "train.freeze_backbone_epochs=-2: must be >= 0"),
-    ({"train.freeze_backbone_epochs": 2}, "train.freeze_backbone_epochs=2: the model has no backbone"),
-    ({"train.backbone_lr_mult": 0.1}, "train.backbone_lr_mult=0.1: the model has no backbone"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        ({"train.optimizer": "sgd"}, "train.optimizer: expected 'adam' or 'adamw'"),
+        ({"train.weight_decay": -0.1}, "train.weight_decay=-0.1: must be >= 0"),
+        ({"train.lr_schedule": "linear"}, "train.lr_schedule: expected 'step' or 'cosine'"),
+        ({"train.warmup_steps": -1}, "train.warmup_steps=-1: must be >= 0"),
+        ({"train.warmup_steps": "abc"}, "train.warmup_steps: expected an integer"),
+        ({"train.backbone_lr_mult": 0}, "train.backbone_lr_mult=0: must be > 0"),
+        ({"train.freeze_backbone_epochs": -2}, "train.freeze_backbone_epochs=-2: must be >= 0"),
+        ({"train.freeze_backbone_epochs": 2}, "train.freeze_backbone_epochs=2: the model has no backbone"),
+        ({"train.backbone_lr_mult": 0.1}, "train.backbone_lr_mult=0.1: the model has no backbone"),
+    ],
+)
 def test_bad_values_are_refused_naming_the_key(overrides, says):
     with pytest.raises(ConfigError) as info:
         load_config("tiny", overrides=overrides)
@@ -158,7 +199,9 @@ def test_bad_values_are_refused_naming_the_key(overrides, says):
 
 def test_backbone_keys_fit_a_model_with_a_backbone():
     for encoders in ({"model.image_encoder": "small-cnn"}, {"model.text_encoder": "hf:some/folder"}):
-        cfg = load_config("tiny", overrides={**encoders, "train.freeze_backbone_epochs": 2, "train.backbone_lr_mult": 0.1})
+        cfg = load_config(
+            "tiny", overrides={**encoders, "train.freeze_backbone_epochs": 2, "train.backbone_lr_mult": 0.1}
+        )
         assert (cfg.train.freeze_backbone_epochs, cfg.train.backbone_lr_mult) == (2, 0.1)
 
 
@@ -168,8 +211,9 @@ def test_vsepp_finetune_preset():
     assert cfg.model.image_encoder == "torchvision:resnet152" and (t.lr, t.epochs) == (2e-4, 30)
     assert t.freeze_backbone_epochs == t.lr_decay_epoch == 15 and t.lr_decay_factor == 0.1
     assert (cfg.loss.hardest, cfg.eval.folds, cfg.model.word_dim) == (True, 5, 300)  # its tasks.pairs block
-    small = load_config("vsepp-finetune", overrides={"model.image_encoder": "small-cnn",
-                                                     "train.freeze_backbone_epochs": 3})  # fmt: skip
+    small = load_config(
+        "vsepp-finetune", overrides={"model.image_encoder": "small-cnn", "train.freeze_backbone_epochs": 3}
+    )
     assert small.train.freeze_backbone_epochs == 3
 
 
@@ -188,23 +232,39 @@ def colours(tmp_path_factory):
             img = rng.integers(80, 160, (8, 8, 3)).astype(np.uint8)
             img[2:6, 2:6] = rgb
             Image.fromarray(img).save(folder / f"{k}.png")
-    return convert_image_folder(root / "src", root / "data", split_by="image", val_fraction=0.25, test_fraction=0.25)
+    return convert_image_folder(
+        root / "src", root / "data", split_by="image", val_fraction=0.25, test_fraction=0.25
+    )
 
 
 # the image encoders the fine-tuning tests run on: small-cnn (GroupNorm, no buffers) everywhere, and a real
 # torchvision ResNet-18 (BatchNorm: running statistics that move while the backbone is frozen) where it imports
 ENCODERS = [
     pytest.param({"model.image_encoder": "small-cnn"}, id="small-cnn"),
-    pytest.param({"model.image_encoder": "torchvision:resnet18", "data.image_size": 32}, id="resnet18",
-                 marks=pytest.mark.vision),
-]  # fmt: skip
+    pytest.param(
+        {"model.image_encoder": "torchvision:resnet18", "data.image_size": 32},
+        id="resnet18",
+        marks=pytest.mark.vision,
+    ),
+]
 
 
 def _train(data, run_dir, *, hooks=(), resume=None, **overrides):
-    cfg = load_config("tiny", overrides={"data.path": str(data), "model.image_encoder": "small-cnn",
-                                         "train.num_workers": 0, "train.batch_size": 8, "train.epochs": 4,
-                                         "train.lr": 0.003, "train.freeze_backbone_epochs": 2, "data.flip": False,
-                                         **overrides}, task_of=dataset_task)  # fmt: skip
+    cfg = load_config(
+        "tiny",
+        overrides={
+            "data.path": str(data),
+            "model.image_encoder": "small-cnn",
+            "train.num_workers": 0,
+            "train.batch_size": 8,
+            "train.epochs": 4,
+            "train.lr": 0.003,
+            "train.freeze_backbone_epochs": 2,
+            "data.flip": False,
+            **overrides,
+        },
+        task_of=dataset_task,
+    )
     task = build_task(cfg, DataInfo.from_dataset(data))
     plan = StepPlan.from_config(cfg)
     runtime = LocalRuntime(cfg, task, plan, run_dir)
@@ -232,14 +292,20 @@ class BackboneGrads(Hook):
             assert all(g is None for g in grads)
             self.seen.append((ctx.epoch, None))
             return
-        self.seen.append((ctx.epoch, float(torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads])))))
+        self.seen.append(
+            (ctx.epoch, float(torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads]))))
+        )
 
 
 @pytest.mark.parametrize("encoder", ENCODERS)
-def test_frozen_backbone_has_no_gradient_and_keeps_its_weights_until_the_switch(colours, tmp_path, capsys, encoder):
+def test_frozen_backbone_has_no_gradient_and_keeps_its_weights_until_the_switch(
+    colours, tmp_path, capsys, encoder
+):
     hook = BackboneGrads()
     cfg, task, runtime, out = _train(colours, tmp_path / "run", hooks=[hook], **encoder)
-    assert out["global_step"] == 12 and len(runtime.checkpoints) == 4  # 4 epochs × 3 steps, one checkpoint each
+    assert (
+        out["global_step"] == 12 and len(runtime.checkpoints) == 4
+    )  # 4 epochs × 3 steps, one checkpoint each
     assert [e for e, norm in hook.seen if norm is None] == [0, 0, 0, 1, 1, 1]
     assert all(norm > 0 for e, norm in hook.seen if e >= 2) and len(hook.seen) == 12
     torch.manual_seed(cfg.train.seed)  # the loop's initial weights
@@ -266,9 +332,15 @@ def test_frozen_backbone_has_no_gradient_and_keeps_its_weights_until_the_switch(
 def test_resume_before_and_after_the_switch_equals_an_uninterrupted_run(colours, tmp_path, encoder):
     """Warm-up + cosine (per-step state), AdamW with decay, a backbone at LR × 0.5 frozen for 2 epochs;
     checkpoints every 2 steps, so the runs resume mid-epoch: step 4 (epoch 2, frozen) and step 8 (epoch 3)."""
-    options = {"train.lr_schedule": "cosine", "train.warmup_steps": 4, "train.optimizer": "adamw",
-               "train.weight_decay": 0.01, "train.backbone_lr_mult": 0.5, "train.checkpoint_every": 2,
-               **encoder}  # fmt: skip
+    options = {
+        "train.lr_schedule": "cosine",
+        "train.warmup_steps": 4,
+        "train.optimizer": "adamw",
+        "train.weight_decay": 0.01,
+        "train.backbone_lr_mult": 0.5,
+        "train.checkpoint_every": 2,
+        **encoder,
+    }
     _, task, whole, _ = _train(colours, tmp_path / "whole", **options)
     by_step = {load_checkpoint(c)[0]["loop"]["global_step"]: c for c in whole.checkpoints}
     assert sorted(by_step) == [2, 3, 4, 6, 8, 9, 10, 12]

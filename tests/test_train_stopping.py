@@ -42,7 +42,9 @@ def _logged_steps(run_dir: Path) -> list[int]:
     return [json.loads(line)["step"] for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def _wait_for_steps(run_dir: Path, steps: int, done: threading.Event | subprocess.Popen, timeout: float) -> None:
+def _wait_for_steps(
+    run_dir: Path, steps: int, done: threading.Event | subprocess.Popen, timeout: float
+) -> None:
     """Wait until ``steps.jsonl`` has ``steps`` lines, failing if the run ends or ``timeout`` passes first."""
     deadline = time.time() + timeout
     while len(_logged_steps(run_dir)) < steps:
@@ -53,7 +55,7 @@ def _wait_for_steps(run_dir: Path, steps: int, done: threading.Event | subproces
 
 
 def _printed(text: str, label: str) -> str:
-    lines = [line[len(label):].strip() for line in text.splitlines() if line.startswith(label)]
+    lines = [line[len(label) :].strip() for line in text.splitlines() if line.startswith(label)]
     assert len(lines) == 1, f"expected one {label!r} line in:\n{text}"
     return lines[0]
 
@@ -77,15 +79,33 @@ def test_signals_write_the_stop_file_then_quit(tmp_path):
         time.sleep(0.5)
 
 
-def test_ctrl_c_in_process_checkpoints_the_step_and_the_same_name_resumes_exactly(small_dataset, tmp_path, capsys):
+def test_ctrl_c_in_process_checkpoints_the_step_and_the_same_name_resumes_exactly(
+    small_dataset, tmp_path, capsys
+):
     """``train.num_workers=0``: Ctrl-C mid-run, then the same command again (``--name`` of an unfinished run
     with the same config resumes); the final parameters equal an uninterrupted run's."""
     runs = tmp_path / "runs"
 
     def train(name: str, *extra: str) -> int:
-        return main(["train", "--preset", "tiny", "--data", str(small_dataset), "--storage", str(runs), "--name",
-                     name, "train.num_workers=0", f"train.epochs={EPOCHS}", "train.log_every=1", "train.seed=5",
-                     "train.tensorboard=false", *extra])  # fmt: skip
+        return main(
+            [
+                "train",
+                "--preset",
+                "tiny",
+                "--data",
+                str(small_dataset),
+                "--storage",
+                str(runs),
+                "--name",
+                name,
+                "train.num_workers=0",
+                f"train.epochs={EPOCHS}",
+                "train.log_every=1",
+                "train.seed=5",
+                "train.tensorboard=false",
+                *extra,
+            ]
+        )
 
     ended = threading.Event()
 
@@ -106,7 +126,10 @@ def test_ctrl_c_in_process_checkpoints_the_step_and_the_same_name_resumes_exactl
     assert _printed(out, "resume with:") == f"raydist train --resume {checkpoint}"
     stopped_at = load_checkpoint(checkpoint)[0]["loop"]["global_step"]
     assert 2 <= stopped_at < EPOCHS * STEPS and _logged_steps(runs / "cut") == list(range(1, stopped_at + 1))
-    assert f"stopped on request at epoch {_epoch_of(stopped_at)}/{EPOCHS}, step {stopped_at}: checkpoint saved" in out
+    assert (
+        f"stopped on request at epoch {_epoch_of(stopped_at)}/{EPOCHS}, step {stopped_at}: checkpoint saved"
+        in out
+    )
     assert not (runs / "cut" / "stop-requested").exists()
 
     assert train("cut", slow, "loss.margin=0.5") == 2  # reusing the name with another config is refused
@@ -128,22 +151,44 @@ def test_ctrl_c_in_process_checkpoints_the_step_and_the_same_name_resumes_exactl
 @pytest.mark.cluster  # both `raydist train` processes start a private Ray instance (not the session's)
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_ctrl_c_stops_two_ray_workers_with_a_checkpoint_and_the_printed_command_resumes(small_dataset, tmp_path):
+def test_ctrl_c_stops_two_ray_workers_with_a_checkpoint_and_the_printed_command_resumes(
+    small_dataset, tmp_path
+):
     """`raydist train` with two Ray Train workers, Ctrl-C (SIGINT to its process group, as a terminal sends it)
     after a few steps: exit 130, the real checkpoint folder and the resume command printed once; the printed
     command finishes the run with every step done exactly once."""
     runs = tmp_path / "runs"
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
-           "RAY_DATA_DISABLE_PROGRESS_BARS": "1"}  # fmt: skip (raydist sets Ray Train's 0.5 s poll itself)
+    env = {
+        **os.environ,
+        "RAY_AUTH_MODE": "disabled",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_DATA_DISABLE_PROGRESS_BARS": "1",
+    }  # raydist sets Ray Train's 0.5 s poll itself
     env.pop("RAY_ADDRESS", None)
     log = tmp_path / "first.log"
     with open(log, "w") as out:
         first = subprocess.Popen(
-            ["raydist", "train", "--preset", "tiny", "--data", str(small_dataset), "--storage", str(runs), "--name",
-             "cut", f"train.epochs={EPOCHS}", "train.log_every=1", "train.tensorboard=false",
-             "debug.step_delay_s=0.1"],
-            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-        )  # fmt: skip
+            [
+                "raydist",
+                "train",
+                "--preset",
+                "tiny",
+                "--data",
+                str(small_dataset),
+                "--storage",
+                str(runs),
+                "--name",
+                "cut",
+                f"train.epochs={EPOCHS}",
+                "train.log_every=1",
+                "train.tensorboard=false",
+                "debug.step_delay_s=0.1",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
         try:
             _wait_for_steps(runs / "cut", 3, first, timeout=400)
             os.killpg(first.pid, signal.SIGINT)
@@ -158,19 +203,32 @@ def test_ctrl_c_stops_two_ray_workers_with_a_checkpoint_and_the_printed_command_
     assert checkpoint.parent == runs / "cut" and checkpoint.name.startswith("checkpoint_2")
     stopped_at = load_checkpoint(checkpoint)[0]["loop"]["global_step"]
     assert 3 <= stopped_at < EPOCHS * STEPS
-    assert f"stopped on request at epoch {_epoch_of(stopped_at)}/{EPOCHS}, step {stopped_at}: checkpoint saved" in text
-    assert "stopped on request" in (runs / "cut" / LOG_FILE).read_text()  # the worker's line is in the log too
+    assert (
+        f"stopped on request at epoch {_epoch_of(stopped_at)}/{EPOCHS}, step {stopped_at}: checkpoint saved"
+        in text
+    )
+    assert (
+        "stopped on request" in (runs / "cut" / LOG_FILE).read_text()
+    )  # the worker's line is in the log too
     command = _printed(text, "resume with:")
     assert command == f"raydist train --resume {checkpoint}"
 
     outcome = tmp_path / "resumed.json"
-    resumed = subprocess.run([*shlex.split(command), "--json", str(outcome), "debug.step_delay_s=0"], env=env,
-                             check=False, capture_output=True, text=True, timeout=400)  # fmt: skip
+    resumed = subprocess.run(
+        [*shlex.split(command), "--json", str(outcome), "debug.step_delay_s=0"],
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     resumed_line = f"resumed from {checkpoint} at epoch {_epoch_of(stopped_at)}, step {stopped_at}"
     assert resumed.stdout.count(resumed_line) == 1, resumed.stdout
     assert "checkpoint_tmp" not in resumed.stdout
     history = json.loads(outcome.read_text())
     assert history["resumed_at"] == [stopped_at] and history["run_dir"] == str(runs / "cut")
-    assert [(m["epoch"], m["step"]) for m in history["history"]] == [(e, e * STEPS) for e in range(1, EPOCHS + 1)]
+    assert [(m["epoch"], m["step"]) for m in history["history"]] == [
+        (e, e * STEPS) for e in range(1, EPOCHS + 1)
+    ]
     assert _logged_steps(runs / "cut") == list(range(1, EPOCHS * STEPS + 1))  # no step lost or repeated

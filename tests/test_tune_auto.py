@@ -48,7 +48,9 @@ def colour_labels(tmp_path_factory):
         (root / "src" / colour).mkdir(parents=True)
         for k in range(24):
             Image.fromarray(shape_image(colour, SHAPES[k % 3], rng)).save(root / "src" / colour / f"{k}.png")
-    return convert_image_folder(root / "src", root / "data", split_by="image", val_fraction=0.25, test_fraction=0.25)
+    return convert_image_folder(
+        root / "src", root / "data", split_by="image", val_fraction=0.25, test_fraction=0.25
+    )
 
 
 def knobs_of(data, overrides=None):
@@ -64,7 +66,9 @@ def test_small_encoded_images_search_lr_crop_flip_and_the_cnn(fixture, request):
     data = request.getfixturevalue(fixture)
     knobs, full = knobs_of(data, SMALL)
     pairs = fixture == "shapes_data"
-    assert [k.key for k in knobs] == IMAGE_KNOBS + (["loss.hardest"] if pairs else [])  # labels do not read it
+    assert [k.key for k in knobs] == IMAGE_KNOBS + (
+        ["loss.hardest"] if pairs else []
+    )  # labels do not read it
     by = {k.key: k for k in knobs}
     lr = full.train.lr
     assert by["train.lr"].spec == {"loguniform": [pytest.approx(0.3 * lr), pytest.approx(3 * lr)]}
@@ -82,11 +86,15 @@ def test_small_encoded_images_search_lr_crop_flip_and_the_cnn(fixture, request):
 
 def test_large_images_search_the_resized_crops_area():
     info = DataInfo("pairs", None, None, None, {}, "encoded", 3, (375, 500))
-    cfg = load_config("tiny", overrides={"model.image_encoder": "small-cnn", "data.flip": True,
-                                         "data.crop_scale": [0.3, 1.0]})  # fmt: skip
+    cfg = load_config(
+        "tiny",
+        overrides={"model.image_encoder": "small-cnn", "data.flip": True, "data.crop_scale": [0.3, 1.0]},
+    )
     by = {k.key: k for k in auto_knobs(cfg, info)}
     assert "data.crop" not in by and "data.crop_pad" not in by
-    assert by["data.crop_scale"].spec == {"choice": [[0.08, 1.0], [0.2, 1.0], [0.3, 1.0], [0.35, 1.0], [0.5, 1.0]]}
+    assert by["data.crop_scale"].spec == {
+        "choice": [[0.08, 1.0], [0.2, 1.0], [0.3, 1.0], [0.35, 1.0], [0.5, 1.0]]
+    }
     assert by["data.crop_scale"].default == [0.3, 1.0]
 
 
@@ -98,11 +106,19 @@ def test_feature_vectors_search_lr_and_mh_only(tiny_dataset, labels_dataset):
 
 
 def test_keys_set_on_the_command_line_stay_fixed(shapes_data):
-    knobs, full = knobs_of(shapes_data, {**SMALL, "train.lr": "0.01", "loss.hardest": "true", "model.cnn_grid": "1"})
+    knobs, full = knobs_of(
+        shapes_data, {**SMALL, "train.lr": "0.01", "loss.hardest": "true", "model.cnn_grid": "1"}
+    )
     assert [k.key for k in knobs] == ["data.crop", "data.crop_pad", "data.flip", "model.cnn_width"]
     assert (full.train.lr, full.loss.hardest, full.model.cnn_grid) == (0.01, True, 1)
     knobs, _ = knobs_of(shapes_data, {**SMALL, "data.crop": "none"})  # no crop: no padding to search either
-    assert [k.key for k in knobs] == ["train.lr", "data.flip", "model.cnn_width", "model.cnn_grid", "loss.hardest"]
+    assert [k.key for k in knobs] == [
+        "train.lr",
+        "data.flip",
+        "model.cnn_width",
+        "model.cnn_grid",
+        "loss.hardest",
+    ]
     knobs, _ = knobs_of(shapes_data, {**SMALL, "model.image_encoder": "small-cnn", "data.crop_pad": "3"})
     assert "model.cnn_width" in [k.key for k in knobs] and "data.crop_pad" not in [k.key for k in knobs]
 
@@ -110,11 +126,20 @@ def test_keys_set_on_the_command_line_stay_fixed(shapes_data):
 def test_trial_plan_fits_the_budget():
     # 10 steps of 0.5 s + a 1 s validation = 6 s an epoch; 300 s × 2 at a time / 6 trials = 100 s each: 5 s to
     # start, then 15 epochs -- capped at a third of the run's 30 epochs
-    assert plan_trials(seconds=300, step_s=0.5, eval_s=1, steps_per_epoch=10, full_epochs=30, concurrent=2) == (10, 6)
-    assert plan_trials(seconds=300, step_s=0.5, eval_s=1, steps_per_epoch=10, full_epochs=90, concurrent=2) == (15, 6)
+    assert plan_trials(
+        seconds=300, step_s=0.5, eval_s=1, steps_per_epoch=10, full_epochs=30, concurrent=2
+    ) == (10, 6)
+    assert plan_trials(
+        seconds=300, step_s=0.5, eval_s=1, steps_per_epoch=10, full_epochs=90, concurrent=2
+    ) == (15, 6)
     # not one epoch each: fewer trials of one epoch, never fewer than the defaults and one draw
-    assert plan_trials(seconds=60, step_s=2, eval_s=10, steps_per_epoch=20, full_epochs=30, concurrent=2) == (1, 2)
-    assert plan_trials(seconds=200, step_s=2, eval_s=10, steps_per_epoch=20, full_epochs=30, concurrent=2) == (1, 6)
+    assert plan_trials(seconds=60, step_s=2, eval_s=10, steps_per_epoch=20, full_epochs=30, concurrent=2) == (
+        1,
+        2,
+    )
+    assert plan_trials(
+        seconds=200, step_s=2, eval_s=10, steps_per_epoch=20, full_epochs=30, concurrent=2
+    ) == (1, 6)
     assert trial_threads(2) == (2, 1) and trial_threads(16) == (4, 4) and trial_threads(1) == (1, 1)
     # ASHA judges a trial after a ninth of it and at least 20 steps, never after the whole trial
     assert asha_grace(90, 100) == 10 and asha_grace(25, 8) == 3 and asha_grace(5, 8) == 3
@@ -122,8 +147,15 @@ def test_trial_plan_fits_the_budget():
 
 
 def test_a_trial_is_the_full_schedule_cut_short(shapes_data):
-    cfg = run_recipe(shapes_data, overrides={**SMALL, "train.epochs": "30", "train.lr_decay_epoch": "24",
-                                             "train.lr_decay_factor": "0.1"}).config  # fmt: skip
+    cfg = run_recipe(
+        shapes_data,
+        overrides={
+            **SMALL,
+            "train.epochs": "30",
+            "train.lr_decay_epoch": "24",
+            "train.lr_decay_factor": "0.1",
+        },
+    ).config
     full, _ = resolve_schedule(cfg, Path(shapes_data))
     trial = trial_base(full, 10, threads=1)
     assert (trial.train.epochs, trial.train.lr_decay_epoch, trial.train.min_steps) == (10, 8, 0)
@@ -132,8 +164,15 @@ def test_a_trial_is_the_full_schedule_cut_short(shapes_data):
 
 
 def test_an_in_process_run_takes_a_shared_split_that_fits_it(colour_labels, tmp_path):
-    cfg = load_config("tiny", overrides={"data.path": str(colour_labels), "model.image_encoder": "small-cnn",
-                                         "train.num_workers": 0, "train.batch_size": 12})  # fmt: skip
+    cfg = load_config(
+        "tiny",
+        overrides={
+            "data.path": str(colour_labels),
+            "model.image_encoder": "small-cnn",
+            "train.num_workers": 0,
+            "train.batch_size": 12,
+        },
+    )
     info = DataInfo.from_dataset(colour_labels)
     task = build_task(cfg, info)
     shared = SharedSplit.read(cfg, task)
@@ -141,8 +180,16 @@ def test_an_in_process_run_takes_a_shared_split_that_fits_it(colour_labels, tmp_
     plan = StepPlan.from_config(cfg)
     runtime = LocalRuntime(cfg, task, plan, tmp_path / "a", shared=shared)
     assert runtime.arrays is shared.arrays
-    other = load_config("tiny", overrides={"data.path": str(colour_labels), "model.image_encoder": "small-cnn",
-                                           "train.num_workers": 0, "train.batch_size": 12, "train.seed": 1})  # fmt: skip
+    other = load_config(
+        "tiny",
+        overrides={
+            "data.path": str(colour_labels),
+            "model.image_encoder": "small-cnn",
+            "train.num_workers": 0,
+            "train.batch_size": 12,
+            "train.seed": 1,
+        },
+    )
     runtime = LocalRuntime(other, build_task(other, info), plan, tmp_path / "b", shared=shared)
     assert runtime.arrays is not shared.arrays  # another seed draws another subset: read anew
     np.testing.assert_array_equal(np.sort(runtime.arrays["sample_id"]), np.sort(shared.arrays["sample_id"]))
@@ -177,16 +224,27 @@ def trial_results(experiment: Path, metric: str) -> dict[str, tuple[dict, list[d
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_auto_searches_from_the_defaults_and_trains_the_winner(ray_cluster, shapes_data, tmp_path, monkeypatch,
-                                                              capsys):  # fmt: skip
+def test_auto_searches_from_the_defaults_and_trains_the_winner(
+    ray_cluster, shapes_data, tmp_path, monkeypatch, capsys
+):
     from raydist.checkpoint import load_checkpoint
     from raydist.tune import auto
 
     monkeypatch.setattr(auto, "TRIALS", 1)  # 1 × 3 draws: the defaults and two more
     monkeypatch.setattr(auto, "TRIAL_DRAWS", 3)
     storage = tmp_path / "runs"
-    args = ["train", "--data", str(shapes_data), "--auto", "--budget", "2", "--storage", str(storage),
-            *(f"{k}={v}" for k, v in SMALL.items()), "train.num_workers=0"]  # fmt: skip
+    args = [
+        "train",
+        "--data",
+        str(shapes_data),
+        "--auto",
+        "--budget",
+        "2",
+        "--storage",
+        str(storage),
+        *(f"{k}={v}" for k, v in SMALL.items()),
+        "train.num_workers=0",
+    ]
     assert main(args) == 0
     out = capsys.readouterr().out
     (run_dir,) = storage.iterdir()
@@ -197,15 +255,25 @@ def test_auto_searches_from_the_defaults_and_trains_the_winner(ray_cluster, shap
     # the defaults were the first trial: the recipe's own values, written out here
     cfg = run_recipe(shapes_data, overrides=SMALL).config
     info = DataInfo.from_dataset(shapes_data)
-    defaults = {"train.lr": cfg.train.lr, "data.crop": "pad", "data.crop_pad": 2,
-                "data.flip": augmentation(cfg, info).flip, "model.cnn_width": 32, "model.cnn_grid": 2,
-                "loss.hardest": cfg.loss.hardest}  # fmt: skip
+    defaults = {
+        "train.lr": cfg.train.lr,
+        "data.crop": "pad",
+        "data.crop_pad": 2,
+        "data.flip": augmentation(cfg, info).flip,
+        "model.cnn_width": 32,
+        "model.cnn_grid": 2,
+        "loss.hardest": cfg.loss.hardest,
+    }
     first = min(results)  # trial ids count up: <prefix>_00000 is the first
     assert {k: results[first][0][k] for k in defaults} == defaults
 
     # the winner is the trial with the best val/rsum Tune recorded, over every report of every trial
-    best_value, best = max((r["val/rsum"], name) for name, (_, reports) in results.items() for r in reports
-                           if math.isfinite(r["val/rsum"]))  # fmt: skip
+    best_value, best = max(
+        (r["val/rsum"], name)
+        for name, (_, reports) in results.items()
+        for r in reports
+        if math.isfinite(r["val/rsum"])
+    )
     winner = results[best][0]
     preset = run_dir / auto.AUTO_CONFIG_FILE
     written = load_config(preset_file=str(preset))
@@ -220,7 +288,9 @@ def test_auto_searches_from_the_defaults_and_trains_the_winner(ray_cluster, shap
     for key in defaults:
         section, name = key.split(".")
         assert getattr(getattr(saved, section), name) == pytest.approx(winner[key]), key
-    assert saved.train.epochs == 4 and saved.train.run_name == run_dir.name  # trials ran 2 (a third, rounded up)
+    assert (
+        saved.train.epochs == 4 and saved.train.run_name == run_dir.name
+    )  # trials ran 2 (a third, rounded up)
     assert all(len(reports) <= 2 for _, reports in results.values())
 
     # the console: a line per trial start and end, one per knob; the trials' own lines went to their folders
@@ -247,9 +317,13 @@ def test_the_lines_name_each_pick_and_no_winner_trains_the_defaults(shapes_data,
     run_cfg = run_recipe(shapes_data, overrides={**SMALL, "train.run_name": "r"}).config
     defaults = {k.key: k.default for k in knobs}
     drawn = {**defaults, "train.lr": 0.002, "model.cnn_width": 48}
-    rows = [TrialRow("trial_a_00000", defaults, 300.0, 2, "TERMINATED", note="all epochs"),
-            TrialRow("trial_a_00001", drawn, 320.0, 2, "TERMINATED", note="all epochs")]  # fmt: skip
-    sweep = SweepOutcome(str(tmp_path / "tune-auto-x"), "val/rsum", list(defaults), rows, "trial_a_00001", None, None)
+    rows = [
+        TrialRow("trial_a_00000", defaults, 300.0, 2, "TERMINATED", note="all epochs"),
+        TrialRow("trial_a_00001", drawn, 320.0, 2, "TERMINATED", note="all epochs"),
+    ]
+    sweep = SweepOutcome(
+        str(tmp_path / "tune-auto-x"), "val/rsum", list(defaults), rows, "trial_a_00001", None, None
+    )
     out = _decide(run_cfg, knobs, sweep, defaults, tmp_path / "r", 90.0)
     assert (out.config.train.lr, out.config.model.cnn_width, out.config.train.run_name) == (0.002, 48, "r")
     assert out.defaults is rows[0] and out.winner is rows[1]

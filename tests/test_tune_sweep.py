@@ -66,7 +66,9 @@ def test_trials_schedule_by_steps_like_train(tiny_dataset):
     from raydist.tune.sweep import _scheduler
 
     space = parse_space({"space": {"train.batch_size": {"grid": [16, 64]}}}, name="steps")
-    cfg = resolve_base_config(space, preset="tiny", overrides={"data.path": str(tiny_dataset), "train.min_steps": 400})
+    cfg = resolve_base_config(
+        space, preset="tiny", overrides={"data.path": str(tiny_dataset), "train.min_steps": 400}
+    )
     rows = 2000  # tiny_dataset: 400 images × 5 captions
     expected = {b: max(cfg.train.epochs, -(-400 // (rows // b))) for b in (16, 64)}
     assert expected[64] > expected[16] > cfg.train.epochs  # 13 vs 4 epochs; the preset runs 3
@@ -104,7 +106,9 @@ def test_a_trial_that_never_ran_has_no_values_instead_of_breaking_the_table(tmp_
     assert _trial_values(never, space) == {}
     (tmp_path / "trial_1").mkdir()
     (tmp_path / "trial_1" / "params.json").write_text('{"loss.margin": 0.3, "train.epochs": 4}')
-    assert _trial_values(SimpleNamespace(config={}, path=str(tmp_path / "trial_1")), space) == {"loss.margin": 0.3}
+    assert _trial_values(SimpleNamespace(config={}, path=str(tmp_path / "trial_1")), space) == {
+        "loss.margin": 0.3
+    }
     reported = SimpleNamespace(config={"loss.margin": 0.2}, path=str(tmp_path / "nowhere"))
     assert _trial_values(reported, space) == {"loss.margin": 0.2}
 
@@ -116,7 +120,11 @@ def test_results_table():
         keys=["loss.margin", "loss.negative_set_size"],
         rows=[
             TrialRow(
-                "trial_a", {"loss.margin": 0.123456, "loss.negative_set_size": None}, 301.5, 3, "TERMINATED",
+                "trial_a",
+                {"loss.margin": 0.123456, "loss.negative_set_size": None},
+                301.5,
+                3,
+                "TERMINATED",
                 note="all epochs",
             ),
             TrialRow(
@@ -143,8 +151,17 @@ def test_results_table():
         "ended",
     ]
     assert lines[1].split() == [
-        "trial_a", "0.1235", "None", "301.5", "3", "TERMINATED", "all", "epochs", "<-", "best"
-    ]  # fmt: skip
+        "trial_a",
+        "0.1235",
+        "None",
+        "301.5",
+        "3",
+        "TERMINATED",
+        "all",
+        "epochs",
+        "<-",
+        "best",
+    ]
     assert lines[2].split() == ["trial_b", "0.3", "8", "-", "0", "ERROR", "-"]
     assert lines[3] == "trial_b failed: RuntimeError: x"
 
@@ -178,12 +195,14 @@ def test_failed_trial_is_reported_and_the_sweep_goes_on(failing_sweep, capsys):
     # The console: our lines only (Tune's trial table needs -v), one line per trial start and end.
     lines = [line for line in console.splitlines() if line.strip()]
     assert lines and all(line.startswith("[raydist] ") for line in lines), [
-        line for line in lines if not line.startswith("[raydist] ")][:5]  # fmt: skip
+        line for line in lines if not line.startswith("[raydist] ")
+    ][:5]
     assert "Trial status" not in console and "╭" not in console
     for row in (failed, ok):
         values = f"debug.fail_at_step={row.values['debug.fail_at_step']} loss.margin={row.values['loss.margin']:.4g}"
         assert [line for line in lines if line.startswith(f"[raydist] trial {row.trial} started:")] == [
-            f"[raydist] trial {row.trial} started: {values}"]  # fmt: skip
+            f"[raydist] trial {row.trial} started: {values}"
+        ]
     (ended,) = [line for line in lines if line.startswith(f"[raydist] trial {ok.trial} finished:")]
     assert ended.endswith(f", 1 epochs, val/rsum {ok.metric:.4g} (best {ok.metric:.4g})")
     (error,) = [line for line in lines if line.startswith(f"[raydist] trial {failed.trial} failed:")]
@@ -241,8 +260,9 @@ def test_in_process_trials_hold_their_training_cpu_and_refuse_remote_storage(tin
     cfg = resolve_base_config(space, preset="tiny", overrides={"data.path": str(tiny_dataset)})
     assert trial_resources(0.5, cfg.to_dict(), {"loss.margin": 0.1}) == {"cpu": 1.5}
     assert trial_resources(0.5, cfg.to_dict(), {"train.num_workers": 2}) == {"cpu": 0.5}
-    on_gpu = resolve_base_config(space, preset="tiny", overrides={"data.path": str(tiny_dataset),
-                                                                  "train.use_gpu": True})  # fmt: skip
+    on_gpu = resolve_base_config(
+        space, preset="tiny", overrides={"data.path": str(tiny_dataset), "train.use_gpu": True}
+    )
     assert trial_resources(0.5, on_gpu.to_dict(), {}) == {"cpu": 1.5, "gpu": 1}
     assert sweep_cpus(space, cfg) == 2 * (0.5 + 1)  # no Ray Data CPU: the in-process run reads into memory
     with pytest.raises(ConfigError, match="train.num_workers=0 train in their Tune actor"):
@@ -260,11 +280,19 @@ def test_in_process_trials_report_what_a_plain_in_process_run_trains(ray_cluster
     outcome = run_sweep(space, cfg, storage_path=str(tmp_path / "tune"))
     assert {r.status for r in outcome.rows} == {"TERMINATED"} and {r.epochs for r in outcome.rows} == {2}
     for row in outcome.rows:
-        plain = run_training(trial_config(cfg, {**row.values, "train.storage_path": str(tmp_path / "plain"),
-                                                "train.run_name": row.trial}), evaluate_test=False)  # fmt: skip
+        plain = run_training(
+            trial_config(
+                cfg,
+                {**row.values, "train.storage_path": str(tmp_path / "plain"), "train.run_name": row.trial},
+            ),
+            evaluate_test=False,
+        )
         best = max(m["val/rsum"] for m in plain.history)
         assert row.metric == pytest.approx(best, rel=1e-6, abs=1e-6), (row, plain.history)
     best_row = max(outcome.rows, key=lambda r: r.metric)
     assert outcome.best_trial == best_row.trial
     folder = Path(outcome.experiment_path) / best_row.trial / "train"
-    assert Path(outcome.best_checkpoint).parent == folder and (Path(outcome.best_checkpoint) / "state.pt").is_file()
+    assert (
+        Path(outcome.best_checkpoint).parent == folder
+        and (Path(outcome.best_checkpoint) / "state.pt").is_file()
+    )

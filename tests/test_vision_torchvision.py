@@ -54,7 +54,9 @@ def test_the_backbone_gives_what_the_models_own_classifier_reads(model, classifi
     model's own classifier applied to our backbone's features gives the model's logits; in training mode the
     encoder gives one embedding per image (no auxiliary outputs)."""
     size = 96 if model == "inception_v3" else 32
-    full = _saved_model(model, tmp_path / "w.pth", **({"image_size": size} if model.startswith("vit") else {}))
+    full = _saved_model(
+        model, tmp_path / "w.pth", **({"image_size": size} if model.startswith("vit") else {})
+    )
     enc = build_image_encoder(f"torchvision:{model}", 16, image_size=size, weights=tmp_path / "w.pth")
     head = full.get_submodule(classifier)
     assert isinstance(head, nn.Linear) and enc.head.in_features == head.in_features
@@ -93,15 +95,33 @@ def test_a_timm_backbone_gives_what_the_models_own_classifier_reads(model, tmp_p
 
 def test_another_architectures_weights_are_refused_by_key(tmp_path):
     _saved_model("resnet34", tmp_path / "r34.pth")
-    with pytest.raises(ValueError, match=r"r34.pth does not fit the backbone \(unexpected: layer1.2.bn1.bias"):
+    with pytest.raises(
+        ValueError, match=r"r34.pth does not fit the backbone \(unexpected: layer1.2.bn1.bias"
+    ):
         build_image_encoder("torchvision:resnet18", 8, weights=tmp_path / "r34.pth")
 
 
 def test_embed_writes_torchvisions_own_features(colours, tmp_path):  # noqa: F811
     reference = _saved_model("resnet18", tmp_path / "r18.pth", seed=3)
     out = tmp_path / "feats"
-    assert main(["embed", "--data", str(colours), "--out", str(out), "--image-encoder", "torchvision:resnet18",
-                 "--image-weights", str(tmp_path / "r18.pth"), "--image-size", "32"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "embed",
+                "--data",
+                str(colours),
+                "--out",
+                str(out),
+                "--image-encoder",
+                "torchvision:resnet18",
+                "--image-weights",
+                str(tmp_path / "r18.pth"),
+                "--image-size",
+                "32",
+            ]
+        )
+        == 0
+    )
     reference.fc = nn.Identity()
     reference.eval()
     for split in ("train", "val", "test"):
@@ -117,12 +137,18 @@ def test_train_on_larger_images_picks_a_resnet(tmp_path, capsys):
     for c in range(3):
         (tmp_path / "src" / f"c{c}").mkdir(parents=True)
         for k in range(8):
-            Image.fromarray(rng.integers(0, 255, (80, 96, 3)).astype(np.uint8)).save(tmp_path / "src" / f"c{c}" / f"{k}.png")
-    data = convert_image_folder(tmp_path / "src", tmp_path / "data", split_by="image", val_fraction=0.25,
-                                test_fraction=0.25)  # fmt: skip
+            Image.fromarray(rng.integers(0, 255, (80, 96, 3)).astype(np.uint8)).save(
+                tmp_path / "src" / f"c{c}" / f"{k}.png"
+            )
+    data = convert_image_folder(
+        tmp_path / "src", tmp_path / "data", split_by="image", val_fraction=0.25, test_fraction=0.25
+    )
     assert main(["train", "--data", str(data), "--print-config"]) == 0
     out = capsys.readouterr()
-    assert "median 80×96 colour: a ResNet-18 (no pretrained weights unless model.image_weights=) on 80 px crops" in out.err
+    assert (
+        "median 80×96 colour: a ResNet-18 (no pretrained weights unless model.image_weights=) on 80 px crops"
+        in out.err
+    )
     assert "image_encoder: torchvision:resnet18" in out.out and "image_size: 80" in out.out
 
 
@@ -131,11 +157,32 @@ def test_the_vsepp_finetune_preset_runs_on_a_resnet_from_a_weights_file(shapes, 
     statistics follow the data), unfrozen in epoch 2 at the decayed LR."""
     _saved_model("resnet18", tmp_path / "r18.pth", seed=4)
     runs = tmp_path / "runs"
-    assert main(["train", "--data", str(shapes), "--preset", "vsepp-finetune", "model.image_encoder=torchvision:resnet18",
-                 f"model.image_weights={tmp_path / 'r18.pth'}", "data.image_size=32", "model.embed_dim=32",
-                 "model.word_dim=16", "train.epochs=2", "train.freeze_backbone_epochs=1", "train.lr_decay_epoch=1",
-                 "train.batch_size=24", "train.num_workers=0", "train.min_steps=0", "eval.folds=1",
-                 f"train.storage_path={runs}", "train.run_name=ft"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(shapes),
+                "--preset",
+                "vsepp-finetune",
+                "model.image_encoder=torchvision:resnet18",
+                f"model.image_weights={tmp_path / 'r18.pth'}",
+                "data.image_size=32",
+                "model.embed_dim=32",
+                "model.word_dim=16",
+                "train.epochs=2",
+                "train.freeze_backbone_epochs=1",
+                "train.lr_decay_epoch=1",
+                "train.batch_size=24",
+                "train.num_workers=0",
+                "train.min_steps=0",
+                "eval.folds=1",
+                f"train.storage_path={runs}",
+                "train.run_name=ft",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "epoch 1/2: backbone frozen" in printed and "epoch 2/2: backbone unfrozen" in printed
     saved = torch.load(tmp_path / "r18.pth", weights_only=True)
@@ -162,12 +209,26 @@ def test_two_ray_workers_fine_tune_a_resnet_under_ddp(ray_cluster, shapes, tmp_p
     from raydist.train.trainer import run_training
 
     _saved_model("resnet18", tmp_path / "r18.pth", seed=5)
-    cfg = load_config("vsepp-finetune", overrides={
-        "data.path": str(shapes), "model.image_encoder": "torchvision:resnet18", "data.image_size": 32,
-        "model.image_weights": str(tmp_path / "r18.pth"), "model.embed_dim": 32, "model.word_dim": 16,
-        "train.epochs": 2, "train.freeze_backbone_epochs": 1, "train.lr_decay_epoch": 1, "train.batch_size": 12,
-        "train.num_workers": 2, "eval.folds": 1, "train.storage_path": str(tmp_path / "runs"),
-        "train.run_name": "ddp"}, task_of=dataset_task)  # fmt: skip
+    cfg = load_config(
+        "vsepp-finetune",
+        overrides={
+            "data.path": str(shapes),
+            "model.image_encoder": "torchvision:resnet18",
+            "data.image_size": 32,
+            "model.image_weights": str(tmp_path / "r18.pth"),
+            "model.embed_dim": 32,
+            "model.word_dim": 16,
+            "train.epochs": 2,
+            "train.freeze_backbone_epochs": 1,
+            "train.lr_decay_epoch": 1,
+            "train.batch_size": 12,
+            "train.num_workers": 2,
+            "eval.folds": 1,
+            "train.storage_path": str(tmp_path / "runs"),
+            "train.run_name": "ddp",
+        },
+        task_of=dataset_task,
+    )
     outcome = run_training(cfg)
     assert outcome.test_metrics["rsum"] > 0
     checkpoints = run_checkpoints(outcome.run_dir)

@@ -52,15 +52,25 @@ FULL_BACK_TO_BACK, SMOKE_BACK_TO_BACK = 3, 1  # epochs timed back to back (after
 def write_shards(out: Path, smoke: bool) -> Path:
     """The synthetic dataset of the benchmark (val/test: a few images, unused)."""
     images, captions, dim, per_shard = SMOKE_DATA if smoke else FULL_DATA
-    return make_synthetic(out, images=images, captions_per_image=captions, dim=dim, seed=0, val_images=4,
-                          test_images=4, rows_per_shard=per_shard)  # fmt: skip
+    return make_synthetic(
+        out,
+        images=images,
+        captions_per_image=captions,
+        dim=dim,
+        seed=0,
+        val_images=4,
+        test_images=4,
+        rows_per_shard=per_shard,
+    )
 
 
 def pyarrow_read(files: list[str], columns: tuple[str, ...]) -> int:
     """The shards into numpy with pyarrow alone (features as float32 [N, D], other columns to numpy); rows."""
     table = pq.read_table(files, columns=list(columns))
-    arrays = {c: feature_matrix(table.column(c)) if c == IMAGE else table.column(c).to_numpy(zero_copy_only=False)
-              for c in columns}  # fmt: skip
+    arrays = {
+        c: feature_matrix(table.column(c)) if c == IMAGE else table.column(c).to_numpy(zero_copy_only=False)
+        for c in columns
+    }
     return len(arrays[IMAGE])
 
 
@@ -70,22 +80,33 @@ class WorkerProbe:
     train stream and times, in turn, pyarrow reading the shards, one streamed epoch into tensors, and the
     training steps it would run."""
 
-    def __init__(self, cfg_dict: dict[str, Any], data_dir: str, shards: list[Any], steps: int, epochs: int) -> None:
+    def __init__(
+        self, cfg_dict: dict[str, Any], data_dir: str, shards: list[Any], steps: int, epochs: int
+    ) -> None:
         self.cfg = from_dict(cfg_dict)
         if self.cfg.train.tune_malloc:  # as run_loop does
             tune_malloc()
         self.data_dir = Path(data_dir)
         self.task = build_task(self.cfg, DataInfo.from_dataset(self.data_dir))
         self.rows = StepPlan.from_config(self.cfg).rows_per_worker
-        self.stream = StreamedEpochs(shards, rows=self.rows, shuffle_buffer=self.cfg.data.shuffle_buffer,
-                                     seed=self.cfg.train.seed, rank=0, epochs=epochs)  # fmt: skip
+        self.stream = StreamedEpochs(
+            shards,
+            rows=self.rows,
+            shuffle_buffer=self.cfg.data.shuffle_buffer,
+            seed=self.cfg.train.seed,
+            rank=0,
+            epochs=epochs,
+        )
         self.files = split_files(self.data_dir, "train")
         self._steps = consumption_steps(self.cfg, self.task, self.data_dir, steps)
 
     def settings(self) -> dict[str, Any]:
         """Threads and priority of this process."""
-        return {"torch_threads": torch.get_num_threads(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
-                "nice": os.nice(0)}  # fmt: skip
+        return {
+            "torch_threads": torch.get_num_threads(),
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+            "nice": os.nice(0),
+        }
 
     def pyarrow(self) -> float:
         """Seconds of :func:`pyarrow_read` of all train shards."""
@@ -162,12 +183,16 @@ def data_rate(*, smoke: bool, repeats: int) -> str:
         transform = train_transform(task.stream_transform(), cfg.data.train_fraction, cfg.train.seed)
         back = SMOKE_BACK_TO_BACK if smoke else FULL_BACK_TO_BACK
         epochs = repeats + 2 + back
-        shards = [train_dataset(data_dir, task.columns, transform).streaming_split(1, equal=True)[0]
-                  for _ in train_splits(epochs)]  # fmt: skip
+        shards = [
+            train_dataset(data_dir, task.columns, transform).streaming_split(1, equal=True)[0]
+            for _ in train_splits(epochs)
+        ]
         create_s = time.perf_counter() - created
         env = {"env_vars": worker_env(cfg.train.tune_malloc)}  # as build_trainer gives its workers
-        probe = ray.remote(num_cpus=1)(WorkerProbe).options(runtime_env=env).remote(
-            cfg.to_dict(), str(data_dir), shards, steps, epochs
+        probe = (
+            ray.remote(num_cpus=1)(WorkerProbe)
+            .options(runtime_env=env)
+            .remote(cfg.to_dict(), str(data_dir), shards, steps, epochs)
         )
         settings = ray.get(probe.settings.remote())
         ray_cpus = ray.cluster_resources().get("CPU", 0.0)
@@ -254,6 +279,5 @@ def data_rate(*, smoke: bool, repeats: int) -> str:
         "(`drop_last`). pyarrow = `pq.read_table` of the same shards → numpy (no tokenising). Step = the default "
         f"preset's `train_step` (MH) at one worker's rows, {steps} steps per pass after a warm-up. Pass 0 is the "
         f"first epoch / first read; then {repeats} warm passes, each pyarrow → stream epoch → steps; then "
-        f"{back} epochs back to back after an untimed one.\n\n"
-        + "\n".join(table)
+        f"{back} epochs back to back after an untimed one.\n\n" + "\n".join(table)
     )

@@ -47,8 +47,10 @@ def time_batch(rank: int, batch: int, dim: int, repeats: int) -> dict[str, list[
     rows = batch // WORLD
     plan = StepPlan(batch, lo.negative_set_size, WORLD)
     g = torch.Generator().manual_seed(rank)
-    img, cap = (torch.nn.functional.normalize(torch.randn(rows, dim, generator=g), dim=1).requires_grad_()
-                for _ in range(2))  # fmt: skip
+    img, cap = (
+        torch.nn.functional.normalize(torch.randn(rows, dim, generator=g), dim=1).requires_grad_()
+        for _ in range(2)
+    )
     own = torch.arange(rank * rows, (rank + 1) * rows)
     ids = {"image_id": own // 5, "sample_id": own}  # 5 captions per image
 
@@ -61,9 +63,16 @@ def time_batch(rank: int, batch: int, dim: int, repeats: int) -> dict[str, list[
         """The training step's cross-worker loss: one gather, the step's negative set, MH."""
         gathered = gather_step({"img": emb_img, "cap": emb_cap}, ids)
         return rank_ranking_loss(
-            gathered, plan.draw(rank, step_generator(0, 0)), ids="image_id", margin=lo.margin,
-            hardest=lo.hardest, reduction=lo.reduction, similarity=lo.similarity, tile=lo.tile, stats={},
-        )  # fmt: skip
+            gathered,
+            plan.draw(rank, step_generator(0, 0)),
+            ids="image_id",
+            margin=lo.margin,
+            hardest=lo.hardest,
+            reduction=lo.reduction,
+            similarity=lo.similarity,
+            tile=lo.tile,
+            stats={},
+        )
 
     def loss_step() -> None:
         loss_of(img, cap).backward()
@@ -113,18 +122,35 @@ def gather_share(*, smoke: bool, repeats: int) -> str:
         results = json.loads(out.read_text())
     ms = [("collectives", "{:.2f}"), ("step", "{:.1f}"), ("train_step", "{:.0f}")]
     rows = [
-        row("global batch (rows per rank)", "collectives fwd+bwd (ms)", "loss step (ms)", "share of loss step",
-            "training step (ms)", "share of training step", "target", "held"),
+        row(
+            "global batch (rows per rank)",
+            "collectives fwd+bwd (ms)",
+            "loss step (ms)",
+            "share of loss step",
+            "training step (ms)",
+            "share of training step",
+            "target",
+            "held",
+        ),
         "|---|---:|---:|---:|---:|---:|---:|---|",
-    ]  # fmt: skip
+    ]
     for batch in batches:
         times = {k: [t * 1e3 for t in v] for k, v in results[str(batch)].items()}
         cells = {k: spread(times[k], fmt) for k, fmt in ms}
         loss_share = median(times["collectives"]) / median(times["step"])
         share = median(times["collectives"]) / median(times["train_step"])
-        rows.append(row(f"{batch} ({batch // WORLD})", cells["collectives"], cells["step"], f"{100 * loss_share:.1f} %",
-                        cells["train_step"], f"{100 * share:.1f} %", f"≤ {100 * TARGET_SHARE:.0f} %",
-                        held(share <= TARGET_SHARE)))  # fmt: skip
+        rows.append(
+            row(
+                f"{batch} ({batch // WORLD})",
+                cells["collectives"],
+                cells["step"],
+                f"{100 * loss_share:.1f} %",
+                cells["train_step"],
+                f"{100 * share:.1f} %",
+                f"≤ {100 * TARGET_SHARE:.0f} %",
+                held(share <= TARGET_SHARE),
+            )
+        )
     cfg = load_config("default")
     lo = cfg.loss
     return (

@@ -190,8 +190,16 @@ def _ms(values: list[float]) -> str:
 def _row(batch: int, world: int, times: dict[str, list[float]], memory: list[str]) -> str:
     med = {k: statistics.median(v) for k, v in times.items()}
     wall, cpu = med["on"] / med["off"], med["on_cpu"] / med["off_cpu"]
-    return row(batch, world, _ms(times["off"]), _ms(times["on"]), f"{wall:.2f}×", f"{cpu:.2f}×",
-               held(wall <= TARGET), *memory)  # fmt: skip
+    return row(
+        batch,
+        world,
+        _ms(times["off"]),
+        _ms(times["on"]),
+        f"{wall:.2f}×",
+        f"{cpu:.2f}×",
+        held(wall <= TARGET),
+        *memory,
+    )
 
 
 def gc_cost(*, smoke: bool, repeats: int) -> str:
@@ -206,10 +214,20 @@ def gc_cost(*, smoke: bool, repeats: int) -> str:
         torch.set_num_threads(threads)
     double = time_two_workers(sizes)
     rows = [
-        row("batch per worker", "W", "plain step (ms)", "GC step (ms)", "GC / plain (wall)", "GC / plain (CPU)",
-            f"≤ {TARGET}×", "GC state", "per-step tensors", "peak RSS Δ"),
+        row(
+            "batch per worker",
+            "W",
+            "plain step (ms)",
+            "GC step (ms)",
+            "GC / plain (wall)",
+            "GC / plain (CPU)",
+            f"≤ {TARGET}×",
+            "GC state",
+            "per-step tensors",
+            "peak RSS Δ",
+        ),
         "|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
-    ]  # fmt: skip
+    ]
     for batch in sizes.batches:
         times, gc = single[batch]
         rss = (

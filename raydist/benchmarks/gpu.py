@@ -101,8 +101,10 @@ def row_loss() -> dict:
         torch.cuda.synchronize()
         seconds = time.perf_counter() - start
         peak = torch.cuda.max_memory_allocated() - base
-        parts.append(f"{rows:,} × {LOSS_DIM}: forward + backward {seconds:.1f} s, peak {peak / 2**30:.2f} GiB "
-                     f"above the inputs ({base / 2**30:.2f} GiB)")  # fmt: skip
+        parts.append(
+            f"{rows:,} × {LOSS_DIM}: forward + backward {seconds:.1f} s, peak {peak / 2**30:.2f} GiB "
+            f"above the inputs ({base / 2**30:.2f} GiB)"
+        )
         print(json.dumps({"detail": "; ".join(parts)}), flush=True)  # what a cut-off run keeps
         del img, cap
     return {"detail": "; ".join(parts)}
@@ -217,8 +219,17 @@ def check_tests(root: Path, limit: float) -> Row:
     files = gpu_test_files(root / "tests") if (root / "tests").is_dir() else []
     if not files:
         return Row("suite's GPU tests", "skipped", 0.0, "no test file mentions cuda or the GPU")
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "gpu or cuda",
-               *map(str, files)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-k",
+        "gpu or cuda",
+        *map(str, files),
+    ]
     status, seconds, out = _run(command, limit, root)
     listed = ", ".join(p.name for p in files)
     return Row("suite's GPU tests", status, seconds, f"{listed}: {_tail(out, 1)}")
@@ -228,9 +239,19 @@ def check_train(root: Path, out_dir: Path, gpus: int, limit: float) -> Row:
     """`raydist train` (default preset, embedded dataset) on the GPU: 2 nccl workers with 2 GPUs, else 1."""
     workers = 2 if gpus >= 2 else 1
     outcome = out_dir / "train.json"
-    command = [sys.executable, "-m", "raydist.cli", "train", *TRAIN_PRESET_ARGS,
-               f"train.num_workers={workers}", "--name", f"gpu-check-{workers}w", "--force",
-               "--json", str(outcome)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "raydist.cli",
+        "train",
+        *TRAIN_PRESET_ARGS,
+        f"train.num_workers={workers}",
+        "--name",
+        f"gpu-check-{workers}w",
+        "--force",
+        "--json",
+        str(outcome),
+    ]
     status, seconds, out = _run(command, limit, root)
     (out_dir / "train.log").write_text(out)
     name = f"raydist train, {workers} worker{'s' if workers > 1 else ''} (nccl, train.use_gpu=true)"
@@ -241,8 +262,10 @@ def check_train(root: Path, out_dir: Path, gpus: int, limit: float) -> Row:
     first = re.search(r"first optimizer step ([\d.]+) s", out)
     test = result.get("test_metrics") or {}
     metrics = ", ".join(f"{k} {v:.1f}" for k, v in test.items() if isinstance(v, float) and "rsum" in k)
-    summary = (f"first step {first.group(1) if first else '?'} s after start; "
-               f"{len(result.get('history', []))} epochs; test {metrics or test}")  # fmt: skip
+    summary = (
+        f"first step {first.group(1) if first else '?'} s after start; "
+        f"{len(result.get('history', []))} epochs; test {metrics or test}"
+    )
     return Row(name, status, seconds, why + summary)
 
 
@@ -281,9 +304,11 @@ def run_check(out_dir: Path) -> int:
 
     gpus = torch.cuda.device_count()
     root = _repo_root()
-    header = (f"GPU check, {when}: {gpus} × {torch.cuda.get_device_name(0)}, torch {torch.__version__} "
-              f"(CUDA {torch.version.cuda}), python {platform.python_version()}; command: "
-              f"bash bench/gpu_check.sh {out_dir}")  # fmt: skip
+    header = (
+        f"GPU check, {when}: {gpus} × {torch.cuda.get_device_name(0)}, torch {torch.__version__} "
+        f"(CUDA {torch.version.cuda}), python {platform.python_version()}; command: "
+        f"bash bench/gpu_check.sh {out_dir}"
+    )
     plan: list[tuple[float, Callable[[float], Row]]] = [
         (60, lambda s: check_tests(root, s)),
         (180, lambda s: check_train(root, out_dir, gpus, s)),

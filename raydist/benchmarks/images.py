@@ -66,7 +66,9 @@ class EpochClock:
         self.seconds: list[float] = []
         self.first_batch = float("nan")
 
-    def run(self, open_epoch: Callable[[int], Iterable[Any]], epochs: int, cpu: CpuAccount | None = None) -> None:
+    def run(
+        self, open_epoch: Callable[[int], Iterable[Any]], epochs: int, cpu: CpuAccount | None = None
+    ) -> None:
         """Count the views of ``epochs`` epochs, ``open_epoch(e)`` giving epoch e's batches of views (timed from
         the call: opening a pass can wait for its first block); ``cpu`` accounts for the steady epochs."""
         steady = steady_epochs(epochs)
@@ -113,13 +115,24 @@ def steady_label(epochs: int) -> str:
     return f"epochs {steady.start + 1}–{steady.stop}"
 
 
-def loader_epochs(images: list[bytes], sample_ids: np.ndarray, transform: Any, rows: int, passes: int,
-                  cpu: CpuAccount | None = None) -> EpochClock:  # fmt: skip
+def loader_epochs(
+    images: list[bytes],
+    sample_ids: np.ndarray,
+    transform: Any,
+    rows: int,
+    passes: int,
+    cpu: CpuAccount | None = None,
+) -> EpochClock:
     """``passes`` epochs through a shuffling ``DataLoader`` with :data:`PROCESSES` workers (started anew each
     epoch, its default), timed (``cpu``: accounted for, steady epochs)."""
     split = LoaderSplit(images, sample_ids, transform)
-    loader = torch.utils.data.DataLoader(split, batch_size=rows, shuffle=True, num_workers=PROCESSES,
-                                         generator=torch.Generator().manual_seed(0))  # fmt: skip
+    loader = torch.utils.data.DataLoader(
+        split,
+        batch_size=rows,
+        shuffle=True,
+        num_workers=PROCESSES,
+        generator=torch.Generator().manual_seed(0),
+    )
 
     def epoch_views(epoch: int) -> Iterable[Any]:
         split.epoch = epoch
@@ -151,7 +164,10 @@ class ObjectStoreWatch:
             text = memory_summary(ray.get_runtime_context().gcs_address, stats_only=True)
         except (ImportError, AttributeError, RuntimeError, ValueError):  # a private API: figures left out
             return None
-        used, spilled = re.search(r"Plasma memory usage (\d+) MiB", text), re.search(r"Spilled (\d+) MiB", text)
+        used, spilled = (
+            re.search(r"Plasma memory usage (\d+) MiB", text),
+            re.search(r"Spilled (\d+) MiB", text),
+        )
         return (int(used.group(1)) if used else 0), (int(spilled.group(1)) if spilled else 0)
 
     def _record(self) -> None:
@@ -177,7 +193,10 @@ class ObjectStoreWatch:
 
 # Roles of the processes a streamed pass keeps busy, by the process title Ray gives them (first match wins)
 RAY_ROLES = (
-    ("Ray Data tasks: read, decode, views", ("ray::IDLE", "ray::ReadParquet", "ray::MapBatches", "ray::Read")),
+    (
+        "Ray Data tasks: read, decode, views",
+        ("ray::IDLE", "ray::ReadParquet", "ray::MapBatches", "ray::Read"),
+    ),
     ("Ray Data split coordinators (the executors)", ("ray::SplitCoordinator",)),
     ("Ray Data stats and autoscaling actors", ("ray::_StatsActor", "ray::_AutoscalingCoordinatorActor")),
     ("Ray's node processes (raylet, GCS, agents)", ("",)),
@@ -220,8 +239,10 @@ class CpuAccount:
     def stop(self) -> None:
         me, times, before = self._start
         after, now = self._snapshot(), os.times()
-        seconds = {"this process (the consumer)": _cpu_seconds(self._me) - me,
-                   "reaped": now.children_user + now.children_system - times.children_user - times.children_system}
+        seconds = {
+            "this process (the consumer)": _cpu_seconds(self._me) - me,
+            "reaped": now.children_user + now.children_system - times.children_user - times.children_system,
+        }
         for key, (title, cpu) in after.items():
             role = next(name for name, prefixes in RAY_ROLES if any(title.startswith(p) for p in prefixes))
             seconds[role] = seconds.get(role, 0.0) + cpu - before.get(key, (title, 0.0))[1]
@@ -242,7 +263,9 @@ def write_images(root: Path, smoke: bool) -> Path:
         for k in range(per_class):
             pixels = np.clip(base + rng.normal(0, 40, (side, side, 3)), 0, 255).astype(np.uint8)
             Image.fromarray(pixels).save(folder / f"{k:04d}.png")
-    return convert_image_folder(root / "src", root / "data", split_by="image", val_fraction=0.1, test_fraction=0.1)
+    return convert_image_folder(
+        root / "src", root / "data", split_by="image", val_fraction=0.1, test_fraction=0.1
+    )
 
 
 def images_rate(*, smoke: bool, repeats: int) -> str:
@@ -250,20 +273,40 @@ def images_rate(*, smoke: bool, repeats: int) -> str:
     with tempfile.TemporaryDirectory(prefix="raydist-bench-images-") as tmp, ray_instance():
         data = write_images(Path(tmp), smoke)
         crop = SMOKE_CROP if smoke else FULL_CROP
-        cfg = load_config("default", overrides={"data.path": str(data), "model.image_encoder": "small-cnn",
-                                                "data.image_size": crop, "train.num_workers": 1,
-                                                "train.batch_size": 8 if smoke else 128},
-                          task_of=dataset_task)  # fmt: skip
+        cfg = load_config(
+            "default",
+            overrides={
+                "data.path": str(data),
+                "model.image_encoder": "small-cnn",
+                "data.image_size": crop,
+                "train.num_workers": 1,
+                "train.batch_size": 8 if smoke else 128,
+            },
+            task_of=dataset_task,
+        )
         task = build_task(cfg, DataInfo.from_dataset(data))
         plan = StepPlan.from_config(cfg)
         rows = plan.rows_per_worker
         views = task.epoch_transform()
         passes = 1 if smoke else WARMUP_EPOCHS + 2 * math.ceil(repeats / 2)  # whole pairs of steady epochs
-        datasets, pass_views = train_streams(data, task.columns, task.stream_transform(), views, epochs=passes,
-                                         num_cpus=1, concurrency=PROCESSES)  # fmt: skip
-        stream = StreamedEpochs([ds.streaming_split(1, equal=True)[0] for ds in datasets.values()], rows=rows,
-                                shuffle_buffer=cfg.data.shuffle_buffer, seed=0, rank=0, epochs=passes,
-                                views=list(pass_views.values()))  # fmt: skip
+        datasets, pass_views = train_streams(
+            data,
+            task.columns,
+            task.stream_transform(),
+            views,
+            epochs=passes,
+            num_cpus=1,
+            concurrency=PROCESSES,
+        )
+        stream = StreamedEpochs(
+            [ds.streaming_split(1, equal=True)[0] for ds in datasets.values()],
+            rows=rows,
+            shuffle_buffer=cfg.data.shuffle_buffer,
+            seed=0,
+            rank=0,
+            epochs=passes,
+            views=list(pass_views.values()),
+        )
         started = time.perf_counter()
         arrays = train_arrays(data, task.columns, task.transform)  # decoded once (the in-memory path's start)
         decode_once = len(arrays["sample_id"]) / (time.perf_counter() - started)
@@ -273,8 +316,14 @@ def images_rate(*, smoke: bool, repeats: int) -> str:
         with ObjectStoreWatch() as store:
             streamed.run(lambda e: (b["image"] for b in stream.epoch(e)), passes, stream_cpu)
         table = read_split(data, "train", verify=False)
-        loader = loader_epochs(table.column("image").to_pylist(), table.column("sample_id").to_numpy(),
-                               views.images, rows, passes, loader_cpu)  # fmt: skip
+        loader = loader_epochs(
+            table.column("image").to_pylist(),
+            table.column("sample_id").to_numpy(),
+            views.images,
+            rows,
+            passes,
+            loader_cpu,
+        )
         in_memory = EpochClock()
         in_memory.run(lambda e: (b["image"] for b in memory.epoch(e)), passes)
         batches = list(memory.epoch(0))
@@ -285,8 +334,16 @@ def images_rate(*, smoke: bool, repeats: int) -> str:
         for r in range(passes + 1):
             start = time.perf_counter()
             for s in range(steps):
-                train_step(parts, task, batches[s % len(batches)], cfg, plan, StepContext(0, s, 0, 1),
-                           torch.device("cpu"), {})  # fmt: skip
+                train_step(
+                    parts,
+                    task,
+                    batches[s % len(batches)],
+                    cfg,
+                    plan,
+                    StepContext(0, s, 0, 1),
+                    torch.device("cpu"),
+                    {},
+                )
             if r:  # the first pass warms up
                 step_rate.append(rows * steps / (time.perf_counter() - start))
     n_images = len(arrays["sample_id"])
@@ -295,24 +352,44 @@ def images_rate(*, smoke: bool, repeats: int) -> str:
     first = "{:.2f} s"
 
     def path(name: str, clock: EpochClock) -> str:
-        return row(name, rate.format(clock.steady), ", ".join(rate.format(r) for r in clock.rates),
-                   f"{clock.steady / need:.1f}×", first.format(clock.first_batch))  # fmt: skip
+        return row(
+            name,
+            rate.format(clock.steady),
+            ", ".join(rate.format(r) for r in clock.rates),
+            f"{clock.steady / need:.1f}×",
+            first.format(clock.first_batch),
+        )
 
     table = [
-        row("path", f"images/s, steady ({steady_label(passes)})", "images/s per epoch", "× the step's consumption",
-            "first batch"),
+        row(
+            "path",
+            f"images/s, steady ({steady_label(passes)})",
+            "images/s per epoch",
+            "× the step's consumption",
+            "first batch",
+        ),
         "|---|---:|---:|---:|---:|",
-        path(f"streamed: Ray Data read, then decode + the epoch's views ({PROCESSES} tasks at once)", streamed),
+        path(
+            f"streamed: Ray Data read, then decode + the epoch's views ({PROCESSES} tasks at once)", streamed
+        ),
         path(f"torch DataLoader, {PROCESSES} worker processes: decode + the same views", loader),
         path("in memory: this process makes the epoch's views from its decoded cache", in_memory),
         row("in memory: decoding the split once (before the first epoch)", f"{decode_once:.0f}", "", "", ""),
-        row(f"one worker's training step, small-cnn, {rows} images per step", spread(step_rate, rate), "",
-            "reference", ""),
-    ]  # fmt: skip
+        row(
+            f"one worker's training step, small-cnn, {rows} images per step",
+            spread(step_rate, rate),
+            "",
+            "reference",
+            "",
+        ),
+    ]
     cpu = cpu_table(stream_cpu, streamed, loader_cpu, loader)
     mib = "n/a (this Ray does not report it)"
-    store_line = (f"Object store while the stream ran: peak {store.peak_mib} MiB, spilled {store.spilled_mib} MiB."
-                  if store.peak_mib is not None else f"Object store: {mib}.")  # fmt: skip
+    store_line = (
+        f"Object store while the stream ran: peak {store.peak_mib} MiB, spilled {store.spilled_mib} MiB."
+        if store.peak_mib is not None
+        else f"Object store: {mib}."
+    )
     classes, _, side = SMOKE_DATA if smoke else FULL_DATA
     return (
         f"{n_images} train images ({classes} classes, {side}×{side} PNG), training views {crop}×{crop} (random "
@@ -328,12 +405,21 @@ def images_rate(*, smoke: bool, repeats: int) -> str:
 def cpu_table(stream: CpuAccount, streamed: EpochClock, loader: CpuAccount, loaded: EpochClock) -> str:
     """Where each path's CPU went in its steady epochs: seconds per 1,000 images delivered, by role, and in
     cores (CPU seconds over the epochs' wall time)."""
-    lines = [(f"CPU per path, steady epochs ({steady_label(len(streamed.images))}; CPU "
-              "seconds per 1,000 images delivered; cores = CPU seconds / wall seconds):"), "",
-             row("path", "role", "CPU s / 1,000 images", "cores"), "|---|---|---:|---:|"]  # fmt: skip
+    lines = [
+        (
+            f"CPU per path, steady epochs ({steady_label(len(streamed.images))}; CPU "
+            "seconds per 1,000 images delivered; cores = CPU seconds / wall seconds):"
+        ),
+        "",
+        row("path", "role", "CPU s / 1,000 images", "cores"),
+        "|---|---|---:|---:|",
+    ]
     for name, account, clock in (("streamed", stream, streamed), ("DataLoader", loader, loaded)):
         images, wall = clock.steady_images_seconds()
-        roles = {("worker processes (decode + views)" if k == "reaped" else k): v for k, v in account.seconds.items()}
+        roles = {
+            ("worker processes (decode + views)" if k == "reaped" else k): v
+            for k, v in account.seconds.items()
+        }
         for role, seconds in sorted(roles.items(), key=lambda kv: -kv[1]):
             lines.append(row(name, role, f"{seconds / images * 1e3:.2f}", f"{seconds / wall:.2f}"))
         total = sum(roles.values())

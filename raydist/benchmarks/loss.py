@@ -142,8 +142,10 @@ def measure_peak(name: str, batch: int, dim: int, cap_bytes: int = 0) -> dict[st
     code = "from raydist.benchmarks.loss import peak_memory_child; peak_memory_child()"
     out = subprocess.run(
         [sys.executable, "-c", code, name, str(batch), str(dim), str(cap_bytes)],
-        check=True, capture_output=True, text=True,
-    )  # fmt: skip
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -51,9 +51,19 @@ SMOKE_OVERRIDES = {"train.min_steps": 0, "train.epochs": 1}
 FIXED = {"eval.folds": 1, "train.tensorboard": False}
 # keys a feature dataset refuses away from their defaults (raydist.tasks.images.image_config_problems,
 # raydist.config._backbone_problems): the vectors run leaves them there
-IMAGE_ONLY_KEYS = ("data.image_size", "data.flip", "data.crop", "data.crop_pad", "data.crop_scale",
-                   "model.image_weights", "model.cnn_width", "model.cnn_depth", "model.cnn_grid",
-                   "train.backbone_lr_mult", "train.freeze_backbone_epochs")  # fmt: skip
+IMAGE_ONLY_KEYS = (
+    "data.image_size",
+    "data.flip",
+    "data.crop",
+    "data.crop_pad",
+    "data.crop_scale",
+    "model.image_weights",
+    "model.cnn_width",
+    "model.cnn_depth",
+    "model.cnn_grid",
+    "train.backbone_lr_mult",
+    "train.freeze_backbone_epochs",
+)
 PCA_COMPONENTS = 32
 CCA_COMPONENTS = 16
 LABEL_KEYS = ("top1", "nn1", "r1")
@@ -68,7 +78,9 @@ def pixel_transform(cfg: Config, data_dir: str | Path) -> ImageTransform:
     from raydist.tasks import DataInfo
     from raydist.tasks.images import image_transform
 
-    return dataclasses.replace(image_transform(cfg, DataInfo.from_dataset(data_dir), train=False), crop_fraction=1.0)
+    return dataclasses.replace(
+        image_transform(cfg, DataInfo.from_dataset(data_dir), train=False), crop_fraction=1.0
+    )
 
 
 def flatten_pixels(data_dir: str | Path, out_dir: str | Path, transform: ImageTransform) -> Path:
@@ -76,7 +88,9 @@ def flatten_pixels(data_dir: str | Path, out_dir: str | Path, transform: ImageTr
     by channel), written as a feature dataset at ``out_dir`` (same splits, ids, captions or labels, vocab)."""
     from raydist.extract import ExtractionEncoder, extract_features
 
-    encoder = ExtractionEncoder(nn.Flatten(), transform, {"image_encoder": "flatten", "view": _shape(transform)})
+    encoder = ExtractionEncoder(
+        nn.Flatten(), transform, {"image_encoder": "flatten", "view": _shape(transform)}
+    )
     extract_features(data_dir, out_dir, encoder, overwrite=True, progress=lambda *_, **__: None)
     return Path(out_dir)
 
@@ -110,7 +124,9 @@ def pixel_nn1(pixels: np.ndarray, labels: np.ndarray) -> float:
     return one_nn_accuracy(unit_rows(np.asarray(pixels, dtype=np.float64)), labels)
 
 
-def pca_nn1(train: np.ndarray, test: np.ndarray, labels: np.ndarray, components: int = PCA_COMPONENTS) -> float:
+def pca_nn1(
+    train: np.ndarray, test: np.ndarray, labels: np.ndarray, components: int = PCA_COMPONENTS
+) -> float:
     """:func:`pixel_nn1` of ``test`` projected on the top ``components`` principal axes of ``train`` (centred on
     the train mean)."""
     mean = train.mean(0)
@@ -138,8 +154,10 @@ def label_baselines(flat_dir: Path, transform: ImageTransform) -> dict[str, dict
     k = min(PCA_COMPONENTS, *train.shape)
     nn1 = pixel_nn1(test, labels)
     pca = pca_nn1(train, test, labels, k)
-    return {"baseline: 1-NN on raw pixels": {"nn1": nn1, "r1": nn1},
-            f"baseline: 1-NN on PCA-{k} of raw pixels": {"nn1": pca, "r1": pca}}  # fmt: skip
+    return {
+        "baseline: 1-NN on raw pixels": {"nn1": nn1, "r1": nn1},
+        f"baseline: 1-NN on PCA-{k} of raw pixels": {"nn1": pca, "r1": pca},
+    }
 
 
 def pair_split(data_dir: str | Path, split: str, vocab: Vocab) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -191,8 +209,10 @@ def least_squares_pairs(flat_dir: Path, ridge: float = 1e-3) -> dict[str, float]
 
 
 def pair_baselines(flat_dir: Path) -> dict[str, dict[str, float]]:
-    return {f"baseline: CCA-{CCA_COMPONENTS} on flattened pixels": cca_pairs(flat_dir),
-            "baseline: least squares on flattened pixels": least_squares_pairs(flat_dir)}  # fmt: skip
+    return {
+        f"baseline: CCA-{CCA_COMPONENTS} on flattened pixels": cca_pairs(flat_dir),
+        "baseline: least squares on flattened pixels": least_squares_pairs(flat_dir),
+    }
 
 
 # -- the two runs --------------------------------------------------------------------------------------------------
@@ -241,9 +261,11 @@ def digits_images(folder: Path, smoke: bool) -> Path:
     import importlib.util
 
     if importlib.util.find_spec("sklearn") is None:
-        raise ConfigError("pixels-vs-vectors without --data builds scikit-learn's digits as PNGs, and scikit-learn "
-                          "is not installed: pip install 'raydist[experiments]', or pass --data DIR (an encoded-image "
-                          "dataset: raydist convert image-folder | karpathy | coco-json --images)")  # fmt: skip
+        raise ConfigError(
+            "pixels-vs-vectors without --data builds scikit-learn's digits as PNGs, and scikit-learn "
+            "is not installed: pip install 'raydist[experiments]', or pass --data DIR (an encoded-image "
+            "dataset: raydist convert image-folder | karpathy | coco-json --images)"
+        )
     from PIL import Image
     from sklearn.datasets import load_digits
 
@@ -251,7 +273,9 @@ def digits_images(folder: Path, smoke: bool) -> Path:
     from raydist.experiments.digit_halves import SPLIT_SIZES, split_indices
 
     digits = load_digits()
-    size, count, sizes = (16, 200, {"val": 30, "test": 30}) if smoke else (32, len(digits.images), SPLIT_SIZES)
+    size, count, sizes = (
+        (16, 200, {"val": 30, "test": 30}) if smoke else (32, len(digits.images), SPLIT_SIZES)
+    )
     for split, idx in split_indices(count, sizes=sizes).items():
         for k in idx:
             scan = Image.fromarray((digits.images[k] * 255 / 16).round().astype(np.uint8), mode="L")
@@ -270,17 +294,28 @@ def _fmt(m: dict[str, Any], key: str) -> str:
 
 def _table(task: str, results: dict[str, dict[str, Any]]) -> list[str]:
     keys = LABEL_KEYS if task == "labels" else PAIR_KEYS
-    header = (["variant", "test top-1", "nn1", "R@1"] if task == "labels" else
-              ["variant", "i2t R@1", "R@5", "R@10", "t2i R@1", "R@5", "R@10", "rsum"])  # fmt: skip
+    header = (
+        ["variant", "test top-1", "nn1", "R@1"]
+        if task == "labels"
+        else ["variant", "i2t R@1", "R@5", "R@10", "t2i R@1", "R@5", "R@10", "rsum"]
+    )
     lines = [row(*header, "steps", "wall s"), "|---" + "|---:" * (len(header) + 1) + "|"]
     for name, m in results.items():
         trained = "wall" in m
-        lines.append(row(name, *(_fmt(m, k) for k in keys), m["steps"] if trained else "",
-                         f"{m['wall']:.0f}" if trained else ""))  # fmt: skip
+        lines.append(
+            row(
+                name,
+                *(_fmt(m, k) for k in keys),
+                m["steps"] if trained else "",
+                f"{m['wall']:.0f}" if trained else "",
+            )
+        )
     return lines
 
 
-def _verdict(task: str, pixels: dict[str, Any], vectors: dict[str, Any], baselines: dict[str, dict]) -> list[str]:
+def _verdict(
+    task: str, pixels: dict[str, Any], vectors: dict[str, Any], baselines: dict[str, dict]
+) -> list[str]:
     """Table rows: pixels − vectors and pixels − the best baseline on the metric every row has (labels: test nn1,
     with the top-1 difference; pairs: rsum, with the ratio), and whether pixels reach each."""
     key = "nn1" if task == "labels" else "rsum"
@@ -291,12 +326,23 @@ def _verdict(task: str, pixels: dict[str, Any], vectors: dict[str, Any], baselin
         extra = f" (top-1 {pixels['top1'] - vectors['top1']:+.1f})"
     elif task == "pairs" and v > 0:
         extra = f" (ratio {p / v:.2f}×)"
-    return [row(f"test {key}", "pixels", "other", "pixels − other", "pixels ≥ other"), "|---|---:|---:|---:|---|",
-            row("vectors: linear on flattened pixels", f"{p:.1f}", f"{v:.1f}", f"{p - v:+.1f}{extra}", held(p >= v)),
-            row(f"best {best_name}", f"{p:.1f}", f"{best:.1f}", f"{p - best:+.1f}", held(p >= best))]  # fmt: skip
+    return [
+        row(f"test {key}", "pixels", "other", "pixels − other", "pixels ≥ other"),
+        "|---|---:|---:|---:|---|",
+        row(
+            "vectors: linear on flattened pixels",
+            f"{p:.1f}",
+            f"{v:.1f}",
+            f"{p - v:+.1f}{extra}",
+            held(p >= v),
+        ),
+        row(f"best {best_name}", f"{p:.1f}", f"{best:.1f}", f"{p - best:+.1f}", held(p >= best)),
+    ]
 
 
-def pixels_vs_vectors(*, smoke: bool, repeats: int, data: str | Path | None = None, in_process: bool = False) -> str:
+def pixels_vs_vectors(
+    *, smoke: bool, repeats: int, data: str | Path | None = None, in_process: bool = False
+) -> str:
     """The image encoder trained from pixels by default vs a linear encoder on flattened pixels, and baselines."""
     from raydist.recipe import run_recipe
 
@@ -309,11 +355,17 @@ def pixels_vs_vectors(*, smoke: bool, repeats: int, data: str | Path | None = No
             data, source = Path(data).expanduser().resolve(), f"`{data}`"
         manifest = load_manifest(data)
         if manifest.image_format != "encoded" or manifest.task not in ("labels", "pairs"):
-            raise ConfigError(f"{data}: pixels-vs-vectors needs encoded images (manifest image_format 'encoded', "
-                              f"task labels or pairs), found image_format {manifest.image_format!r}, task "
-                              f"{manifest.task!r}")  # fmt: skip
+            raise ConfigError(
+                f"{data}: pixels-vs-vectors needs encoded images (manifest image_format 'encoded', "
+                f"task labels or pairs), found image_format {manifest.image_format!r}, task "
+                f"{manifest.task!r}"
+            )
         task = manifest.task
-        bench_keys = {**FIXED, **(SMOKE_OVERRIDES if smoke else {}), **({"train.num_workers": 0} if in_process else {})}
+        bench_keys = {
+            **FIXED,
+            **(SMOKE_OVERRIDES if smoke else {}),
+            **({"train.num_workers": 0} if in_process else {}),
+        }
         recipe = run_recipe(data, overrides={**bench_keys, "train.storage_path": str(root / "runs")})
         pixels_cfg = recipe.config
         transform = pixel_transform(pixels_cfg, data)
@@ -332,12 +384,19 @@ def pixels_vs_vectors(*, smoke: bool, repeats: int, data: str | Path | None = No
             for name, cfg in zip(names, (pixels_cfg, vectors_cfg)):
                 results[name] = train(cfg, in_process)
                 m = results[name]
-                print(f"[raydist] pixels-vs-vectors: {name}: {_summary(task, m)}, {m['steps']} steps, "
-                      f"{m['wall']:.0f} s", flush=True)  # fmt: skip
+                print(
+                    f"[raydist] pixels-vs-vectors: {name}: {_summary(task, m)}, {m['steps']} steps, "
+                    f"{m['wall']:.0f} s",
+                    flush=True,
+                )
     results |= baselines
-    mode = "in process, one torch thread" if in_process else f"{pixels_cfg.train.num_workers} Ray Train workers"
+    mode = (
+        "in process, one torch thread" if in_process else f"{pixels_cfg.train.num_workers} Ray Train workers"
+    )
     flat = pixels_cfg.flat()
-    schedule = ", ".join(f"{k}={flat[k]}" for k in ("train.epochs", "train.min_steps", "train.batch_size", "train.lr"))
+    schedule = ", ".join(
+        f"{k}={flat[k]}" for k in ("train.epochs", "train.min_steps", "train.batch_size", "train.lr")
+    )
     return (
         f"{source}: task {task}, {manifest.image_channels or 3}-channel images, median "
         f"{'×'.join(map(str, manifest.image_size or []))}. `raydist train --data` picks preset `{recipe.preset}` and "

@@ -73,7 +73,9 @@ def cca_baseline(data_dir: str | Path, components: int = 16, split: str = "test"
     return retrieval_metrics(unit_rows(img), unit_rows(cap), np.arange(len(img)))
 
 
-def least_squares_baseline(data_dir: str | Path, ridge: float = 1e-3, split: str = "test") -> dict[str, float]:
+def least_squares_baseline(
+    data_dir: str | Path, ridge: float = 1e-3, split: str = "test"
+) -> dict[str, float]:
     """Ridge map ``W = argmin ‖X̃W − B̃‖² + ridge·N‖W‖²`` (X̃, B̃ centred on train means); score =
     cos(X̃_test W, B̃_test); VSE++ metrics."""
     data_dir = Path(data_dir)
@@ -112,17 +114,29 @@ def train_preset(preset: str, overrides: dict[str, Any], data_dir: Path, storage
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     phases = [h.get("phase", "") for h in outcome.history]
     first_mh = phases.index("MH") if "MH" in phases else len(phases)
-    return {**outcome.test_metrics, "wall": wall, "cpu": cpu, "epochs": len(phases),
-            "steps": outcome.history[-1]["step"] if phases else 0, "sh": phases.count("SH"),
-            "mh": phases.count("MH"), "fallbacks": phases[first_mh:].count("SH")}  # fmt: skip
+    return {
+        **outcome.test_metrics,
+        "wall": wall,
+        "cpu": cpu,
+        "epochs": len(phases),
+        "steps": outcome.history[-1]["step"] if phases else 0,
+        "sh": phases.count("SH"),
+        "mh": phases.count("MH"),
+        "fallbacks": phases[first_mh:].count("SH"),
+    }
 
 
 def _metrics_row(name: str, m: dict[str, Any]) -> str:
     """A table row; training runs add time, steps, epochs and the loss phases."""
     cells = [f"{m[k]:.1f}" for k in KEYS]
     if "wall" in m:
-        cells += [f"{m['wall']:.0f}", f"{m['cpu']:.0f}", m["steps"], m["epochs"],
-                  f"{m['sh']}/{m['mh']} ({m['fallbacks']})"]  # fmt: skip
+        cells += [
+            f"{m['wall']:.0f}",
+            f"{m['cpu']:.0f}",
+            m["steps"],
+            m["epochs"],
+            f"{m['sh']}/{m['mh']} ({m['fallbacks']})",
+        ]
     else:
         cells += [""] * 5
     return row(name, *cells)
@@ -137,14 +151,33 @@ def real_cross_view(*, smoke: bool, repeats: int) -> str:
         data_dir = DATA_SOURCES["digit-halves"].build(Path(tmp), smoke)
         auto = preset_for_data(dataset_shape(data_dir))
         results = {"baseline cca16": cca_baseline(data_dir), "baseline lsq": least_squares_baseline(data_dir)}
-        runs = {(p, s): train_preset(p, {**overrides, "train.seed": s}, data_dir, Path(tmp) / f"runs-{p}-{s}")
-                for p in presets for s in seeds}  # fmt: skip
+        runs = {
+            (p, s): train_preset(p, {**overrides, "train.seed": s}, data_dir, Path(tmp) / f"runs-{p}-{s}")
+            for p in presets
+            for s in seeds
+        }
     results |= {f"{p}, seed {s}": m for (p, s), m in runs.items()}
-    header = ["variant", "i2t R@1", "R@5", "R@10", "t2i R@1", "R@5", "R@10", "rsum", "wall s", "cpu s", "steps",
-              "epochs", "SH/MH epochs (fallbacks)"]  # fmt: skip
+    header = [
+        "variant",
+        "i2t R@1",
+        "R@5",
+        "R@10",
+        "t2i R@1",
+        "R@5",
+        "R@10",
+        "rsum",
+        "wall s",
+        "cpu s",
+        "steps",
+        "epochs",
+        "SH/MH epochs (fallbacks)",
+    ]
     table = [row(*header), "|---" + "|---:" * 11 + "|---|"] + [_metrics_row(n, m) for n, m in results.items()]
     target = results[TARGET]["rsum"]
-    verdicts = [row("preset", "test rsum, median (min–max) over seeds", f"target: every seed > {TARGET}", "held"), "|---|---:|---:|---|"]
+    verdicts = [
+        row("preset", "test rsum, median (min–max) over seeds", f"target: every seed > {TARGET}", "held"),
+        "|---|---:|---:|---|",
+    ]
     for p in presets:
         rsums = [runs[p, s]["rsum"] for s in seeds]
         name = f"{p} (what `raydist train --data` picks here)" if p == auto.name else p

@@ -101,9 +101,25 @@ class Sizes:
 
 
 FULL = Sizes(100_000, 1000, 50, 1024, (16, 32, 64, 128, 256, 512, 1024), (16, 32, 64), steps=150)
-SMOKE = Sizes(2000, 30, 5, 64, (16, 32, 64), (16, 32), steps=4, batch=64, hidden=64, coarse_dim=16,
-              coarse_lists=32, coarse_probes=(2, 8), coarse_small=(8, 50),
-              coarse_funnel=((16, 32, 64), (200, 50)), topk_dims=(16,), selection_dim=16, selection_chunk=16)  # fmt: skip
+SMOKE = Sizes(
+    2000,
+    30,
+    5,
+    64,
+    (16, 32, 64),
+    (16, 32),
+    steps=4,
+    batch=64,
+    hidden=64,
+    coarse_dim=16,
+    coarse_lists=32,
+    coarse_probes=(2, 8),
+    coarse_small=(8, 50),
+    coarse_funnel=((16, 32, 64), (200, 50)),
+    topk_dims=(16,),
+    selection_dim=16,
+    selection_chunk=16,
+)
 
 
 class Planted:
@@ -175,10 +191,12 @@ def embed_data(
     database row of each query [Q]."""
     rng = np.random.default_rng(seed)
     z = planted.latents(sizes.database, rng)
-    database = np.concatenate([
-        encoder(torch.from_numpy(planted.inputs(z[lo : lo + chunk], rng, 0.0))).numpy()
-        for lo in range(0, sizes.database, chunk)
-    ])  # fmt: skip
+    database = np.concatenate(
+        [
+            encoder(torch.from_numpy(planted.inputs(z[lo : lo + chunk], rng, 0.0))).numpy()
+            for lo in range(0, sizes.database, chunk)
+        ]
+    )
     targets = rng.choice(sizes.database, sizes.queries, replace=False)
     queries = encoder(torch.from_numpy(planted.inputs(z[targets], rng, VIEW_NOISE))).numpy()
     return database, queries, targets
@@ -199,9 +217,18 @@ def rerank_unit(units: np.ndarray, q_unit: np.ndarray, candidates: np.ndarray, k
     scores = np.empty((n_query, keep), dtype=np.float32)
     out = np.empty((n_query, keep), dtype=np.int64)
     faiss.knn_inner_products_by_idx(
-        faiss.swig_ptr(q_unit), faiss.swig_ptr(units), faiss.swig_ptr(candidates), units.shape[1], n_query,
-        units.shape[0], n_cand, keep, faiss.swig_ptr(scores), faiss.swig_ptr(out), n_cand,
-    )  # fmt: skip
+        faiss.swig_ptr(q_unit),
+        faiss.swig_ptr(units),
+        faiss.swig_ptr(candidates),
+        units.shape[1],
+        n_query,
+        units.shape[0],
+        n_cand,
+        keep,
+        faiss.swig_ptr(scores),
+        faiss.swig_ptr(out),
+        n_cand,
+    )
     return out
 
 
@@ -266,18 +293,34 @@ def cascade_methods(database: np.ndarray, sizes: Sizes) -> list[Method]:
     for ds in sizes.shortlist_dims:
         cascade = Cascade((ds, full), (SHORTLIST,))
         index, build_s = built[ds]
-        methods.append(Method(f"adaptive {ds}→{full}", lambda q, i=index, c=cascade: cascade_search(i, units, q, c),
-                              cascade_mflops(n, cascade), build_s + units_s))  # fmt: skip
+        methods.append(
+            Method(
+                f"adaptive {ds}→{full}",
+                lambda q, i=index, c=cascade: cascade_search(i, units, q, c),
+                cascade_mflops(n, cascade),
+                build_s + units_s,
+            )
+        )
     for ds in sizes.topk_dims:
         cascade = Cascade((ds, full), (SHORTLIST,))
         index, build_s = _built(lambda ds=ds: TorchTopkIndex(database[:, :ds], sizes.selection_chunk))
-        methods.append(Method(f"adaptive {ds}→{full}, torch topk shortlist",
-                              lambda q, i=index, c=cascade: cascade_search(i, units, q, c),
-                              cascade_mflops(n, cascade), build_s + units_s))  # fmt: skip
+        methods.append(
+            Method(
+                f"adaptive {ds}→{full}, torch topk shortlist",
+                lambda q, i=index, c=cascade: cascade_search(i, units, q, c),
+                cascade_mflops(n, cascade),
+                build_s + units_s,
+            )
+        )
     index, build_s = built[funnel.dims[0]]
-    methods.append(Method("funnel " + "→".join(map(str, funnel.dims)),
-                          lambda q: cascade_search(index, units, q, funnel), cascade_mflops(n, funnel),
-                          build_s + units_s))  # fmt: skip
+    methods.append(
+        Method(
+            "funnel " + "→".join(map(str, funnel.dims)),
+            lambda q: cascade_search(index, units, q, funnel),
+            cascade_mflops(n, funnel),
+            build_s + units_s,
+        )
+    )
     return methods
 
 
@@ -313,8 +356,12 @@ def ivf_cascade_methods(database: np.ndarray, queries: np.ndarray, sizes: Sizes)
         rerank = list(zip(cascade.shortlists, cascade.dims[1:]))
         cost = mflops_per_query(index.nlist, dc, [(scanned, dc), *rerank])
         search = _probed(index, nprobe, lambda q: cascade_search(index, units, q, cascade))
-        return Method(f"{name} ({index.nlist} lists, nprobe {nprobe}, shortlist {cascade.shortlists[0]})",
-                      search, cost, build_s + units_s)  # fmt: skip
+        return Method(
+            f"{name} ({index.nlist} lists, nprobe {nprobe}, shortlist {cascade.shortlists[0]})",
+            search,
+            cost,
+            build_s + units_s,
+        )
 
     label = f"adaptive ivf {dc}→{full}"
     rows = [method(label, p, Cascade((dc, full), (SHORTLIST,))) for p in sizes.coarse_probes]
@@ -337,18 +384,26 @@ def ann_methods(database: np.ndarray, queries: np.ndarray, sizes: Sizes) -> list
     hnsw.search(queries, K)
     hnsw_mflops = faiss.cvar.hnsw_stats.ndis / len(queries) * full / 1e6
     ds = sizes.ivf_prefix_dim
-    ivf, ivf_s = _built(lambda: build_index(database, "ivf-prefix", prefix_dim=ds, nprobe=sizes.ivf_nprobe,
-                                            use_gpu=False))  # fmt: skip
+    ivf, ivf_s = _built(
+        lambda: build_index(database, "ivf-prefix", prefix_dim=ds, nprobe=sizes.ivf_nprobe, use_gpu=False)
+    )
     _, probes = ivf.coarse.search(queries[:, :ds], ivf.nprobe)
     list_sizes = np.array([len(ids) for ids in ivf.lists])
     scored = float(list_sizes[probes].sum(1).mean())
     return [
-        Method(f"hnsw {full} (M={sizes.hnsw_m}, ef={sizes.ef_search})", lambda q: hnsw.search(q, K)[1],
-               hnsw_mflops, hnsw_s),
-        Method(f"ivf-prefix {ds}→{full} ({ivf.nlist} lists, nprobe {ivf.nprobe})",
-               lambda q: ivf.search(q, K)[1], mflops_per_query(ivf.nlist, ds, [(round(scored), full)]),
-               ivf_s),
-    ]  # fmt: skip
+        Method(
+            f"hnsw {full} (M={sizes.hnsw_m}, ef={sizes.ef_search})",
+            lambda q: hnsw.search(q, K)[1],
+            hnsw_mflops,
+            hnsw_s,
+        ),
+        Method(
+            f"ivf-prefix {ds}→{full} ({ivf.nlist} lists, nprobe {ivf.nprobe})",
+            lambda q: ivf.search(q, K)[1],
+            mflops_per_query(ivf.nlist, ds, [(round(scored), full)]),
+            ivf_s,
+        ),
+    ]
 
 
 def _chunked_top(
@@ -402,7 +457,7 @@ def selection_methods(database: np.ndarray, sizes: Sizes, k: int = SHORTLIST) ->
         ("numpy matmul + argpartition", argpartition),
         ("torch mm + topk", torch_topk),
         ("numpy matmul alone (no selection: the floor)", matmul_only),
-    ]  # fmt: skip
+    ]
 
 
 def selection_table(database: np.ndarray, queries: np.ndarray, sizes: Sizes, repeats: int) -> str:
@@ -416,8 +471,10 @@ def selection_table(database: np.ndarray, queries: np.ndarray, sizes: Sizes, rep
         for i, (_, fn) in enumerate(methods):
             times[i].append(seconds(lambda fn=fn: fn(q)) / len(q))
     ref = statistics.median(times[0])
-    header = (f"| top-{SHORTLIST} selection at D_s = {sizes.selection_dim} | batched ms/query "
-              f"| vs faiss reservoir | same top {SHORTLIST} as faiss (%) |")  # fmt: skip
+    header = (
+        f"| top-{SHORTLIST} selection at D_s = {sizes.selection_dim} | batched ms/query "
+        f"| vs faiss reservoir | same top {SHORTLIST} as faiss (%) |"
+    )
     lines = [header, "|---|---:|---:|---:|"]
     for (name, _), got, t in zip(methods, ids, times):
         same = "—" if "floor" in name else f"{exact_recall(got, ids[0]):.1f}"
@@ -449,11 +506,17 @@ def measure(methods: list[Method], queries: np.ndarray, targets: np.ndarray, siz
             one[i].append(seconds(lambda m=m: _one_at_a_time(m.search, single)) / len(single))
     rows = []
     for m, ids, b, o in zip(methods, results, batched, one):
-        rows.append({
-            "name": m.name, "mflops": m.mflops, "build_s": m.build_s, "batched": b, "one": o,
-            "exact_r10": exact_recall(ids, results[0]),
-            "task_r10": 100.0 * float((ids[:, :K] == targets[:, None]).any(1).mean()),
-        })  # fmt: skip
+        rows.append(
+            {
+                "name": m.name,
+                "mflops": m.mflops,
+                "build_s": m.build_s,
+                "batched": b,
+                "one": o,
+                "exact_r10": exact_recall(ids, results[0]),
+                "task_r10": 100.0 * float((ids[:, :K] == targets[:, None]).any(1).mean()),
+            }
+        )
     return rows
 
 
@@ -477,8 +540,10 @@ def format_rows(rows: list[dict]) -> tuple[str, str]:
         )
         if row["name"].startswith(("adaptive", "funnel")):
             held = sb >= TARGET_SPEEDUP and so >= TARGET_SPEEDUP and lost <= TARGET_LOST
-            verdicts.append(f"{row['name']}: {'held' if held else 'missed'} "
-                            f"({sb:.3g}× batched, {so:.3g}× one at a time, {lost:.1f} pt lost)")  # fmt: skip
+            verdicts.append(
+                f"{row['name']}: {'held' if held else 'missed'} "
+                f"({sb:.3g}× batched, {so:.3g}× one at a time, {lost:.1f} pt lost)"
+            )
     verdict = (
         f"Target (adaptive or funnel ≥ {TARGET_SPEEDUP:.0f}× faster than flat, batched and one at a time, with ≤ "
         f"{TARGET_LOST} pt of exact R@10 lost): " + "; ".join(verdicts) + "."

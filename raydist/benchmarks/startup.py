@@ -48,8 +48,14 @@ def run_cli(args: list[str], out: Path, env: dict[str, str]) -> tuple[dict[str, 
     recorded, :data:`PHASES`; ``first_step`` always), seconds of the whole run, the Ray start-up the CLI
     reported or None in-process)."""
     launched = time.time()
-    done = subprocess.run([sys.executable, "-m", "raydist.cli", "train", *args, "--json", str(out)],
-                          check=False, env=env, capture_output=True, text=True, timeout=900)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "raydist.cli", "train", *args, "--json", str(out)],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     total = time.time() - launched
     if done.returncode != 0:
         raise RuntimeError(f"raydist train failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
@@ -78,8 +84,15 @@ def startup(*, smoke: bool, repeats: int) -> str:
         common = ["train.epochs=1", "train.min_steps=0", f"train.storage_path={tmp}/runs"]
         variants = VARIANTS
         if smoke:  # the code path only: in-process (no Ray start), one variant
-            data = make_synthetic(Path(tmp) / "data", images=60, captions_per_image=2, dim=16, seed=0,
-                                  val_images=8, test_images=8)  # fmt: skip
+            data = make_synthetic(
+                Path(tmp) / "data",
+                images=60,
+                captions_per_image=2,
+                dim=16,
+                seed=0,
+                val_images=8,
+                test_images=8,
+            )
             common += ["--preset", "tiny", "--data", str(data)]
             variants = {"in memory, in-process (`train.num_workers=0`)": ["train.num_workers=0"]}
             what = "the `tiny` preset on a 60-image synthetic set"
@@ -104,19 +117,25 @@ def startup(*, smoke: bool, repeats: int) -> str:
     table = [
         row("launch → …, seconds (median (min–max))", *(f"train split {name}" for name in names)),
         "|---|" + "---:|" * len(names),
-        row(f"imports alone, a fresh `python -c '{IMPORTS}'` (reference)", *([spread(imports, s)] * len(names))),
+        row(
+            f"imports alone, a fresh `python -c '{IMPORTS}'` (reference)",
+            *([spread(imports, s)] * len(names)),
+        ),
     ]
     for key, title in PHASES:
         cells = [spread(marks[name][key], s) if marks[name][key] else "—" for name in names]
         table.append(row(f"**{title}**" if key == "first_step" else title, *cells))
-    table.append(row("of which Ray's own start (the CLI's \"Ray ready in\")",
-                     *(spread(ray[name], s) if ray[name] else "— (no Ray)" for name in names)))  # fmt: skip
+    table.append(
+        row(
+            "of which Ray's own start (the CLI's \"Ray ready in\")",
+            *(spread(ray[name], s) if ray[name] else "— (no Ray)" for name in names),
+        )
+    )
     table.append(row("whole 1-epoch run", *(spread(total[name], "{:.1f}") for name in names)))
     return (
         f"`raydist train train.epochs=1 train.min_steps=0` as a subprocess ({what}); each row is the median over "
         "the runs of the seconds from launching the subprocess to a mark the run records (its `--json` outcome: "
         "`startup`, from the CLI and rank 0, and `first_step_unix`, the wall clock rank 0 reads when its first "
         "optimizer step ends). The marks come in this order in every run; a phase's cost is the difference "
-        f"between its row and the row above. {runs} interleaved run(s) per column.\n\n"
-        + "\n".join(table)
+        f"between its row and the row above. {runs} interleaved run(s) per column.\n\n" + "\n".join(table)
     )

@@ -73,9 +73,13 @@ def steps_per_s(times: list[float]) -> float:
 
 def thread_report() -> dict[str, Any]:
     """What sets the CPU threads of this process."""
-    return {"torch_threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(),
-            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
-            "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"), "nice": os.nice(0)}  # fmt: skip
+    return {
+        "torch_threads": torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+        "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"),
+        "nice": os.nice(0),
+    }
 
 
 def timed_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any] | None:
@@ -100,16 +104,29 @@ def ray_run(cfg: Config, data_dir: Path, storage: Path) -> dict[str, Any]:
 
     base = build_trainer(cfg, data_dir, storage_path=str(storage))
     trainer = TorchTrainer(
-        timed_loop_per_worker, train_loop_config=base.train_loop_config, scaling_config=base.scaling_config,
-        run_config=base.run_config, datasets=base.datasets, dataset_config=base.data_config,
-    )  # fmt: skip
+        timed_loop_per_worker,
+        train_loop_config=base.train_loop_config,
+        scaling_config=base.scaling_config,
+        run_config=base.run_config,
+        datasets=base.datasets,
+        dataset_config=base.data_config,
+    )
     start = time.perf_counter()
     result = trainer.fit()
     return {**result.return_value, "fit_s": time.perf_counter() - start}
 
 
-def reference_process(rank: int, world: int, cfg_dict: dict[str, Any], data_dir: str, port: int, threads: int,
-                      nice: int, out: str, loop: bool) -> None:  # fmt: skip
+def reference_process(
+    rank: int,
+    world: int,
+    cfg_dict: dict[str, Any],
+    data_dir: str,
+    port: int,
+    threads: int,
+    nice: int,
+    out: str,
+    loop: bool,
+) -> None:
     """One process of the no-Ray reference: rank ``rank`` of ``world`` (gloo + DDP when world > 1) runs the
     same ``train_step`` on the same in-memory batches as a Ray Train worker; ``loop``: the whole
     ``run_loop`` with a :class:`raydist.train.local.LocalRuntime` instead (world 1). Rank 0 writes its step
@@ -154,8 +171,9 @@ def reference_process(rank: int, world: int, cfg_dict: dict[str, Any], data_dir:
         Path(out).write_text(json.dumps({**clock.report(), **thread_report()}))
 
 
-def reference_run(cfg: Config, data_dir: Path, world: int, worker: dict[str, Any], *, loop: bool = False
-                  ) -> dict[str, Any]:  # fmt: skip
+def reference_run(
+    cfg: Config, data_dir: Path, world: int, worker: dict[str, Any], *, loop: bool = False
+) -> dict[str, Any]:
     """Run :func:`reference_process` in ``world`` fresh spawned processes with the torch threads and priority
     of the Ray Train ``worker`` (its :func:`thread_report`); rank 0's report."""
     with tempfile.TemporaryDirectory(prefix="raydist-bench-ref-") as tmp:
@@ -180,8 +198,15 @@ def step_rate(*, smoke: bool, repeats: int) -> str:
     images, captions, dim = SMOKE_DATA if smoke else FULL_DATA
     worlds = (2,) if smoke else (1, 2)
     with tempfile.TemporaryDirectory(prefix="raydist-bench-step-") as tmp, ray_instance():
-        data_dir = make_synthetic(Path(tmp) / "data", images=images, captions_per_image=captions, dim=dim, seed=0,
-                                  val_images=8, test_images=8)  # fmt: skip
+        data_dir = make_synthetic(
+            Path(tmp) / "data",
+            images=images,
+            captions_per_image=captions,
+            dim=dim,
+            seed=0,
+            val_images=8,
+            test_images=8,
+        )
         base = {
             "train.cpus_per_worker": CPUS_PER_WORKER,
             "train.epochs": 1,
@@ -218,10 +243,16 @@ def step_rate(*, smoke: bool, repeats: int) -> str:
         return ratio, f"{ratio:.3f}× (per repeat {spread(paired, '{:.2f}')})"
 
     rows = [
-        row("run", "steps/s, median (min–max)", "page faults / step (rank 0)", "ratio to reference", "target",
-            "held"),
+        row(
+            "run",
+            "steps/s, median (min–max)",
+            "page faults / step (rank 0)",
+            "ratio to reference",
+            "target",
+            "held",
+        ),
         "|---|---:|---:|---:|---:|---|",
-    ]  # fmt: skip
+    ]
     for w in worlds:
         reference = "plain single-process loop" if w == 1 else "2 processes, torch.distributed gloo + DDP"
         rows.append(run_row(f"{reference} (reference, W={w})", f"ref{w}"))
@@ -236,10 +267,18 @@ def step_rate(*, smoke: bool, repeats: int) -> str:
                     ratio_to("loop1", "ref1")[1],
                 )
             )
-            rows.append(run_row("Ray Train, 1 worker, `train.tune_malloc=false` (diagnostic)", "untuned1",
-                                ratio_to("untuned1", "ref1")[1]))  # fmt: skip
-    threads = "; ".join(f"{k}: torch {v['torch_threads']} (interop {v['interop_threads']}), OMP_NUM_THREADS="
-                        f"{v['OMP_NUM_THREADS']}, nice {v['nice']}" for k, v in seen.items())  # fmt: skip
+            rows.append(
+                run_row(
+                    "Ray Train, 1 worker, `train.tune_malloc=false` (diagnostic)",
+                    "untuned1",
+                    ratio_to("untuned1", "ref1")[1],
+                )
+            )
+    threads = "; ".join(
+        f"{k}: torch {v['torch_threads']} (interop {v['interop_threads']}), OMP_NUM_THREADS="
+        f"{v['OMP_NUM_THREADS']}, nice {v['nice']}"
+        for k, v in seen.items()
+    )
     fits = ", ".join(f"W={w}: {spread(fit_s[w])} s" for w in worlds)
     return (
         f"Default preset (pairs, GRU, embed {configs[worlds[0]].model.embed_dim}), global batch "

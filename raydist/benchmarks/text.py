@@ -46,11 +46,19 @@ def _copy_with_tokenizer(source: Path, out: Path) -> Path:
 def _train(args: list[str], out: Path, env: dict[str, str]) -> dict[str, float]:
     """``raydist train ARGS --json OUT`` in a fresh process: test rsum, wall seconds, optimizer steps."""
     launched = time.time()
-    done = subprocess.run([sys.executable, "-m", "raydist.cli", "train", *args, "--json", str(out)],
-                          check=False, env=env, capture_output=True, text=True, timeout=3600)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "raydist.cli", "train", *args, "--json", str(out)],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
     wall = time.time() - launched
     if done.returncode != 0:
-        raise RuntimeError(f"raydist train {' '.join(args)} failed ({done.returncode}): {done.stderr[-2000:]}")
+        raise RuntimeError(
+            f"raydist train {' '.join(args)} failed ({done.returncode}): {done.stderr[-2000:]}"
+        )
     outcome = json.loads(out.read_text())
     history = outcome.get("history") or [{}]
     return {"rsum": outcome["test_metrics"]["rsum"], "wall": wall, "steps": history[-1].get("step", 0)}
@@ -60,27 +68,55 @@ def _datasets(tmp: Path, smoke: bool) -> list[tuple[str, Path, list[str]]]:
     """(name, dataset folder, preset arguments) of the runs: the embedded synthetic set (``default``) and the
     real digit halves (``small``, the preset `raydist train --data` picks there); smoke: a tiny synthetic set."""
     if smoke:
-        data = make_synthetic(tmp / "src", images=60, captions_per_image=2, dim=16, seed=0, val_images=8,
-                              test_images=8)  # fmt: skip
-        return [("tiny synthetic, `tiny` in-process", data, ["--preset", "tiny", "train.epochs=1",
-                 "train.num_workers=0", "model.text_width=32", "model.text_heads=2"])]  # fmt: skip
+        data = make_synthetic(
+            tmp / "src", images=60, captions_per_image=2, dim=16, seed=0, val_images=8, test_images=8
+        )
+        return [
+            (
+                "tiny synthetic, `tiny` in-process",
+                data,
+                [
+                    "--preset",
+                    "tiny",
+                    "train.epochs=1",
+                    "train.num_workers=0",
+                    "model.text_width=32",
+                    "model.text_heads=2",
+                ],
+            )
+        ]
     from raydist.experiments.datasets import DATA_SOURCES
     from raydist.train.trainer import resolve_data_dir
 
     return [
-        ("embedded synthetic, `default` (2 workers, 585 steps)", Path(resolve_data_dir(load_config("default"))),
-         ["--preset", "default"]),
-        ("digit halves (real), `small`", DATA_SOURCES["digit-halves"].build(tmp / "digits", False),
-         ["--preset", "small"]),
-    ]  # fmt: skip
+        (
+            "embedded synthetic, `default` (2 workers, 585 steps)",
+            Path(resolve_data_dir(load_config("default"))),
+            ["--preset", "default"],
+        ),
+        (
+            "digit halves (real), `small`",
+            DATA_SOURCES["digit-halves"].build(tmp / "digits", False),
+            ["--preset", "small"],
+        ),
+    ]
 
 
 def text_encoders(*, smoke: bool, repeats: int) -> str:
     """GRU vs transformer caption encoders, same steps and seed: test rsum and wall time of `raydist train`."""
     env = _env()
     seeds = [0] if smoke else list(range(repeats))
-    table = [row("data", "text encoder", "test rsum, mean (min–max)", "wall s, median (min–max)", "steps",
-                 "rsum − gru"), "|---|---|---:|---:|---:|---:|"]  # fmt: skip
+    table = [
+        row(
+            "data",
+            "text encoder",
+            "test rsum, mean (min–max)",
+            "wall s, median (min–max)",
+            "steps",
+            "rsum − gru",
+        ),
+        "|---|---|---:|---:|---:|---:|",
+    ]
     with tempfile.TemporaryDirectory(prefix="raydist-bench-text-") as tmp:
         for d, (data_name, source, preset) in enumerate(_datasets(Path(tmp), smoke)):
             data = _copy_with_tokenizer(source, Path(tmp) / f"data-{d}")
@@ -94,9 +130,16 @@ def text_encoders(*, smoke: bool, repeats: int) -> str:
             for name, runs in results.items():
                 rsums = [r["rsum"] for r in runs]
                 mean = statistics.mean(rsums)
-                table.append(row(data_name, name, f"{mean:.1f} ({min(rsums):.1f}–{max(rsums):.1f})",
-                                 spread([r["wall"] for r in runs], "{:.1f}"), int(runs[0]["steps"]),
-                                 f"{mean - base:+.1f}"))  # fmt: skip
+                table.append(
+                    row(
+                        data_name,
+                        name,
+                        f"{mean:.1f} ({min(rsums):.1f}–{max(rsums):.1f})",
+                        spread([r["wall"] for r in runs], "{:.1f}"),
+                        int(runs[0]["steps"]),
+                        f"{mean - base:+.1f}",
+                    )
+                )
     return (
         f"Whole `raydist train` runs as subprocesses, one per dataset, encoder and seed (seeds {seeds}); wall "
         "time from launch to exit (Ray start, training, every epoch's validation, the test evaluation). The "
@@ -112,11 +155,21 @@ def tokenize_rate(*, smoke: bool, repeats: int) -> str:
     from raydist.benchmarks.harness import pairs_setup
     from raydist.data.stream import train_dataset
 
-    batch = 128  # the default preset's rows per worker at 2 workers and global batch 128 is 64; 128 = 1 worker
+    batch = (
+        128  # the default preset's rows per worker at 2 workers and global batch 128 is 64; 128 = 1 worker
+    )
     with tempfile.TemporaryDirectory(prefix="raydist-bench-tokenize-") as tmp, ray_instance():
         images, captions = (40, 5) if smoke else (6000, 5)
-        data = make_synthetic(Path(tmp) / "data", images=images, captions_per_image=captions, dim=16, seed=0,
-                              val_images=4, test_images=4, rows_per_shard=max(images * captions // 8, 50))  # fmt: skip
+        data = make_synthetic(
+            Path(tmp) / "data",
+            images=images,
+            captions_per_image=captions,
+            dim=16,
+            seed=0,
+            val_images=4,
+            test_images=4,
+            rows_per_shard=max(images * captions // 8, 50),
+        )
         train_dataset_tokenizer(data, VOCAB_SIZE, "wordpiece")
         cfg, task, _ = pairs_setup(data, {"model.text_encoder": "transformer", "data.tokenizer": "subword"})
         transform = task.stream_transform()
@@ -124,8 +177,9 @@ def tokenize_rate(*, smoke: bool, repeats: int) -> str:
         streamed, in_step, features_only = [], [], []
         for _ in range(1 if smoke else repeats):
             start, rows = time.perf_counter(), 0
-            for b in train_dataset(data, task.columns, transform).iter_batches(batch_size=batch,
-                                                                              batch_format="numpy"):  # fmt: skip
+            for b in train_dataset(data, task.columns, transform).iter_batches(
+                batch_size=batch, batch_format="numpy"
+            ):
                 rows += len(b["tokens"])
             streamed.append(rows / (time.perf_counter() - start))
             # in the training process: the raw rows are in memory; each step tokenises its batch itself
@@ -144,11 +198,20 @@ def tokenize_rate(*, smoke: bool, repeats: int) -> str:
     table = [
         row("where", "captions/s, median (min–max)", "ms per step of 128 captions"),
         "|---|---:|---:|",
-        row("data path: Ray Data read + transform (tokenise) tasks → one consumer", spread(streamed, rate), ""),
-        row("training process: tokenizer on each step's 128 captions", spread(in_step, rate), f"{ms_per_step:.2f}"),
-        row("training process: the whole transform (features + tokens) per step", spread(features_only, rate),
-            f"{1000 * batch / median(features_only):.2f}"),
-    ]  # fmt: skip
+        row(
+            "data path: Ray Data read + transform (tokenise) tasks → one consumer", spread(streamed, rate), ""
+        ),
+        row(
+            "training process: tokenizer on each step's 128 captions",
+            spread(in_step, rate),
+            f"{ms_per_step:.2f}",
+        ),
+        row(
+            "training process: the whole transform (features + tokens) per step",
+            spread(features_only, rate),
+            f"{1000 * batch / median(features_only):.2f}",
+        ),
+    ]
     return (
         f"{rows} train captions of the synthetic generator, WordPiece with {VOCAB_SIZE} tokens, max length "
         f"{cfg.data.max_caption_len}; {1 if smoke else repeats} pass(es). The data path's rate includes reading "

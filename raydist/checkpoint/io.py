@@ -137,12 +137,16 @@ def config_changes(saved: Config, current: Config) -> dict[str, tuple[Any, Any]]
 def state_differences(saved: dict[str, torch.Tensor], built: dict[str, torch.Tensor]) -> list[str]:
     """One line per tensor whose name or shape differs between a saved state dict and a built model's,
     in the saved order (names only the built model has come last): ``name: checkpoint=[…] run=[…]``."""
+
     def shape(state: dict[str, torch.Tensor], name: str) -> str:
         return str(list(state[name].shape)) if name in state else "missing"
 
     names = [*saved, *(n for n in built if n not in saved)]
-    return [f"{n}: checkpoint={shape(saved, n)} run={shape(built, n)}" for n in names
-            if n not in saved or n not in built or saved[n].shape != built[n].shape]  # fmt: skip
+    return [
+        f"{n}: checkpoint={shape(saved, n)} run={shape(built, n)}"
+        for n in names
+        if n not in saved or n not in built or saved[n].shape != built[n].shape
+    ]
 
 
 def model_on_meta(build: Callable[[Config], nn.Module], cfg: Config) -> dict[str, torch.Tensor]:
@@ -152,9 +156,13 @@ def model_on_meta(build: Callable[[Config], nn.Module], cfg: Config) -> dict[str
 
 
 def check_model_fits(
-    saved_model: dict[str, torch.Tensor], saved_cfg: Config, cfg: Config, build: Callable[[Config], nn.Module],
-    *, saved_from: str,
-) -> None:  # fmt: skip
+    saved_model: dict[str, torch.Tensor],
+    saved_cfg: Config,
+    cfg: Config,
+    build: Callable[[Config], nn.Module],
+    *,
+    saved_from: str,
+) -> None:
     """Refuse a config whose model (``build(cfg)``, on the meta device) does not have the saved model's
     tensor names and shapes. The ConfigError names the config keys to blame, each a key whose change alone
     (applied to ``saved_cfg``) already breaks the fit, or every differing key when no single one does,
@@ -176,8 +184,11 @@ def check_model_fits(
     lines = [f"{k}: checkpoint={changes[k][0]!r} run={changes[k][1]!r}" for k in blamed]
     more = len(problems) - SHOWN_PARAMETERS
     lines += problems[:SHOWN_PARAMETERS] + ([f"... and {more} more tensors"] if more > 0 else [])
-    head = (f"cannot change {', '.join(blamed)} when resuming from {saved_from}: the model this config builds"
-            if blamed else f"checkpoint {saved_from}: the model its own config builds")  # fmt: skip
+    head = (
+        f"cannot change {', '.join(blamed)} when resuming from {saved_from}: the model this config builds"
+        if blamed
+        else f"checkpoint {saved_from}: the model its own config builds"
+    )
     raise ConfigError(head + " does not fit the saved one\n  " + "\n  ".join(lines))
 
 
@@ -185,7 +196,9 @@ def load_task_info(folder: str | Path) -> dict[str, Any]:
     """``task.json`` of a checkpoint folder (task name and data facts)."""
     path = Path(folder) / TASK_FILE
     if not path.is_file():
-        raise ValueError(f"{folder}: no {TASK_FILE} (a checkpoint from an older raydist): retrain to evaluate it")
+        raise ValueError(
+            f"{folder}: no {TASK_FILE} (a checkpoint from an older raydist): retrain to evaluate it"
+        )
     try:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
@@ -217,5 +230,7 @@ def recorded_dataset(checkpoint: str | Path, data_dir: str | Path | None = None)
     folder = find_checkpoint(checkpoint)
     data_dir = data_dir or load_task_info(folder).get("data_dir")
     if not data_dir or not Path(data_dir).is_dir():
-        raise ConfigError(f"checkpoint {folder} records no dataset that still exists ({data_dir}); give --data DIR")
+        raise ConfigError(
+            f"checkpoint {folder} records no dataset that still exists ({data_dir}); give --data DIR"
+        )
     return Path(data_dir)

@@ -55,13 +55,15 @@ def _image_of_caption(
             return np.arange(n_caps) - np.arange(n_caps) % cpi, cpi
         return np.arange(n_caps), 1
     if n_caps % cpi == 0:
-        expected = (f"{n_caps // cpi} rows (one per image, captions_per_image={cpi}) "
-                    f"or {n_caps} (one per caption)")  # fmt: skip
+        expected = (
+            f"{n_caps // cpi} rows (one per image, captions_per_image={cpi}) or {n_caps} (one per caption)"
+        )
     else:  # only one row per caption line can fit
         expected = f"{n_caps} rows (one per caption; not a multiple of captions_per_image={cpi})"
     fits = f"; captions_per_image={n_caps // n_ims} would fit" if n_ims and n_caps % n_ims == 0 else ""
     raise RaydistDataError(
-        f"{ims_path} has {n_ims} rows but {caps_path} has {n_caps} captions: expected {expected}{fits}")
+        f"{ims_path} has {n_ims} rows but {caps_path} has {n_caps} captions: expected {expected}{fits}"
+    )
 
 
 def _rows_repeat(ims: np.ndarray, cpi: int, ims_path: Path, caps_path: Path) -> bool:
@@ -84,7 +86,8 @@ def _rows_repeat(ims: np.ndarray, cpi: int, ims_path: Path, caps_path: Path) -> 
                 f"{ims_path}: has one row per line of {caps_path.name} ({ims.shape[0]} rows) and rows "
                 f"{first}..{first + cpi - 1} repeat one image's features (one row per caption, "
                 f"captions_per_image={cpi}), but row {differing} differs from row "
-                f"{differing - differing % cpi} (wrong captions_per_image?)")  # fmt: skip
+                f"{differing - differing % cpi} (wrong captions_per_image?)"
+            )
     return repeating is not None
 
 
@@ -123,18 +126,28 @@ def convert_vsepp_precomp(
         ims, caps = _load_features(ims_path), _read_captions(caps_path)
         rows, cpi = _image_of_caption(ims, len(caps), captions_per_image, ims_path, caps_path)
         loaded[split] = (ims, caps, rows, cpi)
-    source: dict[str, Any] = {"converter": "vsepp_precomp", "src": str(src.resolve()),
-                              "captions_per_image": captions_per_image, "min_count": min_count,
-                              "files": {s: prefixes[s] for s in SPLITS},
-                              "captions_per_image_by_split": {s: loaded[s][3] for s in SPLITS}}
+    source: dict[str, Any] = {
+        "converter": "vsepp_precomp",
+        "src": str(src.resolve()),
+        "captions_per_image": captions_per_image,
+        "min_count": min_count,
+        "files": {s: prefixes[s] for s in SPLITS},
+        "captions_per_image_by_split": {s: loaded[s][3] for s in SPLITS},
+    }
     with DatasetWriter(out, rows_per_shard=rows_per_shard, source=source, overwrite=overwrite) as writer:
         writer.vocab = Vocab.build(loaded["train"][1], min_count)
         first_image = first_sample = 0
         for split in SPLITS:
             ims, caps, rows, cpi = loaded[split]
             local_image = np.arange(len(caps)) // cpi
-            writer.add_split(split, first_image + local_image, first_sample + np.arange(len(caps)), ims, caps,
-                             feature_index=rows)
+            writer.add_split(
+                split,
+                first_image + local_image,
+                first_sample + np.arange(len(caps)),
+                ims,
+                caps,
+                feature_index=rows,
+            )
             first_image += len(caps) // cpi
             first_sample += len(caps)
     return Path(out)
@@ -145,14 +158,18 @@ def _load_feature_ids(path: Path) -> np.ndarray:
     try:
         if path.suffix == ".json":
             ids = json.loads(path.read_text())
-            if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            if not isinstance(ids, list) or not all(
+                isinstance(i, int) and not isinstance(i, bool) for i in ids
+            ):
                 raise RaydistDataError(f"{path}: expected a JSON list of integer image ids")
             return np.array(ids, dtype=np.int64)
         ids = np.load(path)
     except (OSError, ValueError) as e:
         raise RaydistDataError(f"{path}: cannot read feature ids: {e}") from e
     if ids.ndim != 1 or ids.dtype.kind not in "iu":
-        raise RaydistDataError(f"{path}: expected a 1-D integer array of image ids, got {ids.dtype} {ids.shape}")
+        raise RaydistDataError(
+            f"{path}: expected a 1-D integer array of image ids, got {ids.dtype} {ids.shape}"
+        )
     return ids.astype(np.int64)
 
 
@@ -178,7 +195,9 @@ def _coco_images(doc: Any, path: Path) -> tuple[dict[int, str | None], dict[int,
     for k, ann in enumerate(doc.get("annotations", [])):
         image_id = ann.get("image_id") if isinstance(ann, dict) else None
         if image_id not in splits:
-            raise RaydistDataError(f"{path}: annotations[{k}]: field 'image_id': {image_id!r} is not in 'images'")
+            raise RaydistDataError(
+                f"{path}: annotations[{k}]: field 'image_id': {image_id!r} is not in 'images'"
+            )
         if not isinstance(ann.get("caption"), str):
             raise RaydistDataError(f"{path}: annotations[{k}]: field 'caption': expected a string")
         captions[image_id].append(ann["caption"])
@@ -189,8 +208,13 @@ def _coco_images(doc: Any, path: Path) -> tuple[dict[int, str | None], dict[int,
     return splits, captions
 
 
-def _assign_splits(split_field: dict[int, str | None], path: Path, split_map: Mapping[str, str],
-                   val_images: int, test_images: int) -> dict[str, list[int]]:
+def _assign_splits(
+    split_field: dict[int, str | None],
+    path: Path,
+    split_map: Mapping[str, str],
+    val_images: int,
+    test_images: int,
+) -> dict[str, list[int]]:
     """Image ids per split, each sorted: from the ``split`` fields, else the last ``test_images`` ids
     (sorted order) are test and the ``val_images`` before them val."""
     bad = sorted(set(split_map.values()) - set(SPLITS))
@@ -205,13 +229,17 @@ def _assign_splits(split_field: dict[int, str | None], path: Path, split_map: Ma
             raise RaydistDataError(f"{path}: image id {missing} has no 'split' field but others do")
         for i in ids:
             if split_field[i] not in split_map:
-                raise RaydistDataError(f"{path}: image id {i}: field 'split': unknown value {split_field[i]!r}; "
-                                       f"known: {sorted(split_map)}")
+                raise RaydistDataError(
+                    f"{path}: image id {i}: field 'split': unknown value {split_field[i]!r}; "
+                    f"known: {sorted(split_map)}"
+                )
             out[split_map[split_field[i]]].append(i)
     else:
         if val_images + test_images >= len(ids):
-            raise RaydistDataError(f"{path}: {len(ids)} images cannot give {val_images} val + {test_images} test "
-                                   "images and a non-empty train split")
+            raise RaydistDataError(
+                f"{path}: {len(ids)} images cannot give {val_images} val + {test_images} test "
+                "images and a non-empty train split"
+            )
         cut_val, cut_test = len(ids) - test_images - val_images, len(ids) - test_images
         out["train"], out["val"], out["test"] = ids[:cut_val], ids[cut_val:cut_test], ids[cut_test:]
     for split, members in out.items():
@@ -253,10 +281,14 @@ def convert_coco_json(
     split_field, captions = _coco_images(doc, json_path)
     feats, ids = _load_features(feats_path), _load_feature_ids(ids_path)
     if len(ids) != feats.shape[0]:
-        raise RaydistDataError(f"{ids_path} lists {len(ids)} image ids but {feats_path} has {feats.shape[0]} rows")
+        raise RaydistDataError(
+            f"{ids_path} lists {len(ids)} image ids but {feats_path} has {feats.shape[0]} rows"
+        )
     uniq, counts = np.unique(ids, return_counts=True)
     if (counts > 1).any():
-        raise RaydistDataError(f"{ids_path}: image id {int(uniq[counts > 1][0])} has more than one feature row")
+        raise RaydistDataError(
+            f"{ids_path}: image id {int(uniq[counts > 1][0])} has more than one feature row"
+        )
     row_of = {int(i): r for r, i in enumerate(ids)}
     for image_id in sorted(split_field):
         if image_id not in row_of:
@@ -264,11 +296,17 @@ def convert_coco_json(
         if not captions.get(image_id):
             raise RaydistDataError(f"{json_path}: image id {image_id} has no captions")
     members = _assign_splits(split_field, json_path, split_map or KARPATHY_SPLITS, val_images, test_images)
-    source: dict[str, Any] = {"converter": "coco_json", "captions_json": str(json_path.resolve()),
-                              "features": str(feats_path.resolve()), "feature_ids": str(ids_path.resolve()),
-                              "min_count": min_count, "unused_feature_rows": len(ids) - len(split_field),
-                              "split_rule": "split field" if split_field[members["train"][0]] is not None
-                              else f"sorted ids: last {test_images} test, {val_images} before them val"}
+    source: dict[str, Any] = {
+        "converter": "coco_json",
+        "captions_json": str(json_path.resolve()),
+        "features": str(feats_path.resolve()),
+        "feature_ids": str(ids_path.resolve()),
+        "min_count": min_count,
+        "unused_feature_rows": len(ids) - len(split_field),
+        "split_rule": "split field"
+        if split_field[members["train"][0]] is not None
+        else f"sorted ids: last {test_images} test, {val_images} before them val",
+    }
     with DatasetWriter(out, rows_per_shard=rows_per_shard, source=source, overwrite=overwrite) as writer:
         writer.vocab = Vocab.build((c for i in members["train"] for c in captions[i]), min_count)
         first_sample = 0
@@ -276,7 +314,8 @@ def convert_coco_json(
             image_ids = np.array([i for i in members[split] for _ in captions[i]], dtype=np.int64)
             texts = [c for i in members[split] for c in captions[i]]
             rows = np.array([row_of[int(i)] for i in image_ids], dtype=np.int64)
-            writer.add_split(split, image_ids, first_sample + np.arange(len(texts)), feats, texts,
-                             feature_index=rows)
+            writer.add_split(
+                split, image_ids, first_sample + np.arange(len(texts)), feats, texts, feature_index=rows
+            )
             first_sample += len(texts)
     return Path(out)

@@ -56,8 +56,15 @@ def _check_files(images: list[tuple[Path, str]]) -> None:
         raise RaydistDataError(bad[0] + more)
 
 
-def _write_pairs(out: str | Path, members: Mapping[str, list[_Captioned]], *, min_count: int,
-                 source: dict[str, Any], rows_per_shard: int, overwrite: bool) -> Path:
+def _write_pairs(
+    out: str | Path,
+    members: Mapping[str, list[_Captioned]],
+    *,
+    min_count: int,
+    source: dict[str, Any],
+    rows_per_shard: int,
+    overwrite: bool,
+) -> Path:
     """An encoded pairs dataset: per split, one row per image (in the given order) with all its captions;
     sample_id a running row number over train, val, test; vocab from the train captions."""
     for split in SPLITS:
@@ -69,9 +76,14 @@ def _write_pairs(out: str | Path, members: Mapping[str, list[_Captioned]], *, mi
         first_sample = 0
         for split in SPLITS:
             rows = members[split]
-            writer.add_split(split, np.array([m.image_id for m in rows], dtype=np.int64),
-                             first_sample + np.arange(len(rows)), ImageFiles([m.path for m in rows]),
-                             [m.captions for m in rows], image_sources=[str(m.path) for m in rows])
+            writer.add_split(
+                split,
+                np.array([m.image_id for m in rows], dtype=np.int64),
+                first_sample + np.arange(len(rows)),
+                ImageFiles([m.path for m in rows]),
+                [m.captions for m in rows],
+                image_sources=[str(m.path) for m in rows],
+            )
             first_sample += len(rows)
     return Path(out)
 
@@ -87,7 +99,9 @@ def _karpathy_captions(entry: dict[str, Any], where: str) -> list[str]:
         elif isinstance(tokens, list) and all(isinstance(t, str) for t in tokens):
             text = " ".join(tokens).strip()
         else:
-            raise RaydistDataError(f"{where}: sentences[{j}]: expected 'raw' (a string) or 'tokens' (strings)")
+            raise RaydistDataError(
+                f"{where}: sentences[{j}]: expected 'raw' (a string) or 'tokens' (strings)"
+            )
         if not text:
             raise RaydistDataError(f"{where}: sentences[{j}]: empty caption")
         captions.append(text)
@@ -108,7 +122,9 @@ def _karpathy_image_ids(entries: list[dict[str, Any]], path: Path) -> tuple[list
     seen: dict[int, int] = {}
     for k, image_id in enumerate(ids):
         if image_id in seen:
-            raise RaydistDataError(f"{path}: images[{k}]: {name} {image_id} repeats images[{seen[image_id]}]'s")
+            raise RaydistDataError(
+                f"{path}: images[{k}]: {name} {image_id} repeats images[{seen[image_id]}]'s"
+            )
         seen[image_id] = k
     return ids, name
 
@@ -148,13 +164,23 @@ def convert_karpathy(
         split = entry.get("split")
         if split not in KARPATHY_SPLITS:
             found = "missing" if split is None else f"unknown value {split!r}"
-            raise RaydistDataError(f"{where}: field 'split': {found}; expected one of {sorted(KARPATHY_SPLITS)}")
-        members[KARPATHY_SPLITS[split]].append(_Captioned(image_id, root / name, _karpathy_captions(entry, where),
-                                                          where))
-    source = {"converter": "karpathy", "src": str(path.resolve()), "images": str(root.resolve()),
-              "min_count": min_count, "image_id": id_rule, "split_rule": "split field (restval -> train)"}
-    return _write_pairs(out, members, min_count=min_count, source=source, rows_per_shard=rows_per_shard,
-                        overwrite=overwrite)
+            raise RaydistDataError(
+                f"{where}: field 'split': {found}; expected one of {sorted(KARPATHY_SPLITS)}"
+            )
+        members[KARPATHY_SPLITS[split]].append(
+            _Captioned(image_id, root / name, _karpathy_captions(entry, where), where)
+        )
+    source = {
+        "converter": "karpathy",
+        "src": str(path.resolve()),
+        "images": str(root.resolve()),
+        "min_count": min_count,
+        "image_id": id_rule,
+        "split_rule": "split field (restval -> train)",
+    }
+    return _write_pairs(
+        out, members, min_count=min_count, source=source, rows_per_shard=rows_per_shard, overwrite=overwrite
+    )
 
 
 def convert_coco_images(
@@ -190,16 +216,28 @@ def convert_coco_images(
         if not captions.get(image_id):
             raise RaydistDataError(f"{path}: image id {image_id} ({files[image_id].name}) has no captions")
     splits = _assign_splits(split_field, path, split_map or KARPATHY_SPLITS, val_images, test_images)
-    members = {split: [_Captioned(i, files[i], [c.strip() for c in captions[i]],
-                                  f"{path}: image id {i} ({files[i].name})") for i in ids]
-               for split, ids in splits.items()}
+    members = {
+        split: [
+            _Captioned(
+                i, files[i], [c.strip() for c in captions[i]], f"{path}: image id {i} ({files[i].name})"
+            )
+            for i in ids
+        ]
+        for split, ids in splits.items()
+    }
     with_field = split_field[splits["train"][0]] is not None
-    source = {"converter": "coco_images", "src": str(path.resolve()), "images": str(root.resolve()),
-              "min_count": min_count,
-              "split_rule": "split field" if with_field else f"sorted ids: last {test_images} test, "
-                                                             f"{val_images} before them val"}
-    return _write_pairs(out, members, min_count=min_count, source=source, rows_per_shard=rows_per_shard,
-                        overwrite=overwrite)
+    source = {
+        "converter": "coco_images",
+        "src": str(path.resolve()),
+        "images": str(root.resolve()),
+        "min_count": min_count,
+        "split_rule": "split field"
+        if with_field
+        else f"sorted ids: last {test_images} test, {val_images} before them val",
+    }
+    return _write_pairs(
+        out, members, min_count=min_count, source=source, rows_per_shard=rows_per_shard, overwrite=overwrite
+    )
 
 
 def _class_folders(folder: Path, ignored: Counter[str]) -> dict[str, list[Path]]:
@@ -212,7 +250,9 @@ def _class_folders(folder: Path, ignored: Counter[str]) -> dict[str, list[Path]]
             continue
         files = sorted(p for p in entry.rglob("*") if p.is_file())
         images = [p for p in files if p.suffix.lower() in IMAGE_EXTENSIONS]
-        ignored.update(p.suffix.lower() or "no suffix" for p in files if p.suffix.lower() not in IMAGE_EXTENSIONS)
+        ignored.update(
+            p.suffix.lower() or "no suffix" for p in files if p.suffix.lower() not in IMAGE_EXTENSIONS
+        )
         if not images:
             raise RaydistDataError(f"{entry}: empty class folder (no {'/'.join(IMAGE_EXTENSIONS)} files)")
         classes[entry.name] = images
@@ -221,19 +261,24 @@ def _class_folders(folder: Path, ignored: Counter[str]) -> dict[str, list[Path]]
     return classes
 
 
-def _class_split(num_classes: int, val_fraction: float, test_fraction: float, seed: int, where: Path) -> np.ndarray:
+def _class_split(
+    num_classes: int, val_fraction: float, test_fraction: float, seed: int, where: Path
+) -> np.ndarray:
     """Split name per class for disjoint classes per split (the CUB/Cars/SOP protocol): in a seeded random
     order, ``round(K·test_fraction)`` classes test, ``round(K·val_fraction)`` val (at least one each), the
     rest train (at least one)."""
     n_test = max(1, int(np.floor(num_classes * test_fraction + 0.5)))
     n_val = max(1, int(np.floor(num_classes * val_fraction + 0.5)))
     if num_classes - n_test - n_val < 1:
-        raise RaydistDataError(f"{where}: {num_classes} classes cannot give {n_val} val, {n_test} test and at "
-                               "least one train class (--split-by class)")
+        raise RaydistDataError(
+            f"{where}: {num_classes} classes cannot give {n_val} val, {n_test} test and at "
+            "least one train class (--split-by class)"
+        )
     order = np.random.default_rng(seed).permutation(num_classes)
     out = np.empty(num_classes, dtype=object)
-    out[order] = np.repeat(np.array(["test", "val", "train"], dtype=object),
-                           [n_test, n_val, num_classes - n_test - n_val])
+    out[order] = np.repeat(
+        np.array(["test", "val", "train"], dtype=object), [n_test, n_val, num_classes - n_test - n_val]
+    )
     return out
 
 
@@ -263,8 +308,10 @@ def convert_image_folder(
     if split_by not in SPLIT_BY:
         raise RaydistDataError(f"split_by must be one of {list(SPLIT_BY)}, got {split_by!r}")
     if not (0 < val_fraction < 1 and 0 < test_fraction < 1 and val_fraction + test_fraction < 1):
-        raise RaydistDataError(f"val_fraction and test_fraction must be > 0 with a sum < 1, got {val_fraction} "
-                               f"and {test_fraction}")
+        raise RaydistDataError(
+            f"val_fraction and test_fraction must be > 0 with a sum < 1, got {val_fraction} "
+            f"and {test_fraction}"
+        )
     if not src.is_dir():
         raise RaydistDataError(f"{src}: not a folder")
     ignored: Counter[str] = Counter()
@@ -272,14 +319,20 @@ def convert_image_folder(
     if present:
         if len(present) < len(SPLITS):
             missing = [s for s in SPLITS if s not in present]
-            raise RaydistDataError(f"{src}: has split folder(s) {present} but not {missing}; give train/, val/ "
-                                   "and test/ (each <class>/<files>) or only class folders")
+            raise RaydistDataError(
+                f"{src}: has split folder(s) {present} but not {missing}; give train/, val/ "
+                "and test/ (each <class>/<files>) or only class folders"
+            )
         ignored.update(p.suffix.lower() or "no suffix" for p in src.iterdir() if p.is_file())
         trees = {split: _class_folders(src / split, ignored) for split in SPLITS}
         classes = sorted({name for tree in trees.values() for name in tree})
         label = {name: k for k, name in enumerate(classes)}
-        rows = [(split, path, label[name]) for split in SPLITS for name, paths in sorted(trees[split].items())
-                for path in paths]
+        rows = [
+            (split, path, label[name])
+            for split in SPLITS
+            for name, paths in sorted(trees[split].items())
+            for path in paths
+        ]
         split_rule = "split folders"
     else:
         tree = _class_folders(src, ignored)
@@ -291,21 +344,42 @@ def convert_image_folder(
         else:
             split_of = _stratified_split(labels, val_fraction, test_fraction, seed)
         rows = [(split_of[r], path, k) for r, (path, k) in enumerate(files)]
-        split_rule = (f"seeded split by {split_by}: val_fraction {val_fraction}, test_fraction {test_fraction}, "
-                      f"seed {seed}")
+        split_rule = (
+            f"seeded split by {split_by}: val_fraction {val_fraction}, test_fraction {test_fraction}, "
+            f"seed {seed}"
+        )
     if ignored:
         counts = ", ".join(f"{suffix}: {n}" for suffix, n in sorted(ignored.items()))
-        say(f"{src}: ignored {sum(ignored.values())} file(s) that are not {'/'.join(IMAGE_EXTENSIONS)} images "
-            f"({counts})")
-    source = {"converter": "image_folder", "src": str(src.resolve()), "classes": classes, "split_rule": split_rule,
-              "ignored_files": dict(sorted(ignored.items()))}
-    with DatasetWriter(out, task="labels", num_classes=len(classes), rows_per_shard=rows_per_shard, source=source,
-                       overwrite=overwrite) as writer:
+        say(
+            f"{src}: ignored {sum(ignored.values())} file(s) that are not {'/'.join(IMAGE_EXTENSIONS)} images "
+            f"({counts})"
+        )
+    source = {
+        "converter": "image_folder",
+        "src": str(src.resolve()),
+        "classes": classes,
+        "split_rule": split_rule,
+        "ignored_files": dict(sorted(ignored.items())),
+    }
+    with DatasetWriter(
+        out,
+        task="labels",
+        num_classes=len(classes),
+        rows_per_shard=rows_per_shard,
+        source=source,
+        overwrite=overwrite,
+    ) as writer:
         for split in SPLITS:
             ids = np.array([r for r, row in enumerate(rows) if row[0] == split], dtype=np.int64)
             if not len(ids):
                 raise RaydistDataError(f"{src}: split {split!r} gets no images ({split_rule})")
             paths = [rows[r][1] for r in ids]
-            writer.add_split(split, ids, ids, ImageFiles(paths), labels=np.array([rows[r][2] for r in ids]),
-                             image_sources=[str(p) for p in paths])
+            writer.add_split(
+                split,
+                ids,
+                ids,
+                ImageFiles(paths),
+                labels=np.array([rows[r][2] for r in ids]),
+                image_sources=[str(p) for p in paths],
+            )
     return Path(out)

@@ -20,7 +20,9 @@ def _kv():
     from ray.experimental import internal_kv
 
     if not internal_kv._internal_kv_initialized():
-        raise RuntimeError("the epoch of a streamed pass needs a connected Ray process (ray.init or a Ray worker)")
+        raise RuntimeError(
+            "the epoch of a streamed pass needs a connected Ray process (ray.init or a Ray worker)"
+        )
     return internal_kv
 
 
@@ -47,6 +49,8 @@ class EpochBoard:
         """The epoch last announced (read by each Ray Data task of the pass)."""
         value = _kv()._internal_kv_get(self.key, namespace=NAMESPACE)
         if value is None:
-            raise RuntimeError(f"no epoch announced for stream {self.token}: the split's passes must be opened by "
-                               "raydist.data.stream.StreamedEpochs (or EpochBoard.announce) before they run")  # fmt: skip
+            raise RuntimeError(
+                f"no epoch announced for stream {self.token}: the split's passes must be opened by "
+                "raydist.data.stream.StreamedEpochs (or EpochBoard.announce) before they run"
+            )
         return int(value)

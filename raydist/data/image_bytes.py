@@ -12,7 +12,11 @@ from PIL import Image, UnidentifiedImageError
 
 from raydist.data.schema import RaydistDataError
 
-SUPPORTED_FORMATS = {"PNG": "PNG", "JPEG": "JPEG", "MPO": "JPEG"}  # Pillow's name -> ours (MPO: a camera JPEG)
+SUPPORTED_FORMATS = {
+    "PNG": "PNG",
+    "JPEG": "JPEG",
+    "MPO": "JPEG",
+}  # Pillow's name -> ours (MPO: a camera JPEG)
 GREYSCALE_BANDS = frozenset({"1", "L", "I", "F"})  # Pillow bands of a single-channel grey image
 
 
@@ -38,7 +42,9 @@ def check_image(data: bytes) -> ImageInfo:
             image.load()
     except UnidentifiedImageError as e:
         raise RaydistDataError("corrupt: not a recognisable image file") from e
-    except Exception as e:  # any failure of Pillow's parsers on bad bytes (OSError, SyntaxError, ValueError ...)
+    except (
+        Exception
+    ) as e:  # any failure of Pillow's parsers on bad bytes (OSError, SyntaxError, ValueError ...)
         kind = "truncated" if "truncat" in str(e).lower() else "corrupt"
         raise RaydistDataError(f"{kind}: {type(e).__name__}: {e}") from e
     if image.format not in SUPPORTED_FORMATS:

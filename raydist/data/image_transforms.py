@@ -75,9 +75,12 @@ def view_rng(seed: int, epoch: int, sample_id: int) -> np.random.Generator:
 
 
 def random_resized_crop_box(
-    height: int, width: int, rng: np.random.Generator,
-    scale: tuple[float, float] = (0.08, 1.0), ratio: tuple[float, float] = (3 / 4, 4 / 3),
-) -> tuple[int, int, int, int]:  # fmt: skip
+    height: int,
+    width: int,
+    rng: np.random.Generator,
+    scale: tuple[float, float] = (0.08, 1.0),
+    ratio: tuple[float, float] = (3 / 4, 4 / 3),
+) -> tuple[int, int, int, int]:
     """(top, left, h, w) of a random crop (Szegedy et al. 2015, "Inception" augmentation, as torchvision's
     RandomResizedCrop draws it): up to 10 tries of an area fraction ~ U(scale) and an aspect ratio w/h whose log
     is ~ U(log ratio); a try whose w = round(√(A·r)), h = round(√(A/r)) fits is placed uniformly. When none
@@ -109,22 +112,33 @@ def _resize(pixels: np.ndarray, width: int, height: int) -> np.ndarray:
 
 
 def train_view(
-    pixels: np.ndarray, size: int, rng: np.random.Generator, *, flip: bool,
-    mean: Sequence[float], std: Sequence[float],
-    scale: tuple[float, float] = (0.08, 1.0), ratio: tuple[float, float] = (3 / 4, 4 / 3), uint8: bool = False,
-) -> np.ndarray:  # fmt: skip
+    pixels: np.ndarray,
+    size: int,
+    rng: np.random.Generator,
+    *,
+    flip: bool,
+    mean: Sequence[float],
+    std: Sequence[float],
+    scale: tuple[float, float] = (0.08, 1.0),
+    ratio: tuple[float, float] = (3 / 4, 4 / 3),
+    uint8: bool = False,
+) -> np.ndarray:
     """A random resized crop of H×W×C uint8 ``pixels`` (:func:`random_resized_crop_box`, drawn first), resized
     bilinearly to ``size``×``size``, mirrored left–right when ``flip`` and a fair coin (drawn next) says so,
     then normalised (:func:`normalize`): float32 C×size×size. ``uint8``: not normalised, uint8 C×size×size
     (:func:`normalize_views` later gives the same floats)."""
     top, left, h, w = random_resized_crop_box(pixels.shape[0], pixels.shape[1], rng, scale, ratio)
-    out = _resize(pixels[top: top + h, left: left + w], size, size)
+    out = _resize(pixels[top : top + h, left : left + w], size, size)
     if flip and rng.random() < 0.5:
         out = out[:, ::-1]
     return np.ascontiguousarray(out.transpose(2, 0, 1)) if uint8 else normalize(out, mean, std)
 
 
-CROPS = ("resized", "pad", "none")  # a train view's crop: random resized, pad-and-crop, or none (resize + centre)
+CROPS = (
+    "resized",
+    "pad",
+    "none",
+)  # a train view's crop: random resized, pad-and-crop, or none (resize + centre)
 
 
 def pad_crop_offsets(pad: int, rng: np.random.Generator) -> tuple[int, int]:
@@ -135,8 +149,13 @@ def pad_crop_offsets(pad: int, rng: np.random.Generator) -> tuple[int, int]:
 
 
 def pad_crop_view(
-    pixels: np.ndarray, shape: tuple[int, int], rng: np.random.Generator, *, pad: int, flip: bool,
-) -> np.ndarray:  # fmt: skip
+    pixels: np.ndarray,
+    shape: tuple[int, int],
+    rng: np.random.Generator,
+    *,
+    pad: int,
+    flip: bool,
+) -> np.ndarray:
     """The CIFAR recipe (He et al. 2016, §4.2): the image at ``shape`` = (height, width) (:func:`resize_centre`),
     zero-padded by ``pad`` pixels on each side, a random ``shape`` window of it (:func:`pad_crop_offsets`, drawn
     first), mirrored left–right when ``flip`` and a fair coin (drawn next) say so: uint8 height×width×C. Nothing
@@ -176,9 +195,13 @@ def view_shape(size: int | Sequence[int]) -> tuple[int, int]:
 
 
 def eval_view(
-    pixels: np.ndarray, size: int | tuple[int, int], *, mean: Sequence[float], std: Sequence[float],
+    pixels: np.ndarray,
+    size: int | tuple[int, int],
+    *,
+    mean: Sequence[float],
+    std: Sequence[float],
     crop_fraction: float = 0.875,
-) -> np.ndarray:  # fmt: skip
+) -> np.ndarray:
     """:func:`resize_centre` of the image, normalised. Deterministic."""
     return normalize(resize_centre(pixels, size, crop_fraction), mean, std)
 
@@ -226,11 +249,15 @@ class ImageTransform:
         if self.train and self.crop == "resized" and len(set(view_shape(self.size))) != 1:
             raise ValueError(f"a random resized crop is square: size must be one side, got {self.size}")
         if not 0 < self.scale[0] <= self.scale[1] <= 1 or not 0 < self.ratio[0] <= self.ratio[1]:
-            raise ValueError(f"need 0 < scale[0] <= scale[1] <= 1 and 0 < ratio[0] <= ratio[1], "
-                             f"got scale={self.scale}, ratio={self.ratio}")  # fmt: skip
+            raise ValueError(
+                f"need 0 < scale[0] <= scale[1] <= 1 and 0 < ratio[0] <= ratio[1], "
+                f"got scale={self.scale}, ratio={self.ratio}"
+            )
         if self.crop not in CROPS or self.pad < 0 or (self.crop == "pad") != (self.pad > 0):
-            raise ValueError(f"crop must be one of {CROPS} and pad > 0 exactly when crop is 'pad', got crop="
-                             f"{self.crop!r}, pad={self.pad}")  # fmt: skip
+            raise ValueError(
+                f"crop must be one of {CROPS} and pad > 0 exactly when crop is 'pad', got crop="
+                f"{self.crop!r}, pad={self.pad}"
+            )
         if not 0 < self.crop_fraction <= 1:
             raise ValueError(f"crop_fraction must be in (0, 1], got {self.crop_fraction}")
         object.__setattr__(self, "mean", mean)
@@ -244,17 +271,32 @@ class ImageTransform:
         """One row's float32 C×size×size view, from its bytes or its decoded H×W×C pixels."""
         pixels = image if isinstance(image, np.ndarray) else decode_image(image, self.channels)
         if not self.train:
-            return eval_view(pixels, self.size, mean=self.mean, std=self.std, crop_fraction=self.crop_fraction)
+            return eval_view(
+                pixels, self.size, mean=self.mean, std=self.std, crop_fraction=self.crop_fraction
+            )
         rng = view_rng(self.seed, epoch, sample_id)
         if self.crop == "resized":
-            return train_view(pixels, self.size, rng, flip=self.flip, mean=self.mean, std=self.std,
-                              scale=self.scale, ratio=self.ratio, uint8=self.uint8)  # fmt: skip
+            return train_view(
+                pixels,
+                self.size,
+                rng,
+                flip=self.flip,
+                mean=self.mean,
+                std=self.std,
+                scale=self.scale,
+                ratio=self.ratio,
+                uint8=self.uint8,
+            )
         if self.crop == "pad":
             out = pad_crop_view(pixels, view_shape(self.size), rng, pad=self.pad, flip=self.flip)
         else:
             out = resize_centre(pixels, self.size, 1.0)
             out = out[:, ::-1] if self.flip and rng.random() < 0.5 else out
-        return np.ascontiguousarray(out.transpose(2, 0, 1)) if self.uint8 else normalize(out, self.mean, self.std)
+        return (
+            np.ascontiguousarray(out.transpose(2, 0, 1))
+            if self.uint8
+            else normalize(out, self.mean, self.std)
+        )
 
     def normalize_batch(self, views: np.ndarray) -> np.ndarray:
         """uint8 [B, C, S, S] train views (``uint8=True``) → the float32 views ``uint8=False`` makes."""

@@ -33,11 +33,20 @@ from raydist.data.standardize import (
     load_standardization,
 )
 
-SPLIT_NAMES = {"train": "train", "val": "val", "valid": "val", "validation": "val", "dev": "val", "test": "test"}
+SPLIT_NAMES = {
+    "train": "train",
+    "val": "val",
+    "valid": "val",
+    "validation": "val",
+    "dev": "val",
+    "test": "test",
+}
 SPLIT_CODES = {0: "train", 1: "val", 2: "test"}
 
 
-def flip_labels(labels: np.ndarray, sample_ids: np.ndarray, *, p: float, num_classes: int, seed: int) -> np.ndarray:
+def flip_labels(
+    labels: np.ndarray, sample_ids: np.ndarray, *, p: float, num_classes: int, seed: int
+) -> np.ndarray:
     """Symmetric label noise (docs/algorithms.md#label-noise): each label y is kept with probability 1 − p
     and otherwise replaced by ``(y + s) mod K``, s uniform on {1, …, K−1} — a uniformly chosen other class.
     The draws are a function of (sample id, seed) alone, so a row gets the same noisy label in any order,
@@ -49,7 +58,9 @@ def flip_labels(labels: np.ndarray, sample_ids: np.ndarray, *, p: float, num_cla
     if num_classes < 2:
         raise RaydistDataError(f"flipping a label needs at least 2 classes, got {num_classes}")
     flip = uniform_by_id(sample_ids, seed, 0) < p
-    shift = 1 + np.minimum((uniform_by_id(sample_ids, seed, 1) * (num_classes - 1)).astype(np.int64), num_classes - 2)
+    shift = 1 + np.minimum(
+        (uniform_by_id(sample_ids, seed, 1) * (num_classes - 1)).astype(np.int64), num_classes - 2
+    )
     return np.where(flip, (labels + shift) % num_classes, labels)
 
 
@@ -75,30 +86,52 @@ def corrupt_labels(src: str | Path, out: str | Path, *, p: float, seed: int, ove
     classes = manifest.num_classes
     if classes < 2:
         raise RaydistDataError(f"{src}: num_classes is {classes}; flipping a label needs at least 2 classes")
-    rows_per_shard = max((s.rows for info in manifest.splits.values() for s in info.shards),
-                         default=DEFAULT_ROWS_PER_SHARD)
+    rows_per_shard = max(
+        (s.rows for info in manifest.splits.values() for s in info.shards), default=DEFAULT_ROWS_PER_SHARD
+    )
     tables = {split: read_split(src, split) for split in SPLITS}
     for split, table in tables.items():
         if CAPTION in table.column_names:
-            raise RaydistDataError(f"{src}: split {split!r} has a '{CAPTION}' column, which a labels dataset "
-                                   "written by raydist cannot carry")
+            raise RaydistDataError(
+                f"{src}: split {split!r} has a '{CAPTION}' column, which a labels dataset "
+                "written by raydist cannot carry"
+            )
     flipped = 0
-    source: dict[str, Any] = {"transform": "corrupt_labels", "src": str(src.resolve()), "p": p, "seed": seed,
-                              "noise": "symmetric: train label flipped with probability p to a uniform "
-                                       "other class; val/test unchanged"}
-    with DatasetWriter(out, task="labels", num_classes=classes, rows_per_shard=rows_per_shard, source=source,
-                       overwrite=overwrite) as writer:
+    source: dict[str, Any] = {
+        "transform": "corrupt_labels",
+        "src": str(src.resolve()),
+        "p": p,
+        "seed": seed,
+        "noise": "symmetric: train label flipped with probability p to a uniform "
+        "other class; val/test unchanged",
+    }
+    with DatasetWriter(
+        out,
+        task="labels",
+        num_classes=classes,
+        rows_per_shard=rows_per_shard,
+        source=source,
+        overwrite=overwrite,
+    ) as writer:
         writer.class_names, writer.standardization = manifest.class_names, load_standardization(src)
         for split, table in tables.items():
             labels = table.column(LABEL).to_numpy()
             clean = table.column(CLEAN_LABEL if CLEAN_LABEL in table.column_names else LABEL).to_numpy()
             if split == "train":
-                noisy = flip_labels(labels, table.column(SAMPLE_ID).to_numpy(), p=p, num_classes=classes, seed=seed)
+                noisy = flip_labels(
+                    labels, table.column(SAMPLE_ID).to_numpy(), p=p, num_classes=classes, seed=seed
+                )
                 flipped = int((noisy != labels).sum())
                 labels = noisy
             feats = feature_matrix(table.column(IMAGE)).astype(np.dtype(manifest.feature_dtype))
-            writer.add_split(split, table.column(IMAGE_ID).to_numpy(), table.column(SAMPLE_ID).to_numpy(),
-                             feats, labels=labels, clean_labels=clean)
+            writer.add_split(
+                split,
+                table.column(IMAGE_ID).to_numpy(),
+                table.column(SAMPLE_ID).to_numpy(),
+                feats,
+                labels=labels,
+                clean_labels=clean,
+            )
         writer.source.update({"flipped_train_rows": flipped, "parent_source": manifest.source})
     return out
 
@@ -124,13 +157,16 @@ def _npz_arrays(path: Path) -> dict[str, np.ndarray]:
 def _checked_features(path: Path, x: np.ndarray) -> np.ndarray:
     """``X`` as float32 (float16 kept) ``[N, D]``; errors name the file and the first non-finite row."""
     if x.ndim != 2 or x.dtype.kind not in "fiu" or 0 in x.shape:
-        raise RaydistDataError(f"{path}: array 'X': expected a non-empty 2-D numeric array [rows, dim], "
-                               f"got {x.dtype} {x.shape}")
+        raise RaydistDataError(
+            f"{path}: array 'X': expected a non-empty 2-D numeric array [rows, dim], got {x.dtype} {x.shape}"
+        )
     feats = x.astype(np.float16 if x.dtype == np.float16 else np.float32)
     bad = np.flatnonzero(~np.isfinite(feats).all(axis=1))
     if len(bad):
-        raise RaydistDataError(f"{path}: array 'X': row {int(bad[0])}: non-finite feature (NaN or inf, or "
-                               f"beyond float32 range); {len(bad)} such row(s)")
+        raise RaydistDataError(
+            f"{path}: array 'X': row {int(bad[0])}: non-finite feature (NaN or inf, or "
+            f"beyond float32 range); {len(bad)} such row(s)"
+        )
     return feats
 
 
@@ -139,13 +175,16 @@ def _class_labels(path: Path, y: np.ndarray, rows: int) -> tuple[np.ndarray, lis
     for integers, booleans and whole-number floats; code-point order for strings and UTF-8 bytes): class k is
     the k-th smallest distinct label."""
     if y.ndim != 1 or len(y) != rows:
-        raise RaydistDataError(f"{path}: array 'y' has shape {y.shape} but array 'X' has {rows} rows: expected "
-                               f"shape ({rows},)")
+        raise RaydistDataError(
+            f"{path}: array 'y' has shape {y.shape} but array 'X' has {rows} rows: expected shape ({rows},)"
+        )
     if y.dtype.kind == "f":
         bad = np.flatnonzero(~np.isfinite(y) | (y != np.round(y)))
         if len(bad):
-            raise RaydistDataError(f"{path}: array 'y': row {int(bad[0])}: label {y[bad[0]]!r} is not an "
-                                   "integer (class labels are integers or strings)")
+            raise RaydistDataError(
+                f"{path}: array 'y': row {int(bad[0])}: label {y[bad[0]]!r} is not an "
+                "integer (class labels are integers or strings)"
+            )
         y = y.astype(np.int64)
     elif y.dtype.kind == "S":
         try:
@@ -153,32 +192,39 @@ def _class_labels(path: Path, y: np.ndarray, rows: int) -> tuple[np.ndarray, lis
         except UnicodeDecodeError as e:
             raise RaydistDataError(f"{path}: array 'y': a label is not UTF-8 text: {e}") from e
     elif y.dtype.kind not in "iubU":
-        raise RaydistDataError(f"{path}: array 'y': expected integer or string class labels, got dtype "
-                               f"{y.dtype}")
+        raise RaydistDataError(
+            f"{path}: array 'y': expected integer or string class labels, got dtype {y.dtype}"
+        )
     if y.dtype.kind == "U":
         blank = np.flatnonzero(np.char.strip(y) == "")
         if len(blank):
-            raise RaydistDataError(f"{path}: array 'y': row {int(blank[0])}: empty class label; {len(blank)} "
-                                   "such row(s)")
+            raise RaydistDataError(
+                f"{path}: array 'y': row {int(blank[0])}: empty class label; {len(blank)} such row(s)"
+            )
     values, dense = np.unique(y, return_inverse=True)
     names = [str(v) for v in values.tolist()]
     return dense.astype(np.int64).reshape(-1), names
 
 
-def _standardized_features(path: Path, stats: FeatureStandardization, x: np.ndarray,
-                           dtype: np.dtype) -> np.ndarray:
+def _standardized_features(
+    path: Path, stats: FeatureStandardization, x: np.ndarray, dtype: np.dtype
+) -> np.ndarray:
     """``X`` standardised with the train statistics, in the dtype the features are stored in; a constant
     train feature is named in a warning (its std is taken as 1, so it is only centred)."""
     if stats.zero_variance:
         shown = ", ".join(str(i) for i in stats.zero_variance[:10])
         more = f" (+{len(stats.zero_variance) - 10} more)" if len(stats.zero_variance) > 10 else ""
-        warn(f"{path}: array 'X': {len(stats.zero_variance)} feature(s) constant on train (zero variance): "
-             f"{shown}{more}; their std is taken as 1, so they are only centred")
+        warn(
+            f"{path}: array 'X': {len(stats.zero_variance)} feature(s) constant on train (zero variance): "
+            f"{shown}{more}; their std is taken as 1, so they are only centred"
+        )
     feats = stats.apply(x).astype(dtype)
     bad = np.flatnonzero(~np.isfinite(feats).all(axis=1))
     if len(bad):
-        raise RaydistDataError(f"{path}: array 'X': row {int(bad[0])}: a standardised feature does not fit "
-                               f"{dtype}; {len(bad)} such row(s)")
+        raise RaydistDataError(
+            f"{path}: array 'X': row {int(bad[0])}: a standardised feature does not fit "
+            f"{dtype}; {len(bad)} such row(s)"
+        )
     return feats
 
 
@@ -186,14 +232,18 @@ def _warn_scale_spread(path: Path, train_features: np.ndarray) -> None:
     """Warn (stderr) when the per-feature train std spans more than ``SCALE_SPREAD_WARNING``."""
     spread = feature_scale_spread(train_features)
     if spread > SCALE_SPREAD_WARNING:
-        warn(f"{path}: array 'X': feature scales differ by a factor of {spread:.3g} (max/min per-feature std "
-             "on train), so distances follow the largest features; consider --standardize")
+        warn(
+            f"{path}: array 'X': feature scales differ by a factor of {spread:.3g} (max/min per-feature std "
+            "on train), so distances follow the largest features; consider --standardize"
+        )
 
 
 def _split_of_rows(path: Path, split: np.ndarray, rows: int) -> np.ndarray:
     """Canonical split name per row from the ``split`` array (names or codes 0/1/2)."""
     if split.ndim != 1 or len(split) != rows:
-        raise RaydistDataError(f"{path}: array 'split' has shape {split.shape}; expected ({rows},), one per row")
+        raise RaydistDataError(
+            f"{path}: array 'split' has shape {split.shape}; expected ({rows},), one per row"
+        )
     raw = split.tolist()
     if split.dtype.kind in "iu":
         table, keys = SPLIT_CODES, raw
@@ -205,8 +255,9 @@ def _split_of_rows(path: Path, split: np.ndarray, rows: int) -> np.ndarray:
     out = np.empty(rows, dtype=object)
     for r, key in enumerate(keys):
         if key not in table:
-            raise RaydistDataError(f"{path}: array 'split': row {r}: unknown value {raw[r]!r}; accepted: "
-                                   f"{sorted(table)}")
+            raise RaydistDataError(
+                f"{path}: array 'split': row {r}: unknown value {raw[r]!r}; accepted: {sorted(table)}"
+            )
         out[r] = table[key]
     return out
 
@@ -222,7 +273,7 @@ def _stratified_split(labels: np.ndarray, val_fraction: float, test_fraction: fl
         n_test = min(int(np.floor(n * test_fraction + 0.5)), n - 1)
         n_val = min(int(np.floor(n * val_fraction + 0.5)), n - 1 - n_test)
         out[members[:n_test]] = "test"
-        out[members[n_test:n_test + n_val]] = "val"
+        out[members[n_test : n_test + n_val]] = "val"
     return out
 
 
@@ -257,8 +308,10 @@ def convert_npz(
     """
     path = Path(src)
     if not (0 < val_fraction < 1 and 0 < test_fraction < 1 and val_fraction + test_fraction < 1):
-        raise RaydistDataError(f"val_fraction and test_fraction must be > 0 with a sum < 1, got {val_fraction} "
-                               f"and {test_fraction}")
+        raise RaydistDataError(
+            f"val_fraction and test_fraction must be > 0 with a sum < 1, got {val_fraction} "
+            f"and {test_fraction}"
+        )
     arrays = _npz_arrays(path)
     for name in ("X", "y"):
         if name not in arrays:
@@ -273,8 +326,9 @@ def convert_npz(
         source["split_rule"] = "split array"
     else:
         split_of = _stratified_split(dense, val_fraction, test_fraction, seed)
-        source["split_rule"] = (f"stratified by label: val_fraction {val_fraction}, test_fraction "
-                                f"{test_fraction}, seed {seed}")
+        source["split_rule"] = (
+            f"stratified by label: val_fraction {val_fraction}, test_fraction {test_fraction}, seed {seed}"
+        )
     members = {split: np.flatnonzero(split_of == split) for split in SPLITS}
     for split, rows in members.items():
         if not len(rows):
@@ -286,8 +340,14 @@ def convert_npz(
         source["standardization"] = f"(x - mean) / std, train mean and std ({STANDARDIZATION_NAME})"
     else:
         _warn_scale_spread(path, arrays["X"][members["train"]])
-    with DatasetWriter(out, task="labels", num_classes=len(class_names), rows_per_shard=rows_per_shard,
-                       source=source, overwrite=overwrite) as writer:
+    with DatasetWriter(
+        out,
+        task="labels",
+        num_classes=len(class_names),
+        rows_per_shard=rows_per_shard,
+        source=source,
+        overwrite=overwrite,
+    ) as writer:
         writer.class_names = class_names if remapped else None
         writer.standardization = stats
         for split, rows in members.items():

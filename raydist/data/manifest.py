@@ -67,8 +67,9 @@ def _height_width(size: list[int]) -> list[int]:
 
 def _every_split(splits: dict[str, SplitInfo]) -> dict[str, SplitInfo]:
     missing, unknown = [s for s in SPLITS if s not in splits], sorted(set(splits) - set(SPLITS))
-    problems = [f"{what} split(s) {names}" for what, names in (("missing", missing), ("unknown", unknown))
-                if names]
+    problems = [
+        f"{what} split(s) {names}" for what, names in (("missing", missing), ("unknown", unknown)) if names
+    ]
     if problems:
         raise ValueError(f"{'; '.join(problems)}; expected {list(SPLITS)}")
     return {s: splits[s] for s in SPLITS}
@@ -129,8 +130,9 @@ class Manifest:
         if self.image_format == "features":
             out.update(feature_dim=self.feature_dim, feature_dtype=self.feature_dtype)
         else:
-            out.update(image_format=self.image_format, image_channels=self.image_channels,
-                       image_size=self.image_size)
+            out.update(
+                image_format=self.image_format, image_channels=self.image_channels, image_size=self.image_size
+            )
         if self.vocab is not None:
             out["vocab"] = self.vocab
         if self.num_classes is not None:
@@ -173,8 +175,10 @@ def load_manifest(dataset_dir: str | Path) -> Manifest:
     """Read and check ``manifest.json``; every defect raises RaydistDataError naming file and field."""
     path = Path(dataset_dir) / MANIFEST_NAME
     if not path.is_file():
-        raise RaydistDataError(f"{path}: missing; a dataset folder needs {MANIFEST_NAME} (is {dataset_dir} "
-                               "a raydist dataset? create one with `raydist make-data` or `raydist convert`)")
+        raise RaydistDataError(
+            f"{path}: missing; a dataset folder needs {MANIFEST_NAME} (is {dataset_dir} "
+            "a raydist dataset? create one with `raydist make-data` or `raydist convert`)"
+        )
     try:
         raw = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -194,7 +198,9 @@ def _image_fields_problem(manifest: Manifest) -> str | None:
         return "field 'feature_dim': an 'encoded' dataset has no feature dim (expected absent or null)"
     for name in ("image_channels", "image_size"):
         if (getattr(manifest, name) is None) == encoded:
-            need = "missing (image_format 'encoded' needs it)" if encoded else "only an 'encoded' dataset has it"
+            need = (
+                "missing (image_format 'encoded' needs it)" if encoded else "only an 'encoded' dataset has it"
+            )
             return f"field '{name}': {need}"
     if manifest.standardization is not None and encoded:
         return "field 'standardization': only a dataset of feature vectors can be standardised"
@@ -209,8 +215,10 @@ def _class_names_problem(manifest: Manifest) -> str | None:
     if manifest.num_classes is None:
         return "field 'class_names': only a dataset with num_classes has class names"
     if len(names) != manifest.num_classes or len(set(names)) != len(names):
-        return (f"field 'class_names': expected {manifest.num_classes} distinct names (num_classes), got "
-                f"{len(names)} with {len(set(names))} distinct")
+        return (
+            f"field 'class_names': expected {manifest.num_classes} distinct names (num_classes), got "
+            f"{len(names)} with {len(set(names))} distinct"
+        )
     return None
 
 
@@ -224,8 +232,10 @@ def manifest_from_dict(raw: Any, where: str = MANIFEST_NAME) -> Manifest:
         raise RaydistDataError(f"{where}: field 'format_version': missing")
     version = raw["format_version"]
     if type(version) is not int or version != FORMAT_VERSION:
-        raise RaydistDataError(f"{where}: field 'format_version': unknown version {version!r}; "
-                               f"this raydist reads {FORMAT_VERSION}")
+        raise RaydistDataError(
+            f"{where}: field 'format_version': unknown version {version!r}; "
+            f"this raydist reads {FORMAT_VERSION}"
+        )
     try:
         manifest = _MANIFEST.validate_python(raw)
     except ValidationError as e:

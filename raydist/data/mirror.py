@@ -84,7 +84,9 @@ def side_caption_share(captions: list[str]) -> float:
 
 def _column(data_dir: Path, split: str, column: str) -> list:
     manifest = load_manifest(data_dir)
-    files = [data_dir / shard.file for shard in manifest.splits[split].shards] if split in manifest.splits else []
+    files = (
+        [data_dir / shard.file for shard in manifest.splits[split].shards] if split in manifest.splits else []
+    )
     return [v for f in files for v in pq.read_table(f, columns=[column]).column(column).to_pylist()]
 
 
@@ -103,7 +105,10 @@ def mirror_verdict(data_dir: str | Path, seed: int = 0) -> MirrorVerdict:
         references, queries = [train[i] for i in order[:MAX_REFERENCES]], val
     else:  # hold out part of train as the queries
         cut = max(len(train) // 5, 1)
-        queries, references = [train[i] for i in order[:cut]], [train[i] for i in order[cut : cut + MAX_REFERENCES]]
+        queries, references = (
+            [train[i] for i in order[:cut]],
+            [train[i] for i in order[cut : cut + MAX_REFERENCES]],
+        )
     queries = [queries[i] for i in np.sort(rng.permutation(len(queries))[:MAX_QUERIES])]
     share = farther_share(thumbnails(queries), thumbnails(references))
     sides = None

@@ -22,7 +22,13 @@ DEFAULT_IMAGES_PER_SHARD = 1024  # encoded images: about 100-200 MB of JPEG byte
 IMAGE_FORMATS = ("features", "encoded")
 
 IMAGE_ID, SAMPLE_ID, IMAGE, CAPTION, CAPTIONS, LABEL, CLEAN_LABEL = (
-    "image_id", "sample_id", "image", "caption", "captions", "label", "clean_label"
+    "image_id",
+    "sample_id",
+    "image",
+    "caption",
+    "captions",
+    "label",
+    "clean_label",
 )
 COLUMNS = {  # per image format: the columns a shard may have
     "features": (IMAGE_ID, SAMPLE_ID, IMAGE, CAPTION, LABEL, CLEAN_LABEL),
@@ -65,8 +71,11 @@ def arrow_schema(
         pa.field(IMAGE, image_type, nullable=False),
     ]
     if captions:
-        fields.append(pa.field(CAPTIONS, pa.list_(pa.string()), nullable=False) if encoded
-                      else pa.field(CAPTION, pa.string(), nullable=False))
+        fields.append(
+            pa.field(CAPTIONS, pa.list_(pa.string()), nullable=False)
+            if encoded
+            else pa.field(CAPTION, pa.string(), nullable=False)
+        )
     if labels:
         fields.append(pa.field(LABEL, pa.int64(), nullable=False))
     if clean_labels:
@@ -78,13 +87,16 @@ def _is_string(typ: pa.DataType) -> bool:
     return typ in (pa.string(), pa.large_string())
 
 
-def column_type_problem(name: str, typ: pa.DataType, feature_dim: int | None,
-                        image_format: str = "features") -> str | None:
+def column_type_problem(
+    name: str, typ: pa.DataType, feature_dim: int | None, image_format: str = "features"
+) -> str | None:
     """Why column ``name`` of Arrow type ``typ`` is not allowed in a shard of ``image_format``, or None when
     it is (``feature_dim`` is the manifest's, for ``features``)."""
     if name not in COLUMNS[image_format]:
-        other = {CAPTION: f"; an {image_format} dataset holds an image's captions in '{CAPTIONS}'",
-                 CAPTIONS: f"; a {image_format} dataset holds one caption per row in '{CAPTION}'"}.get(name, "")
+        other = {
+            CAPTION: f"; an {image_format} dataset holds an image's captions in '{CAPTIONS}'",
+            CAPTIONS: f"; a {image_format} dataset holds one caption per row in '{CAPTION}'",
+        }.get(name, "")
         return f"unexpected column (allowed: {', '.join(COLUMNS[image_format])}){other}"
     if name in (IMAGE_ID, SAMPLE_ID, LABEL, CLEAN_LABEL):
         return None if typ == pa.int64() else f"expected int64, got {typ}"

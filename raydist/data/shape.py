@@ -32,8 +32,13 @@ def dataset_shape(dataset_dir: str | Path) -> DataShape:
     manifest = load_manifest(root)
     train = manifest.splits["train"]
     if train.images >= SMALL_MAX_IMAGES:
-        return DataShape(task=manifest.task, train_rows=train.rows, train_images=train.images,
-                         train_captions=train.rows, shared_caption_images=None)  # fmt: skip
+        return DataShape(
+            task=manifest.task,
+            train_rows=train.rows,
+            train_images=train.images,
+            train_captions=train.rows,
+            shared_caption_images=None,
+        )
     column = CAPTIONS if manifest.image_format == "encoded" else CAPTION
     image_ids: list[int] = []
     captions: list[list[str]] = []
@@ -45,6 +50,10 @@ def dataset_shape(dataset_dir: str | Path) -> DataShape:
         image_ids += table.column(IMAGE_ID).to_pylist()
         texts = table.column(column).to_pylist()
         captions += texts if column == CAPTIONS else [[t] for t in texts]
-    return DataShape(task=manifest.task, train_rows=train.rows, train_images=train.images,
-                     train_captions=sum(map(len, captions)),
-                     shared_caption_images=shared_caption_images(image_ids, captions))  # fmt: skip
+    return DataShape(
+        task=manifest.task,
+        train_rows=train.rows,
+        train_images=train.images,
+        train_captions=sum(map(len, captions)),
+        shared_caption_images=shared_caption_images(image_ids, captions),
+    )

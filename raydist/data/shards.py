@@ -75,8 +75,10 @@ def _caption_array(captions: Sequence[str] | Sequence[Sequence[str]], typ: pa.Da
     if pa.types.is_list(typ):
         row = next((r for r, c in enumerate(captions) if isinstance(c, (str, bytes))), None)
         if row is not None:
-            raise RaydistDataError(f"captions: row {row} is a string; each row of encoded images holds the "
-                                   "list of the image's captions")
+            raise RaydistDataError(
+                f"captions: row {row} is a string; each row of encoded images holds the "
+                "list of the image's captions"
+            )
     try:
         return pa.array(list(captions), typ)
     except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
@@ -134,7 +136,9 @@ def write_split(
     encoded = not isinstance(features, np.ndarray)
     caption_column = CAPTIONS if encoded else CAPTION
     if captions is not None and len(captions) != n:
-        raise RaydistDataError(f"column '{caption_column}': expected {n} captions (one per row), got {len(captions)}")
+        raise RaydistDataError(
+            f"column '{caption_column}': expected {n} captions (one per row), got {len(captions)}"
+        )
     if not encoded and features.ndim != 2:
         raise RaydistDataError(f"features must be a 2-D array [rows, dim], got shape {features.shape}")
     index = _column(feature_index, n, "feature_index")
@@ -146,8 +150,14 @@ def write_split(
         raise RaydistDataError(f"split {split!r} has no rows")
     dim = None if encoded else features.shape[1]
     dtype = "float16" if not encoded and features.dtype == np.float16 else "float32"
-    schema = arrow_schema(task, dim, feature_dtype=dtype, captions=captions is not None,
-                          labels=labels is not None, clean_labels=clean_labels is not None)
+    schema = arrow_schema(
+        task,
+        dim,
+        feature_dtype=dtype,
+        captions=captions is not None,
+        labels=labels is not None,
+        clean_labels=clean_labels is not None,
+    )
     image_format = "encoded" if encoded else "features"
     split_dir = Path(out_dir) / split
     split_dir.mkdir(parents=True, exist_ok=True)
@@ -163,17 +173,31 @@ def write_split(
                 positions = index[a:b] if index is not None else range(a, b)
                 data[IMAGE] = pa.array([features[int(r)] for r in positions], pa.binary())
             else:
-                feats = np.ascontiguousarray(features[rows], dtype=np.float16 if dtype == "float16" else np.float32)
+                feats = np.ascontiguousarray(
+                    features[rows], dtype=np.float16 if dtype == "float16" else np.float32
+                )
                 data[IMAGE] = pa.FixedSizeListArray.from_arrays(pa.array(feats.reshape(-1)), dim)
             if captions is not None:
                 data[caption_column] = _caption_array(captions[a:b], schema.field(caption_column).type)
             table = pa.table({f.name: data[f.name] for f in schema}, schema=schema)
             file = f"{split}/{SHARD_PATTERN.format(index=k)}"
-            problems = table_problems(table, file, task=task, feature_dim=dim, feature_dtype=dtype,
-                                      num_classes=num_classes, expected_rows=None, image_format=image_format)
+            problems = table_problems(
+                table,
+                file,
+                task=task,
+                feature_dim=dim,
+                feature_dtype=dtype,
+                num_classes=num_classes,
+                expected_rows=None,
+                image_format=image_format,
+            )
             if encoded:
-                problems += decode_problems(table, file, infos=image_infos,
-                                            sources=None if image_sources is None else image_sources[a:b])
+                problems += decode_problems(
+                    table,
+                    file,
+                    infos=image_infos,
+                    sources=None if image_sources is None else image_sources[a:b],
+                )
             problems += tracker.add(table, file)
             sample_tracker.add(table, file)
             problems += tracker.finish() if b == n else []
@@ -202,9 +226,16 @@ class DatasetWriter:
     a non-empty folder that is not a dataset.
     """
 
-    def __init__(self, out_dir: str | Path, *, task: str = "pairs", num_classes: int | None = None,
-                 rows_per_shard: int = DEFAULT_ROWS_PER_SHARD, source: dict[str, Any] | None = None,
-                 overwrite: bool = False) -> None:
+    def __init__(
+        self,
+        out_dir: str | Path,
+        *,
+        task: str = "pairs",
+        num_classes: int | None = None,
+        rows_per_shard: int = DEFAULT_ROWS_PER_SHARD,
+        source: dict[str, Any] | None = None,
+        overwrite: bool = False,
+    ) -> None:
         self.out_dir = Path(out_dir)
         self.task, self.num_classes, self.rows_per_shard = task, num_classes, rows_per_shard
         self.source = dict(source or {})
@@ -221,7 +252,9 @@ class DatasetWriter:
             raise RaydistDataError("task 'labels' needs num_classes")
         self._check_target()
         self.out_dir.parent.mkdir(parents=True, exist_ok=True)
-        self.staging = self.out_dir.parent / f".{self.out_dir.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.staging = (
+            self.out_dir.parent / f".{self.out_dir.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        )
         self.staging.mkdir()
 
     def _check_target(self) -> None:
@@ -229,35 +262,68 @@ class DatasetWriter:
         if not out.exists() or (out.is_dir() and not any(out.iterdir())):
             return
         if not self.overwrite:
-            raise RaydistDataError(f"{out} already exists and is not empty; choose another folder or "
-                                   "overwrite=True (--overwrite) to replace a dataset")
+            raise RaydistDataError(
+                f"{out} already exists and is not empty; choose another folder or "
+                "overwrite=True (--overwrite) to replace a dataset"
+            )
         if not (out / MANIFEST_NAME).is_file():
-            raise RaydistDataError(f"{out} is not empty and holds no {MANIFEST_NAME}; refusing to replace a "
-                                   "folder that is not a raydist dataset")
+            raise RaydistDataError(
+                f"{out} is not empty and holds no {MANIFEST_NAME}; refusing to replace a "
+                "folder that is not a raydist dataset"
+            )
 
-    def add_split(self, split: str, image_ids: np.ndarray, sample_ids: np.ndarray,
-                  features: np.ndarray | Sequence[bytes], captions: Sequence[str] | Sequence[Sequence[str]] | None = None,
-                  labels: np.ndarray | None = None, clean_labels: np.ndarray | None = None, *,
-                  feature_index: np.ndarray | None = None, image_sources: Sequence[str] | None = None) -> SplitInfo:
+    def add_split(
+        self,
+        split: str,
+        image_ids: np.ndarray,
+        sample_ids: np.ndarray,
+        features: np.ndarray | Sequence[bytes],
+        captions: Sequence[str] | Sequence[Sequence[str]] | None = None,
+        labels: np.ndarray | None = None,
+        clean_labels: np.ndarray | None = None,
+        *,
+        feature_index: np.ndarray | None = None,
+        image_sources: Sequence[str] | None = None,
+    ) -> SplitInfo:
         """Write one split (arguments as :func:`write_split`); the image format, and feature dim and dtype,
         must match across splits."""
         if split in self.splits:
             raise RaydistDataError(f"split {split!r} was already written")
         if (captions is None) != (self.task == "labels"):
-            raise RaydistDataError(f"task {self.task!r}: captions must be {'absent' if self.task == 'labels' else 'given'}")
+            raise RaydistDataError(
+                f"task {self.task!r}: captions must be {'absent' if self.task == 'labels' else 'given'}"
+            )
         image_format = "features" if isinstance(features, np.ndarray) else "encoded"
         if self.image_format not in (None, image_format):
-            raise RaydistDataError(f"split {split!r}: images are {image_format} but earlier splits are "
-                                   f"{self.image_format}")
+            raise RaydistDataError(
+                f"split {split!r}: images are {image_format} but earlier splits are {self.image_format}"
+            )
         if image_format == "features":
             dtype = "float16" if features.dtype == np.float16 else "float32"
-            if self.feature_dim is not None and (features.shape[-1], dtype) != (self.feature_dim, self.feature_dtype):
-                raise RaydistDataError(f"split {split!r}: features are {dtype}[{features.shape[-1]}] but earlier "
-                                       f"splits are {self.feature_dtype}[{self.feature_dim}]")
+            if self.feature_dim is not None and (features.shape[-1], dtype) != (
+                self.feature_dim,
+                self.feature_dtype,
+            ):
+                raise RaydistDataError(
+                    f"split {split!r}: features are {dtype}[{features.shape[-1]}] but earlier "
+                    f"splits are {self.feature_dtype}[{self.feature_dim}]"
+                )
         infos: list[ImageInfo] = []
-        shards = write_split(self.staging, split, image_ids, sample_ids, features, captions, labels, clean_labels,
-                             self.rows_per_shard, feature_index=feature_index, num_classes=self.num_classes,
-                             image_infos=infos, image_sources=image_sources)
+        shards = write_split(
+            self.staging,
+            split,
+            image_ids,
+            sample_ids,
+            features,
+            captions,
+            labels,
+            clean_labels,
+            self.rows_per_shard,
+            feature_index=feature_index,
+            num_classes=self.num_classes,
+            image_infos=infos,
+            image_sources=image_sources,
+        )
         self.image_format = image_format
         if image_format == "features":
             self.feature_dim, self.feature_dtype = features.shape[-1], dtype
@@ -278,19 +344,29 @@ class DatasetWriter:
             self.vocab.save(self.staging / VOCAB_NAME)
         if self.standardization is not None:
             if self.standardization.feature_dim != self.feature_dim:
-                raise RaydistDataError(f"cannot commit {self.out_dir}: standardisation of "
-                                       f"{self.standardization.feature_dim} features, but features have "
-                                       f"{self.feature_dim}")
+                raise RaydistDataError(
+                    f"cannot commit {self.out_dir}: standardisation of "
+                    f"{self.standardization.feature_dim} features, but features have "
+                    f"{self.feature_dim}"
+                )
             write_standardization(self.staging, self.standardization)
         image_fields: dict[str, Any] = {"feature_dim": self.feature_dim, "feature_dtype": self.feature_dtype}
         if self.image_format == "encoded":
-            image_fields = {"image_format": "encoded",
-                            "image_channels": dataset_channels(i for infos in self.image_infos.values() for i in infos),
-                            "image_size": median_size(self.image_infos["train"])}
-        manifest = Manifest(task=self.task, splits=self.splits, vocab=VOCAB_NAME if self.task == "pairs" else None,
-                            num_classes=self.num_classes, class_names=self.class_names,
-                            standardization=STANDARDIZATION_NAME if self.standardization is not None else None,
-                            source=self.source, **image_fields)
+            image_fields = {
+                "image_format": "encoded",
+                "image_channels": dataset_channels(i for infos in self.image_infos.values() for i in infos),
+                "image_size": median_size(self.image_infos["train"]),
+            }
+        manifest = Manifest(
+            task=self.task,
+            splits=self.splits,
+            vocab=VOCAB_NAME if self.task == "pairs" else None,
+            num_classes=self.num_classes,
+            class_names=self.class_names,
+            standardization=STANDARDIZATION_NAME if self.standardization is not None else None,
+            source=self.source,
+            **image_fields,
+        )
         write_manifest(self.staging, manifest)
         self._check_target()
         trash = None
@@ -309,8 +385,9 @@ class DatasetWriter:
     def __enter__(self) -> DatasetWriter:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if exc_type is None:
             try:
                 self.commit()
@@ -355,8 +432,13 @@ def read_split(path: str | Path, split: str, verify: bool = True) -> pa.Table:
                 tables.append(pq.read_table(path / shard.file))
             except (pa.ArrowException, OSError) as e:
                 raise RaydistDataError(f"{path / shard.file}: cannot read shard: {e}") from e
-    types = {IMAGE: pa.binary() if manifest.image_format == "encoded" else pa.list_(pa.float32(), manifest.feature_dim),
-             CAPTION: pa.string(), CAPTIONS: pa.list_(pa.string())}
+    types = {
+        IMAGE: pa.binary()
+        if manifest.image_format == "encoded"
+        else pa.list_(pa.float32(), manifest.feature_dim),
+        CAPTION: pa.string(),
+        CAPTIONS: pa.list_(pa.string()),
+    }
     out = []
     for t in tables:
         for name, typ in types.items():
@@ -383,14 +465,20 @@ def feature_matrix(column: pa.Array | pa.ChunkedArray | np.ndarray) -> np.ndarra
     return values.reshape(len(column), dim).astype(np.float32, copy=False)
 
 
-def split_arrays(path: str | Path, split: str, verify: bool = True
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+def split_arrays(
+    path: str | Path, split: str, verify: bool = True
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
     """``(image_ids int64 [N], sample_ids int64 [N], features float32 [N, D], captions [N])`` of a split."""
     table = read_split(path, split, verify=verify)
     if table.schema.field(IMAGE).type == pa.binary():
-        raise RaydistDataError(f"{path}: split {split!r} holds encoded images, not feature vectors (read_split "
-                               "gives its table)")
+        raise RaydistDataError(
+            f"{path}: split {split!r} holds encoded images, not feature vectors (read_split gives its table)"
+        )
     if CAPTION not in table.column_names:
         raise RaydistDataError(f"{path}: split {split!r} has no caption column (task 'labels')")
-    return (table.column(IMAGE_ID).to_numpy(), table.column(SAMPLE_ID).to_numpy(),
-            feature_matrix(table.column(IMAGE)), table.column(CAPTION).to_pylist())
+    return (
+        table.column(IMAGE_ID).to_numpy(),
+        table.column(SAMPLE_ID).to_numpy(),
+        feature_matrix(table.column(IMAGE)),
+        table.column(CAPTION).to_pylist(),
+    )

@@ -36,15 +36,23 @@ class FeatureStandardization:
         """``(features − mean) / std`` in float64, for ``features`` of shape [N, D] or [D]."""
         x = np.asarray(features)
         if x.dtype.kind not in "fiu" or x.ndim not in (1, 2) or x.shape[-1] != self.feature_dim:
-            raise RaydistDataError(f"standardisation: expected numeric features of shape "
-                                   f"[N, {self.feature_dim}] or [{self.feature_dim}], got {x.dtype} {x.shape}")
+            raise RaydistDataError(
+                f"standardisation: expected numeric features of shape "
+                f"[N, {self.feature_dim}] or [{self.feature_dim}], got {x.dtype} {x.shape}"
+            )
         return (x.astype(np.float64) - self.mean) / self.std
 
     def to_json(self) -> dict[str, Any]:
         """What ``standardization.json`` holds (floats written exactly: JSON keeps a float64's repr)."""
-        return {"formula": "(x - mean) / std", "fitted_on": "train", "train_rows": self.train_rows,
-                "feature_dim": self.feature_dim, "zero_variance": list(self.zero_variance),
-                "mean": self.mean.tolist(), "std": self.std.tolist()}
+        return {
+            "formula": "(x - mean) / std",
+            "fitted_on": "train",
+            "train_rows": self.train_rows,
+            "feature_dim": self.feature_dim,
+            "zero_variance": list(self.zero_variance),
+            "mean": self.mean.tolist(),
+            "std": self.std.tolist(),
+        }
 
 
 def fit_standardization(train_features: np.ndarray) -> FeatureStandardization:
@@ -52,8 +60,9 @@ def fit_standardization(train_features: np.ndarray) -> FeatureStandardization:
     whose train values are all equal has zero variance and gets std 1."""
     x = np.asarray(train_features, dtype=np.float64)
     if x.ndim != 2 or 0 in x.shape:
-        raise RaydistDataError(f"standardisation: expected a non-empty [rows, dim] train matrix, got "
-                               f"{x.shape}")
+        raise RaydistDataError(
+            f"standardisation: expected a non-empty [rows, dim] train matrix, got {x.shape}"
+        )
     constant = np.ptp(x, axis=0) == 0
     std = np.where(constant, 1.0, x.std(axis=0))
     zero_variance = tuple(int(i) for i in np.flatnonzero(constant))
@@ -81,8 +90,10 @@ def standardization_from_json(raw: Any, where: str) -> FeatureStandardization:
         if not np.isfinite(arrays[name]).all():
             raise RaydistDataError(f"{where}: field {name!r}: expected finite numbers")
     if len(arrays["mean"]) != len(arrays["std"]):
-        raise RaydistDataError(f"{where}: fields 'mean' and 'std' have {len(arrays['mean'])} and "
-                               f"{len(arrays['std'])} entries; expected one per feature each")
+        raise RaydistDataError(
+            f"{where}: fields 'mean' and 'std' have {len(arrays['mean'])} and "
+            f"{len(arrays['std'])} entries; expected one per feature each"
+        )
     if (arrays["std"] <= 0).any():
         raise RaydistDataError(f"{where}: field 'std': entry {int(np.argmax(arrays['std'] <= 0))} is not > 0")
     zero, rows = raw.get("zero_variance", []), raw.get("train_rows", 0)
@@ -110,8 +121,10 @@ def load_standardization(path: str | Path) -> FeatureStandardization | None:
             return None
         stats = load_standardization(path / manifest.standardization)
         if stats is not None and stats.feature_dim != manifest.feature_dim:
-            raise RaydistDataError(f"{path / manifest.standardization}: {stats.feature_dim} features, but "
-                                   f"the manifest's feature_dim is {manifest.feature_dim}")
+            raise RaydistDataError(
+                f"{path / manifest.standardization}: {stats.feature_dim} features, but "
+                f"the manifest's feature_dim is {manifest.feature_dim}"
+            )
         return stats
     if not path.is_file():
         raise RaydistDataError(f"{path}: neither a dataset folder nor a {STANDARDIZATION_NAME} file")

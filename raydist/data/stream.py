@@ -59,8 +59,14 @@ def split_columns(data_dir: str | Path, split: str, columns: Sequence[str], *, v
     return out
 
 
-def train_arrays(data_dir: str | Path, columns: Sequence[str], transform: Transform, *, fraction: float = 1.0,
-                 seed: int = 0) -> Batch:  # fmt: skip
+def train_arrays(
+    data_dir: str | Path,
+    columns: Sequence[str],
+    transform: Transform,
+    *,
+    fraction: float = 1.0,
+    seed: int = 0,
+) -> Batch:
     """The whole train split, subset and transformed once (the in-memory path)."""
     return train_transform(transform, fraction, seed)(split_columns(data_dir, "train", columns))
 
@@ -75,8 +81,16 @@ class InMemoryBatches:
     pixels, so augmentation is drawn anew every epoch rather than once).
     """
 
-    def __init__(self, arrays: Batch, *, rows: int, rank: int, world: int, seed: int,
-                 epoch_transform: EpochTransform | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        arrays: Batch,
+        *,
+        rows: int,
+        rank: int,
+        world: int,
+        seed: int,
+        epoch_transform: EpochTransform | None = None,
+    ) -> None:
         self.arrays, self.rows, self.rank, self.world, self.seed = arrays, rows, rank, world, seed
         self.epoch_transform = epoch_transform
         self.num_rows = len(next(iter(arrays.values())))
@@ -135,8 +149,14 @@ def train_splits(epochs: int) -> tuple[str, ...]:
     return ("train", "train_next") if epochs > 1 else ("train",)
 
 
-def train_dataset(data_dir: str | Path, columns: Sequence[str], transform: Transform, *,
-                  num_cpus: float | None = None, concurrency: int | None = None) -> Any:  # fmt: skip
+def train_dataset(
+    data_dir: str | Path,
+    columns: Sequence[str],
+    transform: Transform,
+    *,
+    num_cpus: float | None = None,
+    concurrency: int | None = None,
+) -> Any:
     """The Ray Data stream of the train split: shards → selected columns → the task's transform, read and
     transformed in one Ray task per :func:`read_tasks` group of consecutive shards, one block each.
     ``num_cpus``/``concurrency`` (``data.transform_cpus``/``data.transform_concurrency``): the transform's
@@ -164,10 +184,18 @@ def train_dataset(data_dir: str | Path, columns: Sequence[str], transform: Trans
     return ds.select_columns(list(columns)).map_batches(transform, batch_format="numpy", **resources)
 
 
-def train_streams(data_dir: str | Path, columns: Sequence[str], transform: Transform,
-                  epoch_transform: EpochViews | None, *, epochs: int, fraction: float = 1.0, seed: int = 0,
-                  num_cpus: float | None = None,
-                  concurrency: int | None = None) -> tuple[dict[str, Any], dict[str, PassViews] | None]:  # fmt: skip
+def train_streams(
+    data_dir: str | Path,
+    columns: Sequence[str],
+    transform: Transform,
+    epoch_transform: EpochViews | None,
+    *,
+    epochs: int,
+    fraction: float = 1.0,
+    seed: int = 0,
+    num_cpus: float | None = None,
+    concurrency: int | None = None,
+) -> tuple[dict[str, Any], dict[str, PassViews] | None]:
     """The Ray Data datasets of a streamed train split by Ray Train dataset name (:func:`train_splits`), each
     :func:`train_dataset` of the :func:`train_subset` (``fraction``, ``seed``) of ``transform``. With an
     ``epoch_transform`` (encoded images, :class:`EpochViews`: the epoch's random views, caption draws, noisy
@@ -178,13 +206,22 @@ def train_streams(data_dir: str | Path, columns: Sequence[str], transform: Trans
         fn = transform
         if views is not None:
             fn = views[name] = PassViews(epoch_transform, EpochBoard.new())
-        datasets[name] = train_dataset(data_dir, columns, train_transform(fn, fraction, seed), num_cpus=num_cpus,
-                                       concurrency=concurrency)  # fmt: skip
+        datasets[name] = train_dataset(
+            data_dir, columns, train_transform(fn, fraction, seed), num_cpus=num_cpus, concurrency=concurrency
+        )
     return datasets, views
 
 
-def stream_epoch(shard: Any, *, rows: int, shuffle_buffer: int, seed: int, epoch: int, rank: int,
-                 blocks: Iterable[Batch] | None = None) -> Iterator[Batch]:  # fmt: skip
+def stream_epoch(
+    shard: Any,
+    *,
+    rows: int,
+    shuffle_buffer: int,
+    seed: int,
+    epoch: int,
+    rank: int,
+    blocks: Iterable[Batch] | None = None,
+) -> Iterator[Batch]:
     """This worker's full batches of ``rows`` rows of a streamed epoch: Ray Data hands over whole blocks and
     :func:`local_batches` cuts them, shuffled with a generator seeded by (seed, epoch, rank) when
     ``shuffle_buffer`` > 0. (Ray's own ``iter_batches(batch_size=rows, local_shuffle_buffer_size=…)`` took
@@ -217,13 +254,28 @@ class StreamedEpochs:
     epoch is announced on the shard's board before its pass is opened, every block's ``epoch`` column is
     checked against it and dropped, and each batch is finished (:meth:`PassViews.finish`)."""
 
-    def __init__(self, shards: Sequence[Any], *, rows: int, shuffle_buffer: int, seed: int, rank: int,
-                 epochs: int, views: Sequence[PassViews] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        shards: Sequence[Any],
+        *,
+        rows: int,
+        shuffle_buffer: int,
+        seed: int,
+        rank: int,
+        epochs: int,
+        views: Sequence[PassViews] | None = None,
+    ) -> None:
         if len(shards) not in (1, 2):
             raise ValueError(f"StreamedEpochs takes one split or two, got {len(shards)}")
         if views is not None and len(views) != len(shards):
             raise ValueError(f"one PassViews per split: {len(shards)} splits, {len(views)} views")
-        self.shards, self.rows, self.shuffle_buffer, self.seed, self.rank = list(shards), rows, shuffle_buffer, seed, rank
+        self.shards, self.rows, self.shuffle_buffer, self.seed, self.rank = (
+            list(shards),
+            rows,
+            shuffle_buffer,
+            seed,
+            rank,
+        )
         self.epochs, self.views = epochs, views
         self._ahead: tuple[int, Future[Iterator[Batch]]] | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="raydist-next-epoch")
@@ -232,15 +284,24 @@ class StreamedEpochs:
         """The batches of ``epoch``; the pass of ``epoch + 1`` is opened ahead (see the class)."""
         ahead, self._ahead = self._ahead, None
         shard = self.shards[epoch % len(self.shards)]
-        blocks = ahead[1].result() if ahead is not None and ahead[0] == epoch else self._open(epoch, _open_blocks)
+        blocks = (
+            ahead[1].result() if ahead is not None and ahead[0] == epoch else self._open(epoch, _open_blocks)
+        )
         if len(self.shards) == 2:
             self._open_ahead(epoch + 1)
         else:
             blocks = self._then_open(blocks, epoch + 1)
         if self.views is not None:
             blocks = _checked_epoch(blocks, epoch)
-        batches = stream_epoch(shard, rows=self.rows, shuffle_buffer=self.shuffle_buffer, seed=self.seed, epoch=epoch,
-                               rank=self.rank, blocks=blocks)  # fmt: skip
+        batches = stream_epoch(
+            shard,
+            rows=self.rows,
+            shuffle_buffer=self.shuffle_buffer,
+            seed=self.seed,
+            epoch=epoch,
+            rank=self.rank,
+            blocks=blocks,
+        )
         return batches if self.views is None else map(self.views[epoch % len(self.shards)].finish, batches)
 
     def _open(self, epoch: int, opener: Callable[[Any], Iterator[Batch]]) -> Iterator[Batch]:
@@ -265,8 +326,10 @@ def _checked_epoch(blocks: Iterable[Batch], epoch: int) -> Iterator[Batch]:
         made = block.pop(EPOCH_COLUMN, None)
         if made is None or len(made) and (made.min() != epoch or made.max() != epoch):
             found = "no epoch column" if made is None else f"views of epoch(s) {sorted(set(made.tolist()))}"
-            raise RuntimeError(f"streamed pass of epoch {epoch} delivered {found}: the Ray Data tasks and the "
-                               "training workers disagree on the epoch")  # fmt: skip
+            raise RuntimeError(
+                f"streamed pass of epoch {epoch} delivered {found}: the Ray Data tasks and the "
+                "training workers disagree on the epoch"
+            )
         yield block
 
 
@@ -277,8 +340,9 @@ def _first_block_fetched(shard: Any) -> Iterator[Batch]:
     return blocks if first is None else chain([first], blocks)
 
 
-def local_batches(blocks: Iterable[Batch], *, rows: int, shuffle_buffer: int,
-                  rng: np.random.Generator | None) -> Iterator[Batch]:  # fmt: skip
+def local_batches(
+    blocks: Iterable[Batch], *, rows: int, shuffle_buffer: int, rng: np.random.Generator | None
+) -> Iterator[Batch]:
     """Full batches of ``rows`` rows cut from a stream of column blocks; the last < ``rows`` rows are left out.
 
     Without ``rng`` rows keep their order. With it this is a local shuffle buffer: every batch is ``rows``

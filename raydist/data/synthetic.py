@@ -32,28 +32,51 @@ GENERATOR_VERSION = 1
 # attribute -> value -> phrases naming it (synonyms)
 ATTRIBUTES: dict[str, dict[str, tuple[str, ...]]] = {
     "object": {
-        "dog": ("dog", "puppy"), "cat": ("cat", "kitten"), "horse": ("horse", "pony"),
-        "bird": ("bird", "sparrow"), "car": ("car", "sedan"), "bus": ("bus", "coach"),
-        "bicycle": ("bicycle", "bike"), "boat": ("boat", "sailboat"), "man": ("man", "guy"),
-        "woman": ("woman", "lady"), "child": ("child", "kid"), "truck": ("truck", "lorry"),
+        "dog": ("dog", "puppy"),
+        "cat": ("cat", "kitten"),
+        "horse": ("horse", "pony"),
+        "bird": ("bird", "sparrow"),
+        "car": ("car", "sedan"),
+        "bus": ("bus", "coach"),
+        "bicycle": ("bicycle", "bike"),
+        "boat": ("boat", "sailboat"),
+        "man": ("man", "guy"),
+        "woman": ("woman", "lady"),
+        "child": ("child", "kid"),
+        "truck": ("truck", "lorry"),
     },
     "colour": {
-        "red": ("red", "crimson"), "blue": ("blue", "navy"), "green": ("green", "emerald"),
-        "yellow": ("yellow", "golden"), "black": ("black", "dark"), "white": ("white", "pale"),
-        "brown": ("brown", "tan"), "orange": ("orange", "amber"),
+        "red": ("red", "crimson"),
+        "blue": ("blue", "navy"),
+        "green": ("green", "emerald"),
+        "yellow": ("yellow", "golden"),
+        "black": ("black", "dark"),
+        "white": ("white", "pale"),
+        "brown": ("brown", "tan"),
+        "orange": ("orange", "amber"),
     },
     "size": {
-        "small": ("small", "little", "tiny"), "medium": ("medium sized", "average sized", "mid sized"),
+        "small": ("small", "little", "tiny"),
+        "medium": ("medium sized", "average sized", "mid sized"),
         "large": ("large", "big", "huge"),
     },
     "scene": {
-        "beach": ("beach", "shore"), "park": ("park", "garden"), "street": ("street", "road"),
-        "kitchen": ("kitchen",), "forest": ("forest", "woods"), "field": ("field", "meadow"),
-        "snow": ("snow", "snowy hill"), "city": ("city", "downtown area"),
+        "beach": ("beach", "shore"),
+        "park": ("park", "garden"),
+        "street": ("street", "road"),
+        "kitchen": ("kitchen",),
+        "forest": ("forest", "woods"),
+        "field": ("field", "meadow"),
+        "snow": ("snow", "snowy hill"),
+        "city": ("city", "downtown area"),
     },
     "action": {
-        "running": ("running", "racing"), "sitting": ("sitting", "resting"), "standing": ("standing", "waiting"),
-        "jumping": ("jumping", "leaping"), "sleeping": ("sleeping", "dozing"), "eating": ("eating", "feeding"),
+        "running": ("running", "racing"),
+        "sitting": ("sitting", "resting"),
+        "standing": ("standing", "waiting"),
+        "jumping": ("jumping", "leaping"),
+        "sleeping": ("sleeping", "dozing"),
+        "eating": ("eating", "feeding"),
     },
 }
 NAMES = tuple(ATTRIBUTES)
@@ -81,7 +104,14 @@ TEMPLATES = (
 _ARTICLE = re.compile(r"\ba (?=[aeiou])")
 
 # the default dataset's arguments; its val/test sizes follow the proportional rule of split_sizes
-DEFAULTS = {"images": 3000, "captions_per_image": 5, "dim": 128, "seed": 0, "val_images": 500, "test_images": 1000}
+DEFAULTS = {
+    "images": 3000,
+    "captions_per_image": 5,
+    "dim": 128,
+    "seed": 0,
+    "val_images": 500,
+    "test_images": 1000,
+}
 VAL_PER_TRAIN, TEST_PER_TRAIN = 6, 3  # val_images = images // 6, test_images = images // 3 unless given
 
 
@@ -89,8 +119,10 @@ def _draw_combinations(rng: np.random.Generator, counts: list[int]) -> list[np.n
     """Per split, ``[n, 5]`` attribute value indices in groups of GROUP_SIZE, unique over all splits."""
     sizes = np.array([len(ATTRIBUTES[a]) for a in NAMES])
     if sum(counts) > 0.5 * np.prod(sizes):
-        raise RaydistDataError(f"{sum(counts)} images (train, val, test: {', '.join(map(str, counts))}) need "
-                               f"too many of the {np.prod(sizes)} attribute combinations; use fewer images")
+        raise RaydistDataError(
+            f"{sum(counts)} images (train, val, test: {', '.join(map(str, counts))}) need "
+            f"too many of the {np.prod(sizes)} attribute combinations; use fewer images"
+        )
     used: set[tuple[int, ...]] = set()
     out = []
     for n in counts:
@@ -118,6 +150,7 @@ def _draw_combinations(rng: np.random.Generator, counts: list[int]) -> list[np.n
 
 def _features(rng: np.random.Generator, combos: list[np.ndarray], dim: int) -> list[np.ndarray]:
     """Image features ``relu(h A + b)`` with h = weighted attribute + interaction + nuisance vectors + noise."""
+
     def unit(*shape: int) -> np.ndarray:
         return rng.normal(size=shape) / np.sqrt(LATENT_DIM)
 
@@ -141,9 +174,15 @@ def _caption(r: random.Random, combo: np.ndarray) -> str:
     words = {a: r.choice(ATTRIBUTES[a][list(ATTRIBUTES[a])[int(v)]]) for a, v in zip(NAMES, combo)}
     if r.random() < DROP_PROB:
         words[r.choice(DROPPABLE)] = ""
-    text = r.choice(TEMPLATES).format(F=r.choice(FILLERS), S=words["size"], C=words["colour"],
-                                      O=words["object"], A=words["action"], P=words["scene"],
-                                      prep=r.choice(PREPOSITIONS))
+    text = r.choice(TEMPLATES).format(
+        F=r.choice(FILLERS),
+        S=words["size"],
+        C=words["colour"],
+        O=words["object"],
+        A=words["action"],
+        P=words["scene"],
+        prep=r.choice(PREPOSITIONS),
+    )
     return _ARTICLE.sub("an ", " ".join(text.split()))
 
 
@@ -177,15 +216,25 @@ def make_synthetic(
     val_images, test_images = split_sizes(images, val_images, test_images)
     if min(images, val_images, test_images, captions_per_image, dim) < 1:
         raise RaydistDataError("images, val_images, test_images, captions_per_image and dim must be >= 1")
-    args = {"images": images, "captions_per_image": captions_per_image, "dim": dim, "seed": seed,
-            "val_images": val_images, "test_images": test_images}
+    args = {
+        "images": images,
+        "captions_per_image": captions_per_image,
+        "dim": dim,
+        "seed": seed,
+        "val_images": val_images,
+        "test_images": test_images,
+    }
     rng = np.random.default_rng(seed)
     counts = [images, val_images, test_images]
     combos = _draw_combinations(rng, counts)
     feats = _features(rng, combos, dim)
     text_rng = random.Random(int(rng.integers(2**63)))
-    source = {"generator": "raydist.data.synthetic", "generator_version": GENERATOR_VERSION, **args,
-              "attributes": {a: list(v) for a, v in ATTRIBUTES.items()}}
+    source = {
+        "generator": "raydist.data.synthetic",
+        "generator_version": GENERATOR_VERSION,
+        **args,
+        "attributes": {a: list(v) for a, v in ATTRIBUTES.items()},
+    }
     writer_args = {"rows_per_shard": rows_per_shard} if rows_per_shard else {}
     with DatasetWriter(out_dir, source=source, overwrite=overwrite, **writer_args) as writer:
         first_image = 0
@@ -195,9 +244,14 @@ def make_synthetic(
             image_ids = np.repeat(np.arange(first_image, first_image + n), captions_per_image)
             if split == "train":
                 writer.vocab = Vocab.build(captions, min_count)
-            writer.add_split(split, image_ids, image_ids * captions_per_image + np.tile(
-                np.arange(captions_per_image), n), feat, captions,
-                feature_index=np.repeat(np.arange(n), captions_per_image))
+            writer.add_split(
+                split,
+                image_ids,
+                image_ids * captions_per_image + np.tile(np.arange(captions_per_image), n),
+                feat,
+                captions,
+                feature_index=np.repeat(np.arange(n), captions_per_image),
+            )
             first_image += n
     return Path(out_dir)
 

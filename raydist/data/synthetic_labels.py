@@ -76,8 +76,13 @@ def make_synthetic_labels(
     """
     if classes < 2:
         raise RaydistDataError(f"classes must be >= 2, got {classes}")
-    sizes = {"train_per_class": train_per_class, "val_per_class": val_per_class,
-             "test_per_class": test_per_class, "dim": dim, "duplicates": duplicates}
+    sizes = {
+        "train_per_class": train_per_class,
+        "val_per_class": val_per_class,
+        "test_per_class": test_per_class,
+        "dim": dim,
+        "duplicates": duplicates,
+    }
     for name, value in sizes.items():
         if value < 1:
             raise RaydistDataError(f"{name} must be >= 1, got {value}")
@@ -89,15 +94,27 @@ def make_synthetic_labels(
     latent_norm = math.sqrt(cos**2 + classes * sin**2 + NUISANCE_DIMS * NUISANCE_STD**2)  # √E‖z‖²
     proj = rng.normal(size=(latent_dim, dim)) * (MAP_GAIN / latent_norm)
     bias = rng.normal(size=dim) * 0.1
-    source = {"generator": "raydist.data.synthetic_labels", "generator_version": GENERATOR_VERSION,
-              "classes": classes, **sizes, "overlap": overlap, "seed": seed, "latent_dim": latent_dim,
-              "overlap_meaning": "overlapping coefficient of two classes in latent space "
-                                 "(pairwise Bayes error = overlap / 2)"}
+    source = {
+        "generator": "raydist.data.synthetic_labels",
+        "generator_version": GENERATOR_VERSION,
+        "classes": classes,
+        **sizes,
+        "overlap": overlap,
+        "seed": seed,
+        "latent_dim": latent_dim,
+        "overlap_meaning": "overlapping coefficient of two classes in latent space "
+        "(pairwise Bayes error = overlap / 2)",
+    }
     writer_args = {"rows_per_shard": rows_per_shard} if rows_per_shard else {}
-    with DatasetWriter(out, task="labels", num_classes=classes, source=source, overwrite=overwrite,
-                       **writer_args) as writer:
+    with DatasetWriter(
+        out, task="labels", num_classes=classes, source=source, overwrite=overwrite, **writer_args
+    ) as writer:
         first = 0
-        for split, per_class in (("train", train_per_class), ("val", val_per_class), ("test", test_per_class)):
+        for split, per_class in (
+            ("train", train_per_class),
+            ("val", val_per_class),
+            ("test", test_per_class),
+        ):
             labels = _balanced_labels(rng, classes, per_class)
             # einsum without BLAS: bit-identical results whatever the thread count
             feats = np.tanh(np.einsum("nh,hd->nd", _latent(rng, labels, classes, cos, sin), proj) + bias)
@@ -105,7 +122,14 @@ def make_synthetic_labels(
             if split == "train" and duplicates > 1:
                 index = rng.permutation(np.repeat(index, duplicates))
             ids = first + np.arange(len(index))
-            writer.add_split(split, ids, ids, feats.astype(np.float32), labels=labels[index],
-                             clean_labels=labels[index], feature_index=index)
+            writer.add_split(
+                split,
+                ids,
+                ids,
+                feats.astype(np.float32),
+                labels=labels[index],
+                clean_labels=labels[index],
+                feature_index=index,
+            )
             first += len(index)
     return Path(out)

@@ -25,7 +25,12 @@ from raydist.data.schema import CAPTION, CAPTIONS, RaydistDataError
 from raydist.data.vocab import PAD_ID, Vocab
 
 TOKENIZER_NAME = "tokenizer.json"
-SUBWORD_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")  # ids 0-3 of the tokenizers :func:`train_tokenizer` makes
+SUBWORD_SPECIALS = (
+    "[PAD]",
+    "[UNK]",
+    "[CLS]",
+    "[SEP]",
+)  # ids 0-3 of the tokenizers :func:`train_tokenizer` makes
 UNLIMITED = 1 << 30  # a max_len that truncates nothing
 
 
@@ -36,7 +41,9 @@ class CaptionTokenizer(Protocol):
 
     def __len__(self) -> int: ...
 
-    def encode_batch(self, captions: Sequence[str] | pa.Array | np.ndarray, max_len: int) -> tuple[np.ndarray, np.ndarray]:
+    def encode_batch(
+        self, captions: Sequence[str] | pa.Array | np.ndarray, max_len: int
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Token ids [B, L] (L ≤ ``max_len``, the longest in the batch) right-padded with ``pad_id``, lengths [B]."""
         ...
 
@@ -70,10 +77,16 @@ class SubwordTokenizer:
     def __setstate__(self, state: dict[str, str]) -> None:
         self.__init__(Tokenizer.from_str(state["json"]))
 
-    def encode_batch(self, captions: Sequence[str] | pa.Array | np.ndarray, max_len: int) -> tuple[np.ndarray, np.ndarray]:
+    def encode_batch(
+        self, captions: Sequence[str] | pa.Array | np.ndarray, max_len: int
+    ) -> tuple[np.ndarray, np.ndarray]:
         if max_len < 2:
             raise ValueError(f"max_len must be >= 2 (room for the special tokens), got {max_len}")
-        texts = captions.to_pylist() if isinstance(captions, (pa.Array, pa.ChunkedArray)) else [str(c) for c in captions]
+        texts = (
+            captions.to_pylist()
+            if isinstance(captions, (pa.Array, pa.ChunkedArray))
+            else [str(c) for c in captions]
+        )
         encoded = self._truncating_at(max_len).encode_batch(texts)
         lengths = np.array([len(e.ids) for e in encoded], dtype=np.int64)
         tokens = np.full((len(encoded), int(lengths.max(initial=0))), self.pad_id, dtype=np.int64)
@@ -111,8 +124,9 @@ def count_truncated(tokenizer: CaptionTokenizer, captions: Sequence[str] | pa.Ar
     return int((lengths > max_len).sum())
 
 
-def train_tokenizer(captions: Iterable[str], vocab_size: int,
-                    kind: Literal["wordpiece", "bpe"] = "wordpiece") -> SubwordTokenizer:  # fmt: skip
+def train_tokenizer(
+    captions: Iterable[str], vocab_size: int, kind: Literal["wordpiece", "bpe"] = "wordpiece"
+) -> SubwordTokenizer:
     """A lower-casing WordPiece or BPE ``tokenizers`` tokenizer of at most ``vocab_size`` tokens learnt from
     ``captions`` (an iterator; nothing is written): BERT's normaliser and pre-tokeniser, specials ``[PAD]``=0
     ``[UNK]``=1 ``[CLS]``=2 ``[SEP]``=3, encodings ``[CLS] … [SEP]``, characters never seen in training → ``[UNK]``.
@@ -124,8 +138,11 @@ def train_tokenizer(captions: Iterable[str], vocab_size: int,
         raise ValueError(f"vocab_size must be > {len(SUBWORD_SPECIALS)}, got {vocab_size}")
     unk, cls, sep = SUBWORD_SPECIALS[1:]
     normalizer, pre_tokenizer = normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer()
-    words = Counter(word for caption in captions
-                    for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(caption)))  # fmt: skip
+    words = Counter(
+        word
+        for caption in captions
+        for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(caption))
+    )
     prefix, suffix = ("##", "") if kind == "wordpiece" else ("", "</w>")
     tokens, merges = learn_merges(words, vocab_size - len(SUBWORD_SPECIALS), prefix=prefix, suffix=suffix)
     vocab = {t: i for i, t in enumerate([*SUBWORD_SPECIALS, *tokens])}
@@ -143,8 +160,9 @@ def train_tokenizer(captions: Iterable[str], vocab_size: int,
     return SubwordTokenizer(tok)
 
 
-def learn_merges(word_counts: Mapping[str, int], size: int, *, prefix: str = "", suffix: str = ""
-                 ) -> tuple[list[str], list[tuple[str, str]]]:  # fmt: skip
+def learn_merges(
+    word_counts: Mapping[str, int], size: int, *, prefix: str = "", suffix: str = ""
+) -> tuple[list[str], list[tuple[str, str]]]:
     """BPE (Sennrich et al. 2016, Algorithm 1) over counted words: each word starts as its characters, every
     character after the first marked with ``prefix`` (WordPiece's ``##``) and the last with ``suffix`` (``</w>``);
     the most frequent adjacent pair is merged until the alphabet plus the merged tokens number ``size`` or no pair
@@ -172,7 +190,7 @@ def learn_merges(word_counts: Mapping[str, int], size: int, *, prefix: str = "",
         if pair_counts.get(pair, 0) != -negative or -negative <= 0:
             continue  # a stale entry: the pair's count changed since it was pushed
         left, right = pair
-        merged = left + (right[len(prefix):] if prefix and right.startswith(prefix) else right)
+        merged = left + (right[len(prefix) :] if prefix and right.startswith(prefix) else right)
         merges.append(pair)
         tokens.append(merged)
         changed: set[tuple[str, str]] = set()
@@ -206,8 +224,10 @@ def load_caption_tokenizer(files: dict[str, Path], kind: Literal["vocab", "subwo
     if kind == "vocab":
         return Vocab.load(files["vocab.json"])
     if TOKENIZER_NAME not in files:
-        raise RaydistDataError(f"no {TOKENIZER_NAME} in the dataset: make one with `raydist tokenizer train --data DIR "
-                               "--vocab-size N` or `raydist tokenizer set --data DIR --tokenizer FILE`")
+        raise RaydistDataError(
+            f"no {TOKENIZER_NAME} in the dataset: make one with `raydist tokenizer train --data DIR "
+            "--vocab-size N` or `raydist tokenizer set --data DIR --tokenizer FILE`"
+        )
     return SubwordTokenizer.load(files[TOKENIZER_NAME])
 
 
@@ -215,7 +235,9 @@ def train_captions(data_dir: str | Path) -> Iterator[str]:
     """The train split's captions, shard by shard (a ``caption`` column, or every caption of a ``captions`` list)."""
     for shard in load_manifest(data_dir).splits["train"].shards:
         file = Path(data_dir) / shard.file
-        table = pq.read_table(file, columns=[c for c in (CAPTION, CAPTIONS) if c in pq.read_schema(file).names])
+        table = pq.read_table(
+            file, columns=[c for c in (CAPTION, CAPTIONS) if c in pq.read_schema(file).names]
+        )
         for name in table.column_names:
             column = table.column(name)
             yield from (column.combine_chunks().flatten() if name == CAPTIONS else column).to_pylist()
@@ -226,15 +248,18 @@ def save_dataset_tokenizer(data_dir: str | Path, tokenizer: SubwordTokenizer) ->
     data_dir = Path(data_dir)
     manifest = load_manifest(data_dir)
     if manifest.task != "pairs":
-        raise RaydistDataError(f"{data_dir}: a tokenizer is for caption datasets (task 'pairs'), not {manifest.task!r}")
+        raise RaydistDataError(
+            f"{data_dir}: a tokenizer is for caption datasets (task 'pairs'), not {manifest.task!r}"
+        )
     path = data_dir / TOKENIZER_NAME
     tokenizer.save(path)
     write_manifest(data_dir, replace(manifest, tokenizer=TOKENIZER_NAME))
     return path
 
 
-def train_dataset_tokenizer(data_dir: str | Path, vocab_size: int,
-                            kind: Literal["wordpiece", "bpe"] = "wordpiece") -> SubwordTokenizer:  # fmt: skip
+def train_dataset_tokenizer(
+    data_dir: str | Path, vocab_size: int, kind: Literal["wordpiece", "bpe"] = "wordpiece"
+) -> SubwordTokenizer:
     """:func:`train_tokenizer` on the dataset's train captions, saved as its ``tokenizer.json``."""
     tokenizer = train_tokenizer(train_captions(data_dir), vocab_size, kind)
     save_dataset_tokenizer(data_dir, tokenizer)

@@ -53,7 +53,9 @@ class CaptionTransform:
     def tokens(self, captions: Sequence[str] | np.ndarray) -> Batch:
         """``tokens`` int64 [B, max_len] (right-padded with the tokenizer's pad id) and ``lengths`` int64 [B] of
         raw captions; the attention mask is ``arange(max_len) < lengths``."""
-        tokens, lengths = self.tokenizer.encode_batch(captions, self.max_len)  # the vocab's is vectorised for ASCII
+        tokens, lengths = self.tokenizer.encode_batch(
+            captions, self.max_len
+        )  # the vocab's is vectorised for ASCII
         padded = np.full((len(lengths), self.max_len), self.tokenizer.pad_id, dtype=np.int64)
         padded[:, : tokens.shape[1]] = tokens
         return {"tokens": padded, "lengths": lengths}
@@ -80,13 +82,21 @@ class LabelTransform:
         """The batch's train labels (int64), noise applied."""
         labels = np.asarray(batch["label"], dtype=np.int64)
         if self.label_noise > 0:
-            labels = flip_labels(labels, np.asarray(batch["sample_id"], dtype=np.int64), p=self.label_noise,
-                                 num_classes=self.num_classes, seed=self.noise_seed)  # fmt: skip
+            labels = flip_labels(
+                labels,
+                np.asarray(batch["sample_id"], dtype=np.int64),
+                p=self.label_noise,
+                num_classes=self.num_classes,
+                seed=self.noise_seed,
+            )
         return labels
 
     def __call__(self, batch: Batch) -> Batch:
-        return {"image": feature_matrix(batch["image"]), "label": self.labels(batch),
-                "sample_id": np.asarray(batch["sample_id"], dtype=np.int64)}  # fmt: skip
+        return {
+            "image": feature_matrix(batch["image"]),
+            "label": self.labels(batch),
+            "sample_id": np.asarray(batch["sample_id"], dtype=np.int64),
+        }
 
 
 CAPTION_STREAM = 1  # the last seed word of an image's caption draws (its crop and flip draw from view_rng)
@@ -133,8 +143,10 @@ class EpochViews:
         out = {"image": self.images(batch, epoch)["image"], "sample_id": sample_ids}
         if self.captions is not None:
             seed = self.images.seed
-            chosen = [caps[epoch_caption_index(seed, epoch, int(sid), len(caps))]
-                      for caps, sid in zip(batch["captions"], sample_ids)]  # fmt: skip
+            chosen = [
+                caps[epoch_caption_index(seed, epoch, int(sid), len(caps))]
+                for caps, sid in zip(batch["captions"], sample_ids)
+            ]
             out.update(self.captions.tokens(np.array(chosen, dtype=object)))
             out["image_id"] = np.asarray(batch["image_id"], dtype=np.int64)
         if self.labels is not None:

@@ -59,8 +59,9 @@ class Problem:
         return ": ".join(where) + ": " + self.message
 
 
-def _row_problems(file: str, field_name: str, bad_rows: np.ndarray, sample_ids: np.ndarray | None,
-                  message: str) -> list[Problem]:
+def _row_problems(
+    file: str, field_name: str, bad_rows: np.ndarray, sample_ids: np.ndarray | None, message: str
+) -> list[Problem]:
     """One Problem per bad row (the first ROWS_SHOWN), then a count of the rest."""
     out = []
     for r in bad_rows[:ROWS_SHOWN]:
@@ -71,8 +72,9 @@ def _row_problems(file: str, field_name: str, bad_rows: np.ndarray, sample_ids: 
     return out
 
 
-def open_shard(dataset_dir: Path, shard: ShardInfo, *, verify_hash: bool = True
-               ) -> tuple[pa.Table | None, list[Problem]]:
+def open_shard(
+    dataset_dir: Path, shard: ShardInfo, *, verify_hash: bool = True
+) -> tuple[pa.Table | None, list[Problem]]:
     """Read one shard; problems: file missing, sha256 mismatch, not a readable Parquet file."""
     path = dataset_dir / shard.file
     if not path.is_file():
@@ -81,8 +83,14 @@ def open_shard(dataset_dir: Path, shard: ShardInfo, *, verify_hash: bool = True
     if verify_hash:
         digest = sha256_file(path)
         if digest != shard.sha256:
-            problems.append(Problem(shard.file, "sha256", f"file hashes to {digest} but {MANIFEST_NAME} "
-                                    f"expects {shard.sha256} (file changed, truncated or replaced)"))
+            problems.append(
+                Problem(
+                    shard.file,
+                    "sha256",
+                    f"file hashes to {digest} but {MANIFEST_NAME} "
+                    f"expects {shard.sha256} (file changed, truncated or replaced)",
+                )
+            )
     try:
         table = pq.read_table(path)
     except (pa.ArrowException, OSError) as e:
@@ -91,24 +99,38 @@ def open_shard(dataset_dir: Path, shard: ShardInfo, *, verify_hash: bool = True
     return table, problems
 
 
-def table_problems(table: pa.Table, file: str, *, task: str, feature_dim: int | None, feature_dtype: str,
-                   num_classes: int | None, expected_rows: int | None,
-                   image_format: str = "features") -> list[Problem]:
+def table_problems(
+    table: pa.Table,
+    file: str,
+    *,
+    task: str,
+    feature_dim: int | None,
+    feature_dtype: str,
+    num_classes: int | None,
+    expected_rows: int | None,
+    image_format: str = "features",
+) -> list[Problem]:
     """Schema, dims, nulls, finite features or non-empty image bytes, non-empty captions, label range and
     row count of one shard (decoding encoded images is :func:`decode_problems`)."""
     problems = []
     if expected_rows is not None and table.num_rows != expected_rows:
-        problems.append(Problem(file, "rows", f"file has {table.num_rows} rows but {MANIFEST_NAME} says "
-                                f"{expected_rows}"))
+        problems.append(
+            Problem(file, "rows", f"file has {table.num_rows} rows but {MANIFEST_NAME} says {expected_rows}")
+        )
     for name in required_columns(task, image_format):
         if name not in table.column_names:
-            problems.append(Problem(file, name, f"required column missing (task {task!r}, image_format "
-                                    f"{image_format!r})"))
+            problems.append(
+                Problem(file, name, f"required column missing (task {task!r}, image_format {image_format!r})")
+            )
     usable = set()
     for name, typ in zip(table.column_names, table.schema.types):
         why = column_type_problem(name, typ, feature_dim, image_format)
-        if why is None and name == IMAGE and image_format == "features" and \
-                typ.value_type != FEATURE_TYPES[feature_dtype]:
+        if (
+            why is None
+            and name == IMAGE
+            and image_format == "features"
+            and typ.value_type != FEATURE_TYPES[feature_dtype]
+        ):
             why = f"values are {typ.value_type} but {MANIFEST_NAME} says feature_dtype {feature_dtype}"
         if why is not None:
             problems.append(Problem(file, name, why))
@@ -125,22 +147,31 @@ def table_problems(table: pa.Table, file: str, *, task: str, feature_dim: int | 
         problems.extend(_row_problems(file, IMAGE, bad, sample_ids, "feature vector contains NaN or inf"))
     if IMAGE in usable and image_format == "encoded":
         empty = pc.equal(pc.binary_length(table.column(IMAGE)), 0).to_numpy(zero_copy_only=False)
-        problems.extend(_row_problems(file, IMAGE, np.flatnonzero(empty), sample_ids, "zero-size image (0 bytes)"))
+        problems.extend(
+            _row_problems(file, IMAGE, np.flatnonzero(empty), sample_ids, "zero-size image (0 bytes)")
+        )
     if CAPTIONS in usable:
         captions = table.column(CAPTIONS).combine_chunks()
         none = pc.fill_null(pc.equal(pc.list_value_length(captions), 0), True).to_numpy(zero_copy_only=False)
-        problems.extend(_row_problems(file, CAPTIONS, np.flatnonzero(none), sample_ids,
-                                      "no captions (an empty or null list)"))
+        problems.extend(
+            _row_problems(
+                file, CAPTIONS, np.flatnonzero(none), sample_ids, "no captions (an empty or null list)"
+            )
+        )
         flat = pc.utf8_trim_whitespace(pc.list_flatten(captions))
         blank = pc.fill_null(pc.equal(pc.utf8_length(flat), 0), True).to_numpy(zero_copy_only=False)
         rows = np.unique(pc.list_parent_indices(captions).to_numpy()[blank])
-        problems.extend(_row_problems(file, CAPTIONS, rows, sample_ids,
-                                      "a caption is empty, whitespace-only or null"))
+        problems.extend(
+            _row_problems(file, CAPTIONS, rows, sample_ids, "a caption is empty, whitespace-only or null")
+        )
     if CAPTION in usable:
         stripped = pc.utf8_trim_whitespace(table.column(CAPTION))
         empty = pc.fill_null(pc.equal(pc.utf8_length(stripped), 0), True).to_numpy(zero_copy_only=False)
-        problems.extend(_row_problems(file, CAPTION, np.flatnonzero(empty), sample_ids,
-                                      "caption is empty, whitespace-only or null"))
+        problems.extend(
+            _row_problems(
+                file, CAPTION, np.flatnonzero(empty), sample_ids, "caption is empty, whitespace-only or null"
+            )
+        )
     for name in (LABEL, CLEAN_LABEL):
         if name in usable:
             labels = table.column(name).to_numpy()
@@ -151,15 +182,24 @@ def table_problems(table: pa.Table, file: str, *, task: str, feature_dim: int | 
     return problems
 
 
-def decode_problems(table: pa.Table, file: str, rows: np.ndarray | None = None, *,
-                    infos: list[ImageInfo] | None = None, sources: Sequence[str] | None = None) -> list[Problem]:
+def decode_problems(
+    table: pa.Table,
+    file: str,
+    rows: np.ndarray | None = None,
+    *,
+    infos: list[ImageInfo] | None = None,
+    sources: Sequence[str] | None = None,
+) -> list[Problem]:
     """Decode the ``image`` bytes of ``rows`` (default: every row) in full with Pillow
     (:func:`raydist.data.image_bytes.check_image`): one Problem per image that is not a complete PNG or JPEG,
     saying why (truncated, corrupt, unsupported format). Null and zero-size images are
     :func:`table_problems`' to report and are skipped; so is a shard whose ``image`` is not binary. The
     :class:`ImageInfo` of each good image is appended to ``infos``; ``sources`` (per row: where the image came
     from) is named in the messages when given."""
-    if IMAGE not in table.column_names or table.schema.field(IMAGE).type not in (pa.binary(), pa.large_binary()):
+    if IMAGE not in table.column_names or table.schema.field(IMAGE).type not in (
+        pa.binary(),
+        pa.large_binary(),
+    ):
         return []
     column = table.column(IMAGE)
     sample_ids = table.column(SAMPLE_ID) if SAMPLE_ID in table.column_names else None
@@ -214,8 +254,15 @@ class SplitTracker:
             again = np.flatnonzero(ids[1:] == ids[:-1]) + 1
             if self._open is not None and self._open[0] == ids[0]:
                 again = np.r_[0, again]
-            problems.extend(_row_problems(file, IMAGE_ID, again, None, "image_id of the previous row again; an "
-                                          "encoded dataset stores each image in one row"))
+            problems.extend(
+                _row_problems(
+                    file,
+                    IMAGE_ID,
+                    again,
+                    None,
+                    "image_id of the previous row again; an encoded dataset stores each image in one row",
+                )
+            )
         first = 0
         if self._open is not None and self._open[0] == ids[0]:
             self._open = (self._open[0], self._open[1] or bool(has_caption[0]), self._open[2], self._open[3])
@@ -224,9 +271,15 @@ class SplitTracker:
             problems.extend(self._close())
             image, row = int(ids[starts[j]]), int(starts[j])
             if image in self.images:
-                problems.append(Problem(file, IMAGE_ID, f"image_id {image} appears again after rows of other "
-                                        "images; the rows of one image must be consecutive within a split",
-                                        row))
+                problems.append(
+                    Problem(
+                        file,
+                        IMAGE_ID,
+                        f"image_id {image} appears again after rows of other "
+                        "images; the rows of one image must be consecutive within a split",
+                        row,
+                    )
+                )
             self.images.add(image)
             self._open = (image, bool(has_caption[j]), file, row)
         return problems
@@ -235,8 +288,14 @@ class SplitTracker:
         if self._open is None or self.task != "pairs" or self._open[1]:
             return []
         image, _, file, row = self._open
-        return [Problem(file, CAPTION, f"image_id {image} has no captions (every caption row of the "
-                                       "image is empty or null)", row)]
+        return [
+            Problem(
+                file,
+                CAPTION,
+                f"image_id {image} has no captions (every caption row of the image is empty or null)",
+                row,
+            )
+        ]
 
     def finish(self) -> list[Problem]:
         """Problems of the last image once all shards were added."""
@@ -271,12 +330,23 @@ class SampleIdTracker:
             part = int(np.searchsorted(offsets, pos, side="right")) - 1
             first = int(np.flatnonzero(ids == ids[pos])[0])
             first_part = int(np.searchsorted(offsets, first, side="right")) - 1
-            problems.append(Problem(self._parts[part][0], SAMPLE_ID, f"duplicate sample_id {int(ids[pos])} "
-                                    f"(first at {self._parts[first_part][0]} row {first - offsets[first_part]})",
-                                    int(pos - offsets[part])))
+            problems.append(
+                Problem(
+                    self._parts[part][0],
+                    SAMPLE_ID,
+                    f"duplicate sample_id {int(ids[pos])} "
+                    f"(first at {self._parts[first_part][0]} row {first - offsets[first_part]})",
+                    int(pos - offsets[part]),
+                )
+            )
         if len(repeat) > ROWS_SHOWN:
-            problems.append(Problem(self._parts[0][0], SAMPLE_ID,
-                                    f"... and {len(repeat) - ROWS_SHOWN} more duplicate sample_ids"))
+            problems.append(
+                Problem(
+                    self._parts[0][0],
+                    SAMPLE_ID,
+                    f"... and {len(repeat) - ROWS_SHOWN} more duplicate sample_ids",
+                )
+            )
         return problems
 
 
@@ -297,10 +367,17 @@ def sample_rows(manifest: Manifest, split: str, sample: int, seed: int = 0) -> d
     return {shards[k].file: chosen[shard_of == k] - offsets[k] for k in np.unique(shard_of)}
 
 
-def split_problems(dataset_dir: Path, manifest: Manifest, split: str, *, verify_hash: bool = True,
-                   tables: list[pa.Table] | None = None, sample_ids: SampleIdTracker | None = None,
-                   tracker: SplitTracker | None = None,
-                   decode_rows: Mapping[str, np.ndarray] | None = None) -> list[Problem]:
+def split_problems(
+    dataset_dir: Path,
+    manifest: Manifest,
+    split: str,
+    *,
+    verify_hash: bool = True,
+    tables: list[pa.Table] | None = None,
+    sample_ids: SampleIdTracker | None = None,
+    tracker: SplitTracker | None = None,
+    decode_rows: Mapping[str, np.ndarray] | None = None,
+) -> list[Problem]:
     """All problems of one split. Readable shards are appended to ``tables`` when given; sample ids go
     to ``sample_ids`` when given (else duplicates are checked within the split). Encoded images are decoded
     in every row, or only in the rows ``decode_rows`` maps each shard file to (see :func:`sample_rows`)."""
@@ -311,8 +388,9 @@ def split_problems(dataset_dir: Path, manifest: Manifest, split: str, *, verify_
     problems = []
     listed = sum(s.rows for s in info.shards)
     if listed != info.rows:
-        problems.append(Problem(MANIFEST_NAME, f"splits.{split}.rows", f"{info.rows} rows but its shards "
-                                f"list {listed}"))
+        problems.append(
+            Problem(MANIFEST_NAME, f"splits.{split}.rows", f"{info.rows} rows but its shards list {listed}")
+        )
     all_read = True
     for shard in info.shards:
         table, found = open_shard(dataset_dir, shard, verify_hash=verify_hash)
@@ -320,9 +398,18 @@ def split_problems(dataset_dir: Path, manifest: Manifest, split: str, *, verify_
         if table is None:
             all_read = False
             continue
-        problems.extend(table_problems(table, shard.file, task=manifest.task, feature_dim=manifest.feature_dim,
-                                       feature_dtype=manifest.feature_dtype, num_classes=manifest.num_classes,
-                                       expected_rows=shard.rows, image_format=manifest.image_format))
+        problems.extend(
+            table_problems(
+                table,
+                shard.file,
+                task=manifest.task,
+                feature_dim=manifest.feature_dim,
+                feature_dtype=manifest.feature_dtype,
+                num_classes=manifest.num_classes,
+                expected_rows=shard.rows,
+                image_format=manifest.image_format,
+            )
+        )
         if manifest.image_format == "encoded":
             rows = None if decode_rows is None else decode_rows.get(shard.file, np.zeros(0, np.int64))
             problems.extend(decode_problems(table, shard.file, rows))
@@ -334,8 +421,13 @@ def split_problems(dataset_dir: Path, manifest: Manifest, split: str, *, verify_
     if own_ids:
         problems.extend(sample_ids.finish())
     if all_read and len(tracker.images) != info.images:
-        problems.append(Problem(MANIFEST_NAME, f"splits.{split}.images", f"{MANIFEST_NAME} says "
-                                f"{info.images} images, the shards hold {len(tracker.images)}"))
+        problems.append(
+            Problem(
+                MANIFEST_NAME,
+                f"splits.{split}.images",
+                f"{MANIFEST_NAME} says {info.images} images, the shards hold {len(tracker.images)}",
+            )
+        )
     return problems
 
 
@@ -374,16 +466,22 @@ class ValidationReport:
         """Human-readable summary followed by the problems."""
         lines = [f"dataset {self.path}"]
         if self.task is not None:
-            extra = f"vocab {self.vocab_size} words" if self.task == "pairs" else f"{self.num_classes} classes"
+            extra = (
+                f"vocab {self.vocab_size} words" if self.task == "pairs" else f"{self.num_classes} classes"
+            )
             if self.image_format == "encoded":
-                images = (f"encoded images ({self.image_channels} channel(s), median size "
-                          f"{self.image_size[0]}x{self.image_size[1]})")
+                images = (
+                    f"encoded images ({self.image_channels} channel(s), median size "
+                    f"{self.image_size[0]}x{self.image_size[1]})"
+                )
             else:
                 images = f"feature dim {self.feature_dim} ({self.feature_dtype})"
             lines.append(f"  task {self.task}, {images}, {extra}")
         for name, s in self.splits.items():
             decoded = f"  decoded {s.decoded} of {s.rows} images" if s.decoded is not None else ""
-            lines.append(f"  {name:5s} {s.rows:>9d} rows  {s.images:>8d} images  {s.shards:>4d} shards{decoded}")
+            lines.append(
+                f"  {name:5s} {s.rows:>9d} rows  {s.images:>8d} images  {s.shards:>4d} shards{decoded}"
+            )
         if self.ok:
             lines.append("OK: no problems found")
         else:
@@ -394,13 +492,19 @@ class ValidationReport:
     def raise_if_problems(self) -> None:
         """Raise RaydistDataError listing the problems, if any."""
         if self.problems:
-            raise RaydistDataError(f"dataset {self.path} has {len(self.problems)} problem(s):\n  "
-                                   + "\n  ".join(str(p) for p in self.problems))
+            raise RaydistDataError(
+                f"dataset {self.path} has {len(self.problems)} problem(s):\n  "
+                + "\n  ".join(str(p) for p in self.problems)
+            )
 
 
 def validate_dataset(
-    path: str | Path, *, min_rows: Mapping[str, int] | None = None, tasks: Collection[str] | None = None,
-    image_sample: int | None = None, seed: int = 0,
+    path: str | Path,
+    *,
+    min_rows: Mapping[str, int] | None = None,
+    tasks: Collection[str] | None = None,
+    image_sample: int | None = None,
+    seed: int = 0,
 ) -> ValidationReport:
     """Check a dataset folder completely (manifest, vocab, standardisation file, every shard's bytes, schema and values,
     cross-shard and cross-split ids, every encoded image decoded); ``min_rows`` maps split → minimum rows
@@ -419,8 +523,13 @@ def validate_dataset(
         return report
     report.task, report.num_classes = manifest.task, manifest.num_classes
     if tasks is not None and manifest.task not in tasks:
-        report.problems.append(Problem(MANIFEST_NAME, None, f"field 'task': unknown task {manifest.task!r}; "
-                                       f"expected one of {sorted(tasks)}"))
+        report.problems.append(
+            Problem(
+                MANIFEST_NAME,
+                None,
+                f"field 'task': unknown task {manifest.task!r}; expected one of {sorted(tasks)}",
+            )
+        )
         return report
     report.image_format = manifest.image_format
     if manifest.image_format == "encoded":
@@ -453,20 +562,33 @@ def validate_dataset(
             decoded = info.rows if decode_rows is None else sum(len(r) for r in decode_rows.values())
         report.splits[split] = SplitSummary(info.rows, info.images, len(info.shards), decoded)
         tracker = split_tracker(manifest)
-        report.problems.extend(split_problems(path, manifest, split, sample_ids=sample_ids, tracker=tracker,
-                                              decode_rows=decode_rows))
+        report.problems.extend(
+            split_problems(
+                path, manifest, split, sample_ids=sample_ids, tracker=tracker, decode_rows=decode_rows
+            )
+        )
         images_of[split] = tracker.images
         need = (min_rows or {}).get(split, 0)
         if info.rows < need:
-            report.problems.append(Problem(MANIFEST_NAME, f"splits.{split}.rows",
-                                           f"split {split!r} has {info.rows} rows, fewer than the {need} required"))
+            report.problems.append(
+                Problem(
+                    MANIFEST_NAME,
+                    f"splits.{split}.rows",
+                    f"split {split!r} has {info.rows} rows, fewer than the {need} required",
+                )
+            )
     report.problems.extend(sample_ids.finish())
     for i, a in enumerate(SPLITS):
-        for b in SPLITS[i + 1:]:
+        for b in SPLITS[i + 1 :]:
             shared = sorted(images_of[a] & images_of[b])
             if shared:
-                report.problems.append(Problem(MANIFEST_NAME, IMAGE_ID, f"{len(shared)} image_id(s) appear in "
-                                               f"both {a!r} and {b!r} (first: {shared[:5]})"))
+                report.problems.append(
+                    Problem(
+                        MANIFEST_NAME,
+                        IMAGE_ID,
+                        f"{len(shared)} image_id(s) appear in both {a!r} and {b!r} (first: {shared[:5]})",
+                    )
+                )
     return report
 
 
@@ -477,6 +599,8 @@ def check_split_size(path: str | Path, split: str, global_batch: int) -> int:
         raise RaydistDataError(f"unknown split {split!r}; expected one of {list(manifest.splits)}")
     rows = manifest.splits[split].rows
     if rows < global_batch:
-        raise RaydistDataError(f"{Path(path) / MANIFEST_NAME}: split {split!r} has {rows} rows, fewer than one "
-                               f"global batch of {global_batch}; lower train.batch_size or use more data")
+        raise RaydistDataError(
+            f"{Path(path) / MANIFEST_NAME}: split {split!r} has {rows} rows, fewer than one "
+            f"global batch of {global_batch}; lower train.batch_size or use more data"
+        )
     return rows

@@ -86,8 +86,10 @@ class Vocab:
         if min_count < 1:
             raise RaydistDataError(f"min_count must be >= 1, got {min_count}")
         counts = Counter(tok for caption in captions for tok in tokenize(caption))
-        kept = sorted((w for w, n in counts.items() if n >= min_count and w not in SPECIALS),
-                      key=lambda w: (-counts[w], w))
+        kept = sorted(
+            (w for w, n in counts.items() if n >= min_count and w not in SPECIALS),
+            key=lambda w: (-counts[w], w),
+        )
         return cls([*SPECIALS, *kept], min_count)
 
     def __len__(self) -> int:
@@ -162,8 +164,11 @@ class Vocab:
 
     def save(self, path: str | Path) -> None:
         """Write ``{"min_count", "tokenizer", "words"}`` as JSON."""
-        doc = {"min_count": self.min_count, "tokenizer": _TOKEN.pattern + " on lower-cased text",
-               "words": self.words}
+        doc = {
+            "min_count": self.min_count,
+            "tokenizer": _TOKEN.pattern + " on lower-cased text",
+            "words": self.words,
+        }
         Path(path).write_text(json.dumps(doc, indent=0, ensure_ascii=False) + "\n")
 
     @classmethod

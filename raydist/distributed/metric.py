@@ -83,5 +83,6 @@ def cross_worker_metric_loss(
     """
     labels = check_labels(emb, labels)
     batch = gather_step({"emb": emb}, {"labels": labels})
-    return rank_metric_loss(batch, emb="emb", labels="labels", miner=miner, loss_parts=loss_parts,
-                            generator=generator)  # fmt: skip
+    return rank_metric_loss(
+        batch, emb="emb", labels="labels", miner=miner, loss_parts=loss_parts, generator=generator
+    )

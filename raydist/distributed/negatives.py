@@ -111,9 +111,13 @@ class StepPlan:
     def draw(self, rank: int, generator: torch.Generator | None) -> NegativeSet:
         """This step's draws for rank ``rank`` (module docstring, "Draws")."""
         return sample_negative_set(
-            self.rows_per_worker, self.world, rank, batch_size=self.batch_size,
-            negative_set_size=self.negative_set_size, generator=generator,
-        )  # fmt: skip
+            self.rows_per_worker,
+            self.world,
+            rank,
+            batch_size=self.batch_size,
+            negative_set_size=self.negative_set_size,
+            generator=generator,
+        )
 
 
 def sample_negative_set(
@@ -182,7 +186,12 @@ def rank_ranking_loss(
     :func:`negative_set_stats` and ``neg/queries``, the queries of all ranks (the global batch this step
     scored: every rank has as many)."""
     img, cap, own_ids = batch.local["img"], batch.local["cap"], batch.local[ids]
-    key_img, key_cap, key_ids, key_pos = batch.keys["img"], batch.keys["cap"], batch.keys[ids], batch.key_positions
+    key_img, key_cap, key_ids, key_pos = (
+        batch.keys["img"],
+        batch.keys["cap"],
+        batch.keys[ids],
+        batch.key_positions,
+    )
     if negative_set.key_rows is not None:
         keep = torch.isin(key_pos, negative_set.key_rows.to(key_pos.device))
         key_img, key_cap, key_ids, key_pos = key_img[keep], key_cap[keep], key_ids[keep], key_pos[keep]
@@ -200,7 +209,9 @@ def rank_ranking_loss(
     return scale_for_world(reduce_queries(total, reduction, 2 * batch.world * q.numel()), batch.world)
 
 
-def ranking_ids(image_ids: Tensor | None, sample_ids: Tensor | None, rows: int, device: torch.device) -> Tensor:
+def ranking_ids(
+    image_ids: Tensor | None, sample_ids: Tensor | None, rows: int, device: torch.device
+) -> Tensor:
     """The ids that decide negatives: image ids, else sample ids, else global row positions."""
     ids = image_ids if image_ids is not None else sample_ids
     if ids is None:
@@ -237,13 +248,23 @@ def cross_worker_ranking_loss(
     ids = ranking_ids(image_ids, sample_ids, rows, img.device)
     batch = gather_step({"img": img, "cap": cap}, {"ids": ids})
     negative_set = sample_negative_set(
-        rows, batch.world, batch.rank, batch_size=batch_size, negative_set_size=negative_set_size,
+        rows,
+        batch.world,
+        batch.rank,
+        batch_size=batch_size,
+        negative_set_size=negative_set_size,
         generator=generator,
-    )  # fmt: skip
+    )
     return rank_ranking_loss(
-        batch, negative_set, ids="ids", margin=margin, hardest=hardest, reduction=reduction,
-        similarity=similarity, stats=stats,
-    )  # fmt: skip
+        batch,
+        negative_set,
+        ids="ids",
+        margin=margin,
+        hardest=hardest,
+        reduction=reduction,
+        similarity=similarity,
+        stats=stats,
+    )
 
 
 def step_ranking_loss(
@@ -273,6 +294,13 @@ def step_ranking_loss(
     ids = ranking_ids(image_ids, sample_ids, img.shape[0], img.device)
     batch = gather_step({"img": img, "cap": cap}, {"ids": ids}, enabled=loss_cfg.gather)
     return rank_ranking_loss(
-        batch, plan.draw(batch.rank, generator), ids="ids", margin=loss_cfg.margin, hardest=hardest,
-        reduction=loss_cfg.reduction, similarity=loss_cfg.similarity, tile=loss_cfg.tile, stats=stats,
-    )  # fmt: skip
+        batch,
+        plan.draw(batch.rank, generator),
+        ids="ids",
+        margin=loss_cfg.margin,
+        hardest=hardest,
+        reduction=loss_cfg.reduction,
+        similarity=loss_cfg.similarity,
+        tile=loss_cfg.tile,
+        stats=stats,
+    )

@@ -67,9 +67,14 @@ def embed_images(
 
 @torch.no_grad()
 def embed_captions(
-    model: nn.Module, tokenizer: CaptionTokenizer, captions: Sequence[str], *, max_len: int, batch_size: int = 512,
+    model: nn.Module,
+    tokenizer: CaptionTokenizer,
+    captions: Sequence[str],
+    *,
+    max_len: int,
+    batch_size: int = 512,
     device: torch.device | str = "cpu",
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """``model.text`` of raw captions in eval mode, tokenised by ``tokenizer.encode_batch`` (the ids the data
     pipeline's :class:`raydist.data.transforms.CaptionTransform` feeds training), in batches: [N, embed_dim]."""
     was_training = model.training
@@ -102,8 +107,11 @@ def evaluate_arrays(
     )
     metrics = retrieval_metrics(emb.images, emb.captions, emb.cap_to_img, folds=folds)
     if prefix_dim:
-        low = retrieval_metrics(l2_normalize(emb.images[:, :prefix_dim]), l2_normalize(emb.captions[:, :prefix_dim]),
-                                emb.cap_to_img, folds=folds)  # fmt: skip
+        low = retrieval_metrics(
+            l2_normalize(emb.images[:, :prefix_dim]),
+            l2_normalize(emb.captions[:, :prefix_dim]),
+            emb.cap_to_img,
+            folds=folds,
+        )
         metrics.update({f"min_dim_{k}": low[k] for k in ("i2t_r1", "t2i_r1", "rsum")})
     return metrics
-

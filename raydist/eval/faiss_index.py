@@ -88,8 +88,15 @@ class PrefixIVFIndex:
         self.nlist = nlist
         self.nprobe = nprobe
         gpu = _gpu_wanted(use_gpu)
-        kmeans = faiss.Kmeans(prefix_dim, nlist, niter=20, seed=1234, spherical=True, gpu=gpu,
-                              min_points_per_centroid=QUIET_MIN_POINTS_PER_CENTROID)
+        kmeans = faiss.Kmeans(
+            prefix_dim,
+            nlist,
+            niter=20,
+            seed=1234,
+            spherical=True,
+            gpu=gpu,
+            min_points_per_centroid=QUIET_MIN_POINTS_PER_CENTROID,
+        )
         kmeans.train(unit_rows(vectors[:, :prefix_dim]))
         self.coarse = build_index(kmeans.centroids, "flat", use_gpu=use_gpu)
         self.device = self.coarse.device
@@ -100,7 +107,9 @@ class PrefixIVFIndex:
         self._ivf = faiss.IndexIVFFlat(self._quantizer, self.dim, nlist, faiss.METRIC_INNER_PRODUCT)
         self._ivf.add(vectors)  # each vector goes to its best prefix centroid (the padded quantizer's argmax)
         inv = self._ivf.invlists
-        self.lists = [faiss.rev_swig_ptr(inv.get_ids(c), inv.list_size(c)).copy() for c in range(nlist)]  # ascending
+        self.lists = [
+            faiss.rev_swig_ptr(inv.get_ids(c), inv.list_size(c)).copy() for c in range(nlist)
+        ]  # ascending
         self._ivf.nprobe = nprobe
 
     @property

@@ -40,10 +40,10 @@ def leave_one_out_neighbours(emb: np.ndarray | torch.Tensor, k: int, *, chunk: i
         raise ValueError(f"k={k} neighbours need 1 <= k <= N-1 = {n - 1}")
     out = torch.empty(n, k, dtype=torch.long)
     for s in range(0, n, chunk):
-        scores = x[s:s + chunk] @ x.T
+        scores = x[s : s + chunk] @ x.T
         rows = torch.arange(scores.shape[0])
         scores[rows, rows + s] = -torch.inf
-        out[s:s + chunk] = scores.topk(k, dim=1).indices
+        out[s : s + chunk] = scores.topk(k, dim=1).indices
     return out.numpy()
 
 
@@ -77,8 +77,9 @@ def _recalls(retrieved: np.ndarray, labels: np.ndarray, ks: Sequence[int]) -> di
     return {f"r{k}": 100.0 * float(hit[:, k - 1].mean()) for k in ks}
 
 
-def recall_at_k(emb: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor,
-                ks: Sequence[int] = (1, 2, 4, 8)) -> dict[str, float]:
+def recall_at_k(
+    emb: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor, ks: Sequence[int] = (1, 2, 4, 8)
+) -> dict[str, float]:
     """``{"r{k}": %}``: share of queries with at least one same-label item among their k nearest other rows."""
     labels = _labels(labels, len(emb))
     return _recalls(labels[leave_one_out_neighbours(emb, max(ks, default=1))], labels, ks)
@@ -122,8 +123,12 @@ def _kmeans_pp_init(x: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarr
     return np.stack(centres)
 
 
-def nmi(emb: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor, num_clusters: int | None = None,
-        seed: int = 0) -> float:
+def nmi(
+    emb: np.ndarray | torch.Tensor,
+    labels: np.ndarray | torch.Tensor,
+    num_clusters: int | None = None,
+    seed: int = 0,
+) -> float:
     """NMI (in %) between ``labels`` and a k-means clustering of the L2-normalised rows into
     ``num_clusters`` (default: the number of distinct labels) clusters: k-means++ seeding (``seed``), then
     ``faiss.Kmeans`` with ``NMI_KMEANS_ITERS`` Lloyd iterations; see :func:`normalized_mutual_information`."""
@@ -135,19 +140,35 @@ def nmi(emb: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor, num_c
     if not 1 <= k <= len(x):
         raise ValueError(f"num_clusters={k} must lie in [1, N={len(x)}]")
     init = _kmeans_pp_init(x, k, np.random.default_rng(seed))
-    kmeans = faiss.Kmeans(x.shape[1], k, niter=NMI_KMEANS_ITERS, seed=seed, verbose=False,
-                          min_points_per_centroid=QUIET_MIN_POINTS_PER_CENTROID, max_points_per_centroid=max(256, len(x)))
+    kmeans = faiss.Kmeans(
+        x.shape[1],
+        k,
+        niter=NMI_KMEANS_ITERS,
+        seed=seed,
+        verbose=False,
+        min_points_per_centroid=QUIET_MIN_POINTS_PER_CENTROID,
+        max_points_per_centroid=max(256, len(x)),
+    )
     kmeans.train(x, init_centroids=init)
     _, assignment = kmeans.index.search(x, 1)
     return normalized_mutual_information(labels, assignment[:, 0])
 
 
-def label_metrics(emb: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor, *,
-                  ks: Sequence[int] = (1, 2, 4, 8), k: int = 10) -> dict[str, float]:
+def label_metrics(
+    emb: np.ndarray | torch.Tensor,
+    labels: np.ndarray | torch.Tensor,
+    *,
+    ks: Sequence[int] = (1, 2, 4, 8),
+    k: int = 10,
+) -> dict[str, float]:
     """All labelled-set metrics in % from one leave-one-out neighbour search: ``r{K}`` for K in ``ks``,
     ``p{k}``, ``map{k}``, ``nmi``, ``nn1``."""
     labels = _labels(labels, len(emb))
     retrieved = labels[leave_one_out_neighbours(emb, max([*ks, k]))]
-    return {**_recalls(retrieved, labels, ks), f"p{k}": precision_at_k(retrieved, labels, k),
-            f"map{k}": map_at_k(retrieved, labels, k), "nmi": nmi(emb, labels),
-            "nn1": 100.0 * float((retrieved[:, 0] == labels).mean())}
+    return {
+        **_recalls(retrieved, labels, ks),
+        f"p{k}": precision_at_k(retrieved, labels, k),
+        f"map{k}": map_at_k(retrieved, labels, k),
+        "nmi": nmi(emb, labels),
+        "nn1": 100.0 * float((retrieved[:, 0] == labels).mean()),
+    }

@@ -15,9 +15,18 @@ import numpy as np
 import torch
 
 METRIC_KEYS = (
-    "i2t_r1", "i2t_r5", "i2t_r10", "i2t_medr", "i2t_meanr",
-    "t2i_r1", "t2i_r5", "t2i_r10", "t2i_medr", "t2i_meanr", "rsum",
-)  # fmt: skip
+    "i2t_r1",
+    "i2t_r5",
+    "i2t_r10",
+    "i2t_medr",
+    "i2t_meanr",
+    "t2i_r1",
+    "t2i_r5",
+    "t2i_r10",
+    "t2i_medr",
+    "t2i_meanr",
+    "rsum",
+)
 
 
 def _as_tensor(x: np.ndarray | torch.Tensor) -> torch.Tensor:

@@ -79,9 +79,19 @@ class RetrievalSet:
         if not self.two_way:
             return [self]
         swapped = "i2t" if self.direction == "t2i" else "t2i"
-        return [self, replace(self, direction=swapped, database=self.queries, queries=self.database,
-                              database_keys=self.query_keys, query_keys=self.database_keys,
-                              database_ids=self.query_ids, query_ids=self.database_ids)]  # fmt: skip
+        return [
+            self,
+            replace(
+                self,
+                direction=swapped,
+                database=self.queries,
+                queries=self.database,
+                database_keys=self.query_keys,
+                query_keys=self.database_keys,
+                database_ids=self.query_ids,
+                query_ids=self.database_ids,
+            ),
+        ]
 
 
 def concat_sets(sets: Sequence[RetrievalSet]) -> RetrievalSet:
@@ -95,10 +105,16 @@ def concat_sets(sets: Sequence[RetrievalSet]) -> RetrievalSet:
     def joined(name: str, offset: bool = False) -> np.ndarray:
         return np.concatenate([getattr(s, name) + (o if offset else 0) for s, o in zip(sets, offsets)])
 
-    return replace(sets[0], database=joined("database"), queries=joined("queries"),
-                   database_keys=joined("database_keys", True), query_keys=joined("query_keys", True),
-                   database_ids=joined("database_ids"), query_ids=joined("query_ids"),
-                   split="+".join(s.split for s in sets))  # fmt: skip
+    return replace(
+        sets[0],
+        database=joined("database"),
+        queries=joined("queries"),
+        database_keys=joined("database_keys", True),
+        query_keys=joined("query_keys", True),
+        database_ids=joined("database_ids"),
+        query_ids=joined("query_ids"),
+        split="+".join(s.split for s in sets),
+    )
 
 
 @dataclass(frozen=True)
@@ -151,9 +167,12 @@ def default_funnel(dims: Sequence[int], full: int, shortlist: int = 200, k: int 
 
 
 def build_indexes(
-    rset: RetrievalSet, dims: Sequence[int], kind: str = "flat", out_dir: str | Path | None = None,
+    rset: RetrievalSet,
+    dims: Sequence[int],
+    kind: str = "flat",
+    out_dir: str | Path | None = None,
     **index_options: Any,
-) -> dict[int, FaissIndex | PrefixIVFIndex]:  # fmt: skip
+) -> dict[int, FaissIndex | PrefixIVFIndex]:
     """One index per dim over ``normalize(database[:, :dim])`` (:func:`raydist.eval.faiss_index.build_index`
     with ``index_options``). With ``out_dir``: ``index_d{dim}.faiss`` files (``faiss.write_index``, GPU
     indexes copied to the CPU first), ``database_ids.npy`` and ``indexes.json`` (dims, kind, checkpoint,
@@ -174,10 +193,17 @@ def build_indexes(
             native = faiss.index_gpu_to_cpu(index.index) if index.device == "gpu" else index.index
             faiss.write_index(native, str(out / files[d]))
         np.save(out / DATABASE_IDS, rset.database_ids)
-        meta = {"kind": kind, "dims": dims, "files": {str(d): f for d, f in files.items()},
-                "checkpoint": rset.source, "split": rset.split, "task": rset.task,
-                "direction": rset.direction, "num_database": len(rset.database),
-                "index_options": index_options}  # fmt: skip
+        meta = {
+            "kind": kind,
+            "dims": dims,
+            "files": {str(d): f for d, f in files.items()},
+            "checkpoint": rset.source,
+            "split": rset.split,
+            "task": rset.task,
+            "direction": rset.direction,
+            "num_database": len(rset.database),
+            "index_options": index_options,
+        }
         (out / INDEX_META).write_text(json.dumps(meta, indent=1))
     return indexes
 
@@ -211,9 +237,12 @@ def search_ids(
 
 
 def cascade_ids(
-    rset: RetrievalSet, cascade: Cascade, k: int, index: FaissIndex | PrefixIVFIndex | None = None,
+    rset: RetrievalSet,
+    cascade: Cascade,
+    k: int,
+    index: FaissIndex | PrefixIVFIndex | None = None,
     kind: str = "flat",
-) -> np.ndarray:  # fmt: skip
+) -> np.ndarray:
     """Top-k rows [Q, k] by the funnel ``cascade`` (:class:`Cascade`): the shortlist comes from ``index``
     (an index over ``dims[0]``; built with ``kind`` when None), each re-rank is
     :func:`raydist.eval.adaptive.rerank`. Shortlists larger than N are cut to N; with ``exclude_self`` the
@@ -222,8 +251,10 @@ def cascade_ids(
     keep = k + int(rset.exclude_self)
     check_dims(cascade.dims, rset.dim)
     if not keep <= n or min(cascade.shortlists) < keep:
-        raise ValueError(f"shortlists={cascade.shortlists}, k={k}: every shortlist and N={n} must hold "
-                         f"{keep} rows (k, plus the query itself when it is in the database)")  # fmt: skip
+        raise ValueError(
+            f"shortlists={cascade.shortlists}, k={k}: every shortlist and N={n} must hold "
+            f"{keep} rows (k, plus the query itself when it is in the database)"
+        )
     sizes = [min(s, n) for s in cascade.shortlists]
     index = build_index(rset.database[:, : cascade.dims[0]], kind) if index is None else index
     _, candidates = index.search(rset.queries[:, : cascade.dims[0]], sizes[0])
@@ -269,9 +300,14 @@ def timed(repeats: int, fn: Callable[..., T], *args: Any) -> tuple[T, float]:
 
 
 def _measure(
-    rset: RetrievalSet, row: dict[str, Any], mflops: float, k: int, repeats: int,
-    fn: Callable[..., np.ndarray], *args: Any,
-) -> None:  # fmt: skip
+    rset: RetrievalSet,
+    row: dict[str, Any],
+    mflops: float,
+    k: int,
+    repeats: int,
+    fn: Callable[..., np.ndarray],
+    *args: Any,
+) -> None:
     """Add to ``row`` the metrics of ``fn(*args)``'s ids, its MFLOPs/query and its batched wall ms/query."""
     ids, seconds = timed(repeats, fn, *args)
     row.update(retrieval_scores(rset, ids, k))
@@ -288,9 +324,15 @@ def _add_rsum(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def evaluate_dims(
-    rset: RetrievalSet, dims: Sequence[int], *, kind: str = "flat", k: int = 10, interpolate: bool = True,
-    repeats: int = 1, **index_options: Any,
-) -> list[dict[str, Any]]:  # fmt: skip
+    rset: RetrievalSet,
+    dims: Sequence[int],
+    *,
+    kind: str = "flat",
+    k: int = 10,
+    interpolate: bool = True,
+    repeats: int = 1,
+    **index_options: Any,
+) -> list[dict[str, Any]]:
     """Single-shot search of the whole database at each dim (and at :func:`interpolated_dims`, rows with
     ``interpolated=True``): one row per dim with every direction's metrics, pairs ``rsum``, MFLOPs/query
     ``N·dim/10⁶`` (the exhaustive-scan cost, whatever ``kind``) and batched wall ms/query (search only)."""
@@ -301,33 +343,72 @@ def evaluate_dims(
         indexes = build_indexes(direction, every, kind, **index_options)
         for row in rows:
             d = row["dim"]
-            _measure(direction, row, mflops_per_query(len(direction.database), d), k, repeats,
-                     search_ids, indexes[d], direction.queries[:, :d], k, direction.exclude_self)  # fmt: skip
+            _measure(
+                direction,
+                row,
+                mflops_per_query(len(direction.database), d),
+                k,
+                repeats,
+                search_ids,
+                indexes[d],
+                direction.queries[:, :d],
+                k,
+                direction.exclude_self,
+            )
     return _add_rsum(rows)
 
 
 def evaluate_cascades(
-    rset: RetrievalSet, cascades: Sequence[Cascade], *, method: str = "funnel", kind: str = "flat",
-    k: int = 10, repeats: int = 1, **index_options: Any,
-) -> list[dict[str, Any]]:  # fmt: skip
+    rset: RetrievalSet,
+    cascades: Sequence[Cascade],
+    *,
+    method: str = "funnel",
+    kind: str = "flat",
+    k: int = 10,
+    repeats: int = 1,
+    **index_options: Any,
+) -> list[dict[str, Any]]:
     """One row per cascade (:func:`cascade_ids`; ``method`` names it): ``dim`` (last stage), ``cascade``
     (``"16>32>64"``), ``shortlists``, metrics, :func:`cascade_mflops` and batched wall ms/query (shortlist
     search + re-ranks; the shortlist index is built beforehand, outside the timing)."""
-    rows = [{"method": method, "dim": c.dims[-1], "cascade": ">".join(map(str, c.dims)),
-             "shortlists": ">".join(map(str, c.shortlists))} for c in cascades]  # fmt: skip
+    rows = [
+        {
+            "method": method,
+            "dim": c.dims[-1],
+            "cascade": ">".join(map(str, c.dims)),
+            "shortlists": ">".join(map(str, c.shortlists)),
+        }
+        for c in cascades
+    ]
     first = check_dims([c.dims[0] for c in cascades], rset.dim)
     for direction in rset.directions():
         indexes = build_indexes(direction, first, kind, **index_options)
         for row, c in zip(rows, cascades):
-            _measure(direction, row, cascade_mflops(len(direction.database), c), k, repeats,
-                     cascade_ids, direction, c, k, indexes[c.dims[0]])  # fmt: skip
+            _measure(
+                direction,
+                row,
+                cascade_mflops(len(direction.database), c),
+                k,
+                repeats,
+                cascade_ids,
+                direction,
+                c,
+                k,
+                indexes[c.dims[0]],
+            )
     return _add_rsum(rows)
 
 
 def evaluate_adaptive(
-    rset: RetrievalSet, dim_pairs: Sequence[tuple[int, int]], *, shortlist: int = 200, kind: str = "flat",
-    k: int = 10, repeats: int = 1, **index_options: Any,
-) -> list[dict[str, Any]]:  # fmt: skip
+    rset: RetrievalSet,
+    dim_pairs: Sequence[tuple[int, int]],
+    *,
+    shortlist: int = 200,
+    kind: str = "flat",
+    k: int = 10,
+    repeats: int = 1,
+    **index_options: Any,
+) -> list[dict[str, Any]]:
     """Adaptive retrieval for each ``(D_s, D_r)``: shortlist ``shortlist`` rows at D_s, re-rank at D_r
     (rows as :func:`evaluate_cascades`, ``method="adaptive"``, plus ``shortlist_dim``)."""
     cascades = [Cascade((ds, dr), (shortlist,)) for ds, dr in dim_pairs]
@@ -361,9 +442,16 @@ def _reduced_search(
 
 
 def evaluate_baselines(
-    rset: RetrievalSet, dims: Sequence[int], *, methods: Sequence[str] = BASELINES, kind: str = "flat",
-    k: int = 10, seed: int = 0, repeats: int = 1, **index_options: Any,
-) -> list[dict[str, Any]]:  # fmt: skip
+    rset: RetrievalSet,
+    dims: Sequence[int],
+    *,
+    methods: Sequence[str] = BASELINES,
+    kind: str = "flat",
+    k: int = 10,
+    seed: int = 0,
+    repeats: int = 1,
+    **index_options: Any,
+) -> list[dict[str, Any]]:
     """Reduce a non-nested model's embeddings to m dims per method and search exhaustively at m: one row per
     (method, m). The map is fit once on ``rset``'s database (pairs: the images) and applied to both
     modalities; ``svd`` rows with m > min(N, D) are left out. MFLOPs/query add the query projection, ``D·m``;
@@ -386,11 +474,18 @@ def evaluate_baselines(
 
 
 def retrieval_report(
-    rset: RetrievalSet, *, dims: Sequence[int] | None = None, kind: str = "flat",
-    baseline: RetrievalSet | None = None, out_dir: str | Path | None = None, shortlist: int = 200,
-    funnel: tuple[Sequence[int], Sequence[int]] | None = None, k: int = 10, repeats: int = 1,
+    rset: RetrievalSet,
+    *,
+    dims: Sequence[int] | None = None,
+    kind: str = "flat",
+    baseline: RetrievalSet | None = None,
+    out_dir: str | Path | None = None,
+    shortlist: int = 200,
+    funnel: tuple[Sequence[int], Sequence[int]] | None = None,
+    k: int = 10,
+    repeats: int = 1,
     **index_options: Any,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Everything above for one embedded split: single-shot rows at ``dims`` (default :func:`default_dims`)
     and their interpolated dims, adaptive ``(D_s, D)`` for every D_s < D, one funnel (``(dims, shortlists)``,
     default :func:`default_funnel`), and with ``baseline`` (the same split embedded by a non-nested model of
@@ -409,19 +504,33 @@ def retrieval_report(
         rows += evaluate_cascades(rset, [cascade], method="funnel", **options)
     if baseline is not None:
         if (baseline.task, baseline.split) != (rset.task, rset.split):
-            raise ValueError(f"the baseline embeds {baseline.split!r} of a {baseline.task!r} task, the checkpoint "
-                             f"{rset.split!r} of a {rset.task!r} task")  # fmt: skip
-        rows += evaluate_baselines(baseline, [d for d in dims if d <= baseline.dim] or [baseline.dim], **options)
+            raise ValueError(
+                f"the baseline embeds {baseline.split!r} of a {baseline.task!r} task, the checkpoint "
+                f"{rset.split!r} of a {rset.task!r} task"
+            )
+        rows += evaluate_baselines(
+            baseline, [d for d in dims if d <= baseline.dim] or [baseline.dim], **options
+        )
     table = format_table(rows)
     files: dict[str, str] = {}
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        files = {name: str(out / name) for name in ("retrieval.txt", "retrieval.json", "metric_vs_dim.png",
-                                                       "metric_vs_mflops.png")}  # fmt: skip
+        files = {
+            name: str(out / name)
+            for name in ("retrieval.txt", "retrieval.json", "metric_vs_dim.png", "metric_vs_mflops.png")
+        }
         (out / "retrieval.txt").write_text(table + "\n")
         (out / "retrieval.json").write_text(json.dumps(rows, indent=1))
         plot_metric_vs_dim(rows, out / "metric_vs_dim.png", main_metric(rset.two_way, k))
         plot_metric_vs_mflops(rows, out / "metric_vs_mflops.png", cost_panels(rset.two_way, k))
-    return {"task": rset.task, "checkpoint": rset.source, "split": rset.split, "dims": dims, "kind": kind,
-            "rows": rows, "table": table, "files": files}  # fmt: skip
+    return {
+        "task": rset.task,
+        "checkpoint": rset.source,
+        "split": rset.split,
+        "dims": dims,
+        "kind": kind,
+        "rows": rows,
+        "table": table,
+        "files": files,
+    }

@@ -18,16 +18,45 @@ from raydist.data.schema import MANIFEST_NAME
 
 # Quick mode: seconds-long trials. Normal mode on pairs uses the embedded default dataset (3000 train
 # images × 5 captions, 500 val and 1000 test images; the one README and bench/RESULTS.md report on).
-QUICK_PAIRS = {"images": 160, "captions_per_image": 5, "dim": 32, "val_images": 40, "test_images": 40, "seed": 0}
-QUICK_LABELS = {"classes": 5, "train_per_class": 40, "val_per_class": 10, "test_per_class": 10, "dim": 16,
-                "overlap": 0.3, "seed": 0}  # fmt: skip
-LABELS = {"classes": 10, "train_per_class": 100, "val_per_class": 40, "test_per_class": 60, "dim": 32,
-          "overlap": 0.3, "seed": 0}  # fmt: skip
+QUICK_PAIRS = {
+    "images": 160,
+    "captions_per_image": 5,
+    "dim": 32,
+    "val_images": 40,
+    "test_images": 40,
+    "seed": 0,
+}
+QUICK_LABELS = {
+    "classes": 5,
+    "train_per_class": 40,
+    "val_per_class": 10,
+    "test_per_class": 10,
+    "dim": 16,
+    "overlap": 0.3,
+    "seed": 0,
+}
+LABELS = {
+    "classes": 10,
+    "train_per_class": 100,
+    "val_per_class": 40,
+    "test_per_class": 60,
+    "dim": 32,
+    "overlap": 0.3,
+    "seed": 0,
+}
 # Gradient clustering's variance study (gc-variance, bench/RESULTS.md): 40 distinct train examples × 16 copies
 # (identical features and label), and its twin without duplicates (64 distinct examples per class); both are
 # small enough for quick mode as they are.
-DUPLICATED = {"classes": 10, "train_per_class": 4, "duplicates": 16, "val_per_class": 20, "test_per_class": 20,
-              "dim": 32, "overlap": 0.05, "seed": 5}  # fmt: skip
+DUPLICATED = {
+    "classes": 10,
+    "train_per_class": 4,
+    "duplicates": 16,
+    "val_per_class": 20,
+    "test_per_class": 20,
+    "dim": 32,
+    "overlap": 0.05,
+    "seed": 5,
+}
 NO_DUPLICATES = {**DUPLICATED, "train_per_class": 64, "duplicates": 1}
 
 
@@ -39,11 +68,15 @@ def experiment_dataset(task: str, data: str | None, folder: Path, *, quick: bool
         path = Path(data).expanduser().resolve()
         if not (path / MANIFEST_NAME).is_file():
             named = "".join(f"\n  {n} ({s.task}): {s.description}" for n, s in DATA_SOURCES.items())
-            raise ConfigError(f"--data {data}: neither a dataset folder (no {MANIFEST_NAME}) nor one of the named "
-                              f"datasets:{named}")  # fmt: skip
+            raise ConfigError(
+                f"--data {data}: neither a dataset folder (no {MANIFEST_NAME}) nor one of the named "
+                f"datasets:{named}"
+            )
         found = load_manifest(path).task
         if found != task:
-            raise ConfigError(f"--data {data}: this experiment needs a {task!r} dataset, the folder holds {found!r}")
+            raise ConfigError(
+                f"--data {data}: this experiment needs a {task!r} dataset, the folder holds {found!r}"
+            )
         return path
     name = data or DEFAULT_SOURCES.get(task)
     if name is None:
@@ -51,8 +84,10 @@ def experiment_dataset(task: str, data: str | None, folder: Path, *, quick: bool
     source = DATA_SOURCES[name]
     if source.task != task:
         named = ", ".join(n for n, s in DATA_SOURCES.items() if s.task == task)
-        raise ConfigError(f"--data {name}: a {source.task!r} dataset; this experiment needs a {task!r} one "
-                          f"(named: {named}, or a folder)")  # fmt: skip
+        raise ConfigError(
+            f"--data {name}: a {source.task!r} dataset; this experiment needs a {task!r} one "
+            f"(named: {named}, or a folder)"
+        )
     return source.build(folder, quick)
 
 
@@ -125,21 +160,32 @@ class DataSource:
 
 DATA_SOURCES: dict[str, DataSource] = {
     "synthetic-pairs": DataSource(
-        "pairs", lambda folder, quick: _generated_pairs(folder) if quick else ensure_default_dataset(),
-        "the embedded synthetic image-caption set (quick mode: a tiny generated one)"),
+        "pairs",
+        lambda folder, quick: _generated_pairs(folder) if quick else ensure_default_dataset(),
+        "the embedded synthetic image-caption set (quick mode: a tiny generated one)",
+    ),
     "digit-halves": DataSource(
-        "pairs", lambda folder, quick: digit_halves_dataset(folder),
-        "scikit-learn's digits cut in halves: the left half as features, the right half as pixel words"),
+        "pairs",
+        lambda folder, quick: digit_halves_dataset(folder),
+        "scikit-learn's digits cut in halves: the left half as features, the right half as pixel words",
+    ),
     "synthetic": DataSource(
-        "labels", lambda folder, quick: _generated_labels(folder, QUICK_LABELS if quick else LABELS),
-        "synthetic labelled vectors (quick mode: fewer, smaller)"),
+        "labels",
+        lambda folder, quick: _generated_labels(folder, QUICK_LABELS if quick else LABELS),
+        "synthetic labelled vectors (quick mode: fewer, smaller)",
+    ),
     "digits": DataSource(
-        "labels", lambda folder, quick: digits_dataset(folder), "scikit-learn's digits, 10 classes"),
+        "labels", lambda folder, quick: digits_dataset(folder), "scikit-learn's digits, 10 classes"
+    ),
     "duplicated": DataSource(
-        "labels", lambda folder, quick: _generated_labels(folder, DUPLICATED),
-        "40 distinct labelled examples x 16 copies (gc-variance)"),
+        "labels",
+        lambda folder, quick: _generated_labels(folder, DUPLICATED),
+        "40 distinct labelled examples x 16 copies (gc-variance)",
+    ),
     "no-duplicates": DataSource(
-        "labels", lambda folder, quick: _generated_labels(folder, NO_DUPLICATES),
-        "the duplicated set's twin without copies (64 distinct examples per class)"),
-}  # fmt: skip
+        "labels",
+        lambda folder, quick: _generated_labels(folder, NO_DUPLICATES),
+        "the duplicated set's twin without copies (64 distinct examples per class)",
+    ),
+}
 DEFAULT_SOURCES = {"pairs": "synthetic-pairs", "labels": "synthetic"}

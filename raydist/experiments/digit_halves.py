@@ -46,7 +46,11 @@ def split_indices(n: int, seed: int = 0, sizes: dict[str, int] = SPLIT_SIZES) ->
     val, test = sizes["val"], sizes["test"]
     if n <= val + test:
         raise ValueError(f"{n} samples leave no train split after {val} val + {test} test")
-    parts = {"train": order[: n - val - test], "val": order[n - val - test : n - test], "test": order[n - test :]}
+    parts = {
+        "train": order[: n - val - test],
+        "val": order[n - val - test : n - test],
+        "test": order[n - test :],
+    }
     return {k: np.sort(v) for k, v in parts.items()}
 
 
@@ -65,10 +69,15 @@ def write_digit_halves(
     features, captions, _ = digit_halves(threshold)
     n = len(captions) if limit is None else min(limit, len(captions))
     parts = split_indices(n, seed, sizes)
-    source = {"generator": "raydist.experiments.digit_halves", "data": "sklearn.datasets.load_digits",
-              "seed": seed, "limit": limit, "ink_threshold": threshold,
-              "image": "left half / 16 (rows 0-7, cols 0-3)",
-              "caption": "right half: r{row}c{col} per pixel >= threshold, row-major"}  # fmt: skip
+    source = {
+        "generator": "raydist.experiments.digit_halves",
+        "data": "sklearn.datasets.load_digits",
+        "seed": seed,
+        "limit": limit,
+        "ink_threshold": threshold,
+        "image": "left half / 16 (rows 0-7, cols 0-3)",
+        "caption": "right half: r{row}c{col} per pixel >= threshold, row-major",
+    }
     with DatasetWriter(out, source=source, overwrite=overwrite) as writer:
         writer.vocab = Vocab.build((captions[i] for i in parts["train"]), min_count=1)
         for split, idx in parts.items():

@@ -20,7 +20,9 @@ def panels(rows: int, cols: int, *, width: float = 5.0, height: float = 3.8) -> 
     return fig, list(fig.subplots(rows, cols, squeeze=False).ravel())
 
 
-def spread_line(ax: Any, xs: Sequence[float], samples: Sequence[Sequence[float]], label: str, **style: Any) -> None:
+def spread_line(
+    ax: Any, xs: Sequence[float], samples: Sequence[Sequence[float]], label: str, **style: Any
+) -> None:
     """The mean of each x's ``samples`` (one value per seed) as a line with markers, and the min–max over
     seeds as a shaded band (x values without a finite sample are left out)."""
     points = [(x, spread(s)) for x, s in zip(xs, samples)]
@@ -30,8 +32,14 @@ def spread_line(ax: Any, xs: Sequence[float], samples: Sequence[Sequence[float]]
     x = [p[0] for p in points]
     (line,) = ax.plot(x, [p[1].mean for p in points], label=label, **{"marker": "o", **style})
     if any(p[1].n > 1 for p in points):
-        ax.fill_between(x, [p[1].low for p in points], [p[1].high for p in points], color=line.get_color(),
-                        alpha=0.18, linewidth=0)  # fmt: skip
+        ax.fill_between(
+            x,
+            [p[1].low for p in points],
+            [p[1].high for p in points],
+            color=line.get_color(),
+            alpha=0.18,
+            linewidth=0,
+        )
 
 
 def finish(ax: Any, *, title: str, xlabel: str, ylabel: str, legend: bool = True) -> None:

@@ -20,25 +20,51 @@ REMOTE = "train/neg/remote_hardest_frac"
 
 def sweeps(setup: Setup) -> list[Sweep]:
     """The space file once per worker count (``train.num_workers``), same global batch."""
-    return [Sweep(label=f"w{w}", overrides={"train.num_workers": w})
-            for w in (QUICK_WORKERS if setup.quick else WORKERS)]  # fmt: skip
+    return [
+        Sweep(label=f"w{w}", overrides={"train.num_workers": w})
+        for w in (QUICK_WORKERS if setup.quick else WORKERS)
+    ]
 
 
 def summarise(records: list[TrialRecord], out: Path, setup: Setup) -> Summary:
     """Test rsum / R@1 and the last epoch's remote-hardest fraction per (workers, gather)."""
-    groups = group_by([r for r in records if r.history],
-                      lambda r: (r.config["train.num_workers"], r.config["loss.gather"]))  # fmt: skip
+    groups = group_by(
+        [r for r in records if r.history], lambda r: (r.config["train.num_workers"], r.config["loss.gather"])
+    )
     rows, table = [], []
     for (w, gather), trials in groups.items():
         stats = {k: spread(r.test.get(k, math.nan) for r in trials) for k in ("i2t_r1", "t2i_r1", "rsum")}
         remote = spread(r.last(REMOTE) for r in trials)
         batch = trials[0].config["train.batch_size"]
-        rows.append({"workers": w, "gather": gather, "seeds": len(trials), "remote_hardest_frac": vars(remote),
-                     **{f"test_{k}": vars(s) for k, s in stats.items()}})  # fmt: skip
-        table.append([w, "on" if gather else "off", batch if gather else batch // w,
-                      *(s.cell() for s in stats.values()), remote.cell(3), f"{(w - 1) / w:.3f}" if gather else "0"])
-    header = ["workers", "gather", "keys per query", "test i2t R@1", "test t2i R@1", "test rsum",
-              "remote hardest (last epoch)", "(W−1)/W"]  # fmt: skip
+        rows.append(
+            {
+                "workers": w,
+                "gather": gather,
+                "seeds": len(trials),
+                "remote_hardest_frac": vars(remote),
+                **{f"test_{k}": vars(s) for k, s in stats.items()},
+            }
+        )
+        table.append(
+            [
+                w,
+                "on" if gather else "off",
+                batch if gather else batch // w,
+                *(s.cell() for s in stats.values()),
+                remote.cell(3),
+                f"{(w - 1) / w:.3f}" if gather else "0",
+            ]
+        )
+    header = [
+        "workers",
+        "gather",
+        "keys per query",
+        "test i2t R@1",
+        "test t2i R@1",
+        "test rsum",
+        "remote hardest (last epoch)",
+        "(W−1)/W",
+    ]
     figure = _plot(groups, out / "gather.png")
     return Summary(rows, markdown_table(header, table), {"gather": figure}, _verdict(groups))
 
@@ -48,10 +74,18 @@ def _plot(groups: dict[tuple, list[TrialRecord]], path: Path) -> Path:
     workers = sorted({w for w, _ in groups})
     for gather in (True, False):
         label = "gather on" if gather else "gather off"
-        spread_line(ax_rsum, workers, [[r.test.get("rsum", math.nan) for r in groups.get((w, gather), [])]
-                                       for w in workers], label)  # fmt: skip
-        spread_line(ax_remote, workers, [[r.last(REMOTE) for r in groups.get((w, gather), [])] for w in workers],
-                    label)  # fmt: skip
+        spread_line(
+            ax_rsum,
+            workers,
+            [[r.test.get("rsum", math.nan) for r in groups.get((w, gather), [])] for w in workers],
+            label,
+        )
+        spread_line(
+            ax_remote,
+            workers,
+            [[r.last(REMOTE) for r in groups.get((w, gather), [])] for w in workers],
+            label,
+        )
     ax_remote.plot(workers, [(w - 1) / w for w in workers], color="grey", linestyle=":", label="(W−1)/W")
     for ax in (ax_rsum, ax_remote):
         ax.set_xticks(workers)
@@ -69,19 +103,28 @@ def _verdict(groups: dict[tuple, list[TrialRecord]]) -> list[str]:
         if not (on and off and on.n and off.n):
             continue
         gaps.append((w, on.mean - off.mean, clearly_above(on, off)))
-        lines.append(f"W={w}: gather on − off test rsum = {on.mean - off.mean:+.1f}"
-                     f" ({'clearly better' if gaps[-1][2] else 'within two standard errors or worse'}).")  # fmt: skip
+        lines.append(
+            f"W={w}: gather on − off test rsum = {on.mean - off.mean:+.1f}"
+            f" ({'clearly better' if gaps[-1][2] else 'within two standard errors or worse'})."
+        )
     if len(gaps) > 1:
         grows = all(b[1] > a[1] for a, b in itertools.pairwise(gaps))
         matters = gaps[-1][2]
-        lines.append(f"Cross-worker negatives matter as workers grow: "
-                     f"{'held' if grows and matters else 'did not hold'} (gap grows with W: {grows}; "
-                     f"clear at W={gaps[-1][0]}: {matters}).")  # fmt: skip
-    alone = {g: sorted((r.config["train.seed"], r.test.get("rsum")) for r in groups.get((1, g), [])) for g in (True, False)}
+        lines.append(
+            f"Cross-worker negatives matter as workers grow: "
+            f"{'held' if grows and matters else 'did not hold'} (gap grows with W: {grows}; "
+            f"clear at W={gaps[-1][0]}: {matters})."
+        )
+    alone = {
+        g: sorted((r.config["train.seed"], r.test.get("rsum")) for r in groups.get((1, g), []))
+        for g in (True, False)
+    }
     if alone[True] and alone[False]:
         same = alone[True] == alone[False]
-        lines.append(f"W=1 (no other worker): gather on and off {'give identical' if same else 'differ in'} "
-                     "test rsum per seed.")
+        lines.append(
+            f"W=1 (no other worker): gather on and off {'give identical' if same else 'differ in'} "
+            "test rsum per seed."
+        )
     return lines
 
 
@@ -94,4 +137,4 @@ EXPERIMENT = Experiment(
     sweeps=sweeps,
     summarise=summarise,
     quick={"train.epochs": 1, "train.batch_size": 64},
-)  # fmt: skip
+)

@@ -78,13 +78,31 @@ def summarise(records: list[TrialRecord], out: Path, setup: Setup) -> Summary:
     for epoch in epochs:
         sgd = spread(_at(r, SGD).get(epoch, math.nan) for r in done)
         gc = spread(_at(r, GC).get(epoch, math.nan) for r in done)
-        ratio = spread(_at(r, GC).get(epoch, math.nan) / _at(r, SGD).get(epoch, math.nan) for r in done
-                       if _at(r, SGD).get(epoch))  # fmt: skip
+        ratio = spread(
+            _at(r, GC).get(epoch, math.nan) / _at(r, SGD).get(epoch, math.nan)
+            for r in done
+            if _at(r, SGD).get(epoch)
+        )
         dist = spread(_distortion(r).get(epoch, math.nan) for r in done)
-        rows.append({"epoch": epoch, "seeds": max(sgd.n, gc.n), "sgd_nvar": vars(sgd), "gc_nvar": vars(gc),
-                     "gc_over_sgd": vars(ratio), "gc_distortion": vars(dist)})  # fmt: skip
+        rows.append(
+            {
+                "epoch": epoch,
+                "seeds": max(sgd.n, gc.n),
+                "sgd_nvar": vars(sgd),
+                "gc_nvar": vars(gc),
+                "gc_over_sgd": vars(ratio),
+                "gc_distortion": vars(dist),
+            }
+        )
         table.append([epoch, max(sgd.n, gc.n), _cell(sgd), _cell(gc), _cell(ratio, 2), _general(dist)])
-    header = ["epoch", "seeds", "SGD normalized variance", "GC normalized variance", "GC / SGD", "GC distortion"]
+    header = [
+        "epoch",
+        "seeds",
+        "SGD normalized variance",
+        "GC normalized variance",
+        "GC / SGD",
+        "GC distortion",
+    ]
     copies = duplicates(setup.data_dir)
     figures = {"gc_variance": _plot(done, out / "gc_variance.png", copies)}
     return Summary(rows, markdown_table(header, table), figures, _verdict(done, copies))
@@ -101,13 +119,20 @@ def _plot(done: list[TrialRecord], path: Path, copies: int | None) -> Path:
     fig, (left, right) = panels(1, 2)
     epochs = sorted({e for r in done for e in _at(r, SGD)})
     for key, label, marker in ((SGD, "SGD (uniform batches)", "o"), (GC, "GC (stratified batches)", "s")):
-        spread_line(left, epochs, [[_at(r, key).get(e, math.nan) for r in done] for e in epochs], label,
-                    marker=marker)  # fmt: skip
+        spread_line(
+            left, epochs, [[_at(r, key).get(e, math.nan) for r in done] for e in epochs], label, marker=marker
+        )
     left.xaxis.get_major_locator().set_params(integer=True)
-    finish(left, title=f"normalized gradient variance ({_data_label(copies)})", xlabel="epoch",
-           ylabel="normalized variance")  # fmt: skip
-    ratios = [[_at(r, GC).get(e, math.nan) / _at(r, SGD)[e] if _at(r, SGD).get(e) else math.nan for r in done]
-              for e in epochs]  # fmt: skip
+    finish(
+        left,
+        title=f"normalized gradient variance ({_data_label(copies)})",
+        xlabel="epoch",
+        ylabel="normalized variance",
+    )
+    ratios = [
+        [_at(r, GC).get(e, math.nan) / _at(r, SGD)[e] if _at(r, SGD).get(e) else math.nan for r in done]
+        for e in epochs
+    ]
     spread_line(right, epochs, ratios, "GC / SGD", color="tab:green")
     right.axhline(1.0, color="grey", linestyle=":", label="equal")
     right.axhline(FAR_LOWER, color="tab:red", linestyle=":", label=f"far lower (≤ {FAR_LOWER})")
@@ -125,42 +150,61 @@ def _verdict(done: list[TrialRecord], copies: int | None) -> list[str]:
     ratio = spread(g / s for s, g in late if s)
     lines: list[str] = []
     if ratio.n == 0:
-        lines.append("Not testable: no trial reported gvar/sgd_nvar and gvar/gc_nvar after its first epoch "
-                     "(gc.measure off, a loss without per-example terms, or too few steps for gc.log_every).")  # fmt: skip
+        lines.append(
+            "Not testable: no trial reported gvar/sgd_nvar and gvar/gc_nvar after its first epoch "
+            "(gc.measure off, a loss without per-example terms, or too few steps for gc.log_every)."
+        )
     else:
-        measured = (f"after epoch 1, GC normalized variance {_cell(gc)} vs SGD {_cell(sgd)}, GC/SGD "
-                    f"{_cell(ratio, 2)} over {ratio.n} seed(s)")  # fmt: skip
-        apart = ("SGD clearly above GC" if clearly_above(sgd, gc) else "GC clearly above SGD"
-                 if clearly_above(gc, sgd) else "within two standard errors")  # fmt: skip
+        measured = (
+            f"after epoch 1, GC normalized variance {_cell(gc)} vs SGD {_cell(sgd)}, GC/SGD "
+            f"{_cell(ratio, 2)} over {ratio.n} seed(s)"
+        )
+        apart = (
+            "SGD clearly above GC"
+            if clearly_above(sgd, gc)
+            else "GC clearly above SGD"
+            if clearly_above(gc, sgd)
+            else "within two standard errors"
+        )
         if copies is not None and copies > 1:
             held = clearly_above(sgd, gc) and ratio.mean <= FAR_LOWER
-            lines.append(f"Duplicated data ({_data_label(copies)}): {measured} ({apart}). GC far lower than SGD "
-                         f"(GC/SGD ≤ {FAR_LOWER} and SGD clearly above): {'held' if held else 'did not hold'}.")  # fmt: skip
-            lines.append("The other half (no duplicates: about equal) is `raydist experiment gc-variance "
-                         "--data no-duplicates`.")  # fmt: skip
+            lines.append(
+                f"Duplicated data ({_data_label(copies)}): {measured} ({apart}). GC far lower than SGD "
+                f"(GC/SGD ≤ {FAR_LOWER} and SGD clearly above): {'held' if held else 'did not hold'}."
+            )
+            lines.append(
+                "The other half (no duplicates: about equal) is `raydist experiment gc-variance "
+                "--data no-duplicates`."
+            )
         elif copies == 1:
             held = abs(ratio.mean - 1.0) <= ABOUT_EQUAL
-            lines.append(f"Data without duplicates: {measured} ({apart}). GC about equal to SGD "
-                         f"(|GC/SGD − 1| ≤ {ABOUT_EQUAL}): {'held' if held else 'did not hold'}.")  # fmt: skip
-            lines.append("The other half (duplicates: far lower) is `raydist experiment gc-variance` "
-                         "(--data duplicated).")  # fmt: skip
+            lines.append(
+                f"Data without duplicates: {measured} ({apart}). GC about equal to SGD "
+                f"(|GC/SGD − 1| ≤ {ABOUT_EQUAL}): {'held' if held else 'did not hold'}."
+            )
+            lines.append(
+                "The other half (duplicates: far lower) is `raydist experiment gc-variance` "
+                "(--data duplicated)."
+            )
         else:
-            lines.append(f"{measured} ({apart}). This dataset's manifest does not say whether its train split "
-                         f"has duplicates, so neither half of the claim is judged: it predicts GC/SGD ≤ "
-                         f"{FAR_LOWER} with duplicates and about 1 without.")  # fmt: skip
+            lines.append(
+                f"{measured} ({apart}). This dataset's manifest does not say whether its train split "
+                f"has duplicates, so neither half of the claim is judged: it predicts GC/SGD ≤ "
+                f"{FAR_LOWER} with duplicates and about 1 without."
+            )
     return lines
 
 
 EXPERIMENT = Experiment(
     name="gc-variance",
     claim="with duplicated examples, gradient clustering's stratified estimator has a far lower normalized "
-          "variance than SGD's; without duplicates the two are about equal",
-    reference="Faghri et al. 2020, \"A Study of Gradient Variance in Deep Learning\"; the thesis ch. 4; "
-              "raydist.gradclust (README, Gradient clustering); bench/RESULTS.md",
+    "variance than SGD's; without duplicates the two are about equal",
+    reference='Faghri et al. 2020, "A Study of Gradient Variance in Deep Learning"; the thesis ch. 4; '
+    "raydist.gradclust (README, Gradient clustering); bench/RESULTS.md",
     task="labels",
     space="gc_variance",
     sweeps=sweeps,
     summarise=summarise,
     quick={"train.epochs": 2, **IN_PROCESS},
     data="duplicated",
-)  # fmt: skip
+)

@@ -46,8 +46,11 @@ def collapse_value(config: dict) -> float:
 def stalled_epochs(record: TrialRecord) -> list[int]:
     """MH-phase epochs whose mean train loss is within ``COLLAPSE_TOLERANCE`` of the collapse value."""
     value = collapse_value(record.config)
-    return [int(r["epoch"]) for r in record.history
-            if r.get("loss/hardest") == 1 and abs(r["train/loss"] - value) <= COLLAPSE_TOLERANCE * value]  # fmt: skip
+    return [
+        int(r["epoch"])
+        for r in record.history
+        if r.get("loss/hardest") == 1 and abs(r["train/loss"] - value) <= COLLAPSE_TOLERANCE * value
+    ]
 
 
 def epoch_ranges(epochs: list[int]) -> str:
@@ -70,15 +73,38 @@ def summarise(records: list[TrialRecord], out: Path, setup: Setup) -> Summary:
         stats = {k: spread(r.test.get(k, math.nan) for r in trials) for k in ("i2t_r1", "t2i_r1", "rsum")}
         stalls = [(r.config["train.seed"], stalled_epochs(r)) for r in trials]
         stalled = [f"seed {s}: {epoch_ranges(e)}" for s, e in stalls if e]
-        rows.append({"train_fraction": fraction, "variant": VARIANTS[v], "seeds": len(trials),
-                     "best_epoch": [r.best_epoch for r in trials], "stalled_epochs": dict(stalls),
-                     **{f"test_{k}": vars(s) for k, s in stats.items()}})  # fmt: skip
-        table.append([fraction, VARIANTS[v], *(s.cell() for s in stats.values()),
-                      spread(r.val("rsum") for r in trials).cell(), "; ".join(stalled) or "-"])  # fmt: skip
-    header = ["train fraction", "loss", "test i2t R@1", "test t2i R@1", "test rsum", "best val rsum",
-              "MH epochs at 2·B·α"]  # fmt: skip
-    figures = {"mh_vs_sh_val": _plot_curves(groups, out / "mh_vs_sh_val.png", "val/rsum"),
-               "mh_vs_sh_loss": _plot_curves(groups, out / "mh_vs_sh_loss.png", "train/loss")}  # fmt: skip
+        rows.append(
+            {
+                "train_fraction": fraction,
+                "variant": VARIANTS[v],
+                "seeds": len(trials),
+                "best_epoch": [r.best_epoch for r in trials],
+                "stalled_epochs": dict(stalls),
+                **{f"test_{k}": vars(s) for k, s in stats.items()},
+            }
+        )
+        table.append(
+            [
+                fraction,
+                VARIANTS[v],
+                *(s.cell() for s in stats.values()),
+                spread(r.val("rsum") for r in trials).cell(),
+                "; ".join(stalled) or "-",
+            ]
+        )
+    header = [
+        "train fraction",
+        "loss",
+        "test i2t R@1",
+        "test t2i R@1",
+        "test rsum",
+        "best val rsum",
+        "MH epochs at 2·B·α",
+    ]
+    figures = {
+        "mh_vs_sh_val": _plot_curves(groups, out / "mh_vs_sh_val.png", "val/rsum"),
+        "mh_vs_sh_loss": _plot_curves(groups, out / "mh_vs_sh_loss.png", "train/loss"),
+    }
     return Summary(rows, markdown_table(header, table), figures, _verdict(groups))
 
 
@@ -97,7 +123,9 @@ def _plot_curves(groups: dict[tuple, list[TrialRecord]], path: Path, key: str) -
         if key == "train/loss":
             ax.set_yscale("log")
             any_trial = next(t[0] for (f, _), t in groups.items() if f == fraction)
-            ax.axhline(collapse_value(any_trial.config), color="grey", linestyle=":", label="2·B·α (MH collapse)")
+            ax.axhline(
+                collapse_value(any_trial.config), color="grey", linestyle=":", label="2·B·α (MH collapse)"
+            )
         ax.xaxis.get_major_locator().set_params(integer=True)
         finish(ax, title=f"{key}, train fraction {fraction}", xlabel="epoch", ylabel=key)
     return save(fig, path)
@@ -113,22 +141,36 @@ def _verdict(groups: dict[tuple, list[TrialRecord]]) -> list[str]:
             continue
         gaps.append(warm.mean - sh.mean)
         wins[f] = clearly_above(warm, sh)
-        verdict = "clearly better" if wins[f] else \
-            "clearly worse" if clearly_above(sh, warm) else "within two standard errors"  # fmt: skip
+        verdict = (
+            "clearly better"
+            if wins[f]
+            else "clearly worse"
+            if clearly_above(sh, warm)
+            else "within two standard errors"
+        )
         lines.append(f"fraction {f}: SH→MH − SH test rsum = {gaps[-1]:+.1f} ({verdict}).")
     if gaps:
         grows = len(gaps) > 1 and all(b > a for a, b in itertools.pairwise(gaps))
         held = [str(f) for f, win in wins.items() if win]
-        lines.append(f"MH beats SH once warmed up: {'held' if all(wins.values()) else 'did not hold'} "
-                     f"(clearly better at {len(held)} of {len(wins)} fractions: {', '.join(held) or 'none'}); "
-                     f"by more with more data: {'held' if grows else 'did not hold'} "
-                     f"(gaps {', '.join(f'{g:+.1f}' for g in gaps)}).")  # fmt: skip
-    stalled = [(f, r.config["train.seed"], stalled_epochs(r)) for (f, v), t in groups.items()
-               if VARIANTS[v] == "MH" for r in t]  # fmt: skip
+        lines.append(
+            f"MH beats SH once warmed up: {'held' if all(wins.values()) else 'did not hold'} "
+            f"(clearly better at {len(held)} of {len(wins)} fractions: {', '.join(held) or 'none'}); "
+            f"by more with more data: {'held' if grows else 'did not hold'} "
+            f"(gaps {', '.join(f'{g:+.1f}' for g in gaps)})."
+        )
+    stalled = [
+        (f, r.config["train.seed"], stalled_epochs(r))
+        for (f, v), t in groups.items()
+        if VARIANTS[v] == "MH"
+        for r in t
+    ]
     if stalled:
         hits = [f"fraction {f} seed {s}" for f, s, e in stalled if e]
-        lines.append(f"MH from a random start stalled at 2·B·α in {len(hits)} of {len(stalled)} trials"
-                     + (f" ({', '.join(hits)})" if hits else "") + ".")  # fmt: skip
+        lines.append(
+            f"MH from a random start stalled at 2·B·α in {len(hits)} of {len(stalled)} trials"
+            + (f" ({', '.join(hits)})" if hits else "")
+            + "."
+        )
     return lines
 
 
@@ -141,4 +183,4 @@ EXPERIMENT = Experiment(
     sweeps=sweeps,
     summarise=summarise,
     quick={"train.epochs": 2, "train.lr_decay_epoch": 100, **IN_PROCESS},
-)  # fmt: skip
+)

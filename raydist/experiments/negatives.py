@@ -32,8 +32,10 @@ def run_sizes(setup: Setup) -> tuple[list[int], list[int]]:
     sizes = QUICK_SIZES if setup.quick else SIZES
     fits = [n for n in sizes if max(n, setup.base.train.batch_size) <= setup.train_rows]
     if not fits:
-        raise ValueError(f"every negative-set size {sizes} needs more rows per step than the train split "
-                         f"holds ({setup.train_rows} rows)")  # fmt: skip
+        raise ValueError(
+            f"every negative-set size {sizes} needs more rows per step than the train split "
+            f"holds ({setup.train_rows} rows)"
+        )
     return fits, [n for n in sizes if n not in fits]
 
 
@@ -51,10 +53,14 @@ def sweeps(setup: Setup) -> list[Sweep]:
         if steps < 1:
             raise ValueError(f"negative set {rows} is larger than the train split ({setup.train_rows} rows)")
         scale = batch_steps / steps
-        overrides = {} if rows == base.train.batch_size else {
-            "train.epochs": math.ceil(base.train.epochs * scale),
-            "loss.warmup_sh_epochs": math.ceil(base.loss.warmup_sh_epochs * scale),
-        }  # fmt: skip
+        overrides = (
+            {}
+            if rows == base.train.batch_size
+            else {
+                "train.epochs": math.ceil(base.train.epochs * scale),
+                "loss.warmup_sh_epochs": math.ceil(base.loss.warmup_sh_epochs * scale),
+            }
+        )
         out.append(Sweep(label=f"rows{rows}", overrides=overrides, grid={KEY: members}))
     return out
 
@@ -75,14 +81,48 @@ def summarise(records: list[TrialRecord], out: Path, setup: Setup) -> Summary:
             "wall_s": spread(r.last("time_total_s") for r in trials),
         }
         steps = int(trials[0].last("step"))
-        rows.append({"negative_set_size": n, "epochs": cfg["train.epochs"], "steps": steps, "seeds": len(trials),
-                     **{k: vars(s) for k, s in stats.items()}})  # fmt: skip
-        table.append([n, max(n, cfg["train.batch_size"]), cfg["train.epochs"], steps,
-                      *(stats[k].cell() for k in ("val_i2t_r1", "val_t2i_r1", "val_rsum", "test_i2t_r1",
-                                                  "test_t2i_r1", "test_rsum")),
-                      stats["wall_s"].cell(0)])  # fmt: skip
-    header = ["n", "rows/step", "epochs", "steps", "val i2t R@1", "val t2i R@1", "val rsum", "test i2t R@1",
-              "test t2i R@1", "test rsum", "wall s"]  # fmt: skip
+        rows.append(
+            {
+                "negative_set_size": n,
+                "epochs": cfg["train.epochs"],
+                "steps": steps,
+                "seeds": len(trials),
+                **{k: vars(s) for k, s in stats.items()},
+            }
+        )
+        table.append(
+            [
+                n,
+                max(n, cfg["train.batch_size"]),
+                cfg["train.epochs"],
+                steps,
+                *(
+                    stats[k].cell()
+                    for k in (
+                        "val_i2t_r1",
+                        "val_t2i_r1",
+                        "val_rsum",
+                        "test_i2t_r1",
+                        "test_t2i_r1",
+                        "test_rsum",
+                    )
+                ),
+                stats["wall_s"].cell(0),
+            ]
+        )
+    header = [
+        "n",
+        "rows/step",
+        "epochs",
+        "steps",
+        "val i2t R@1",
+        "val t2i R@1",
+        "val rsum",
+        "test i2t R@1",
+        "test t2i R@1",
+        "test rsum",
+        "wall s",
+    ]
     figure = _plot(by_size, out / "negatives.png", setup.base.train.batch_size)
     return Summary(rows, markdown_table(header, table), {"negatives": figure}, _verdict(by_size, setup))
 
@@ -94,8 +134,13 @@ def _plot(by_size: dict[int, list[TrialRecord]], path: Path, batch: int) -> Path
         pick = (lambda r, k: r.val(k)) if split == "val" else (lambda r, k: r.test.get(k, math.nan))
         spread_line(ax_rsum, sizes, [[pick(r, "rsum") for r in by_size[n]] for n in sizes], f"{split} rsum")
         for key in ("i2t_r1", "t2i_r1"):
-            spread_line(ax_r1, sizes, [[pick(r, key) for r in by_size[n]] for n in sizes], f"{split} {key}",
-                        linestyle="-" if split == "test" else "--")  # fmt: skip
+            spread_line(
+                ax_r1,
+                sizes,
+                [[pick(r, key) for r in by_size[n]] for n in sizes],
+                f"{split} {key}",
+                linestyle="-" if split == "test" else "--",
+            )
     for ax, metric in ((ax_rsum, "rsum"), (ax_r1, "R@1 (%)")):
         ax.set_xscale("log", base=2)
         ax.axvline(batch, color="grey", linestyle=":", label=f"query batch {batch}")
@@ -108,12 +153,17 @@ def _verdict(by_size: dict[int, list[TrialRecord]], setup: Setup) -> list[str]:
     both ends by more than two standard errors."""
     test = {n: spread(r.test.get("rsum", math.nan) for r in trials) for n, trials in by_size.items()}
     test = {n: s for n, s in test.items() if s.n}
-    lines = _optimum(test) if len(test) >= 3 else \
-        [f"not enough sizes with results ({sorted(test)}) to look for an interior optimum"]  # fmt: skip
+    lines = (
+        _optimum(test)
+        if len(test) >= 3
+        else [f"not enough sizes with results ({sorted(test)}) to look for an interior optimum"]
+    )
     left_out = run_sizes(setup)[1]
     if left_out:
-        lines.append(f"Not run: n = {', '.join(map(str, left_out))} (more rows per step than the "
-                     f"{setup.train_rows} train rows).")  # fmt: skip
+        lines.append(
+            f"Not run: n = {', '.join(map(str, left_out))} (more rows per step than the "
+            f"{setup.train_rows} train rows)."
+        )
     return lines
 
 
@@ -122,8 +172,13 @@ def _optimum(test: dict[int, Spread]) -> list[str]:
     best = max(sizes, key=lambda n: test[n].mean)
     ends = (sizes[0], sizes[-1])
     interior = best not in ends and all(clearly_above(test[best], test[e]) for e in ends)
-    why = "" if interior else " (the best size is an end of the range)" if best in ends else \
-        " (the peak is within two standard errors of an end)"  # fmt: skip
+    why = (
+        ""
+        if interior
+        else " (the best size is an end of the range)"
+        if best in ends
+        else " (the peak is within two standard errors of an end)"
+    )
     return [
         f"test rsum peaks at n={best} ({test[best].cell()}); n={ends[0]}: {test[ends[0]].cell()}, "
         + f"n={ends[1]}: {test[ends[1]].cell()}.",
@@ -140,4 +195,4 @@ EXPERIMENT = Experiment(
     sweeps=sweeps,
     summarise=summarise,
     quick={"train.epochs": 2, "loss.warmup_sh_epochs": 1, "train.batch_size": 64, **IN_PROCESS},
-)  # fmt: skip
+)

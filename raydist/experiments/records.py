@@ -68,23 +68,43 @@ def read_history(trial_path: str) -> list[dict[str, Any]]:
     except FileNotFoundError:
         return []
     reports = [json.loads(line) for line in lines if line.strip()]
-    by_epoch = {int(r["epoch"]): r for r in reports if "epoch" in r and any(k.startswith("val/") for k in r)
-                and all(_finite(v) for k, v in r.items() if k.startswith("val/"))}  # fmt: skip
+    by_epoch = {
+        int(r["epoch"]): r
+        for r in reports
+        if "epoch" in r
+        and any(k.startswith("val/") for k in r)
+        and all(_finite(v) for k, v in r.items() if k.startswith("val/"))
+    }
     return [_plain(by_epoch[e]) for e in sorted(by_epoch)]
 
 
 def _plain(report: dict[str, Any]) -> dict[str, Any]:
     """A report without Tune's bookkeeping (config, ids, host, timestamps other than ``time_total_s``)."""
-    drop = {"config", "date", "hostname", "node_ip", "pid", "trial_id", "timestamp", "done",
-            "checkpoint_dir_name", "iterations_since_restore", "time_since_restore", "training_iteration"}
+    drop = {
+        "config",
+        "date",
+        "hostname",
+        "node_ip",
+        "pid",
+        "trial_id",
+        "timestamp",
+        "done",
+        "checkpoint_dir_name",
+        "iterations_since_restore",
+        "time_since_restore",
+        "training_iteration",
+    }
     return {k: v for k, v in report.items() if k not in drop}
 
 
 def best_epoch(history: list[dict[str, Any]], metric: str, mode: str = "max") -> int | None:
     """The epoch of the best ``metric`` among the reports whose checkpoint still exists (Ray keeps the best
     ``train.keep_checkpoints``; of equal scores it may keep a later one), ties to the latest epoch."""
-    scored = [(float(r[metric]), int(r["epoch"])) for r in history
-              if _finite(r.get(metric)) and checkpoint_exists(r.get("checkpoint_path"))]  # fmt: skip
+    scored = [
+        (float(r[metric]), int(r["epoch"]))
+        for r in history
+        if _finite(r.get(metric)) and checkpoint_exists(r.get("checkpoint_path"))
+    ]
     if not scored:
         return None
     sign = 1 if mode == "max" else -1

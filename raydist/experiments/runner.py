@@ -49,7 +49,9 @@ def sweep_space(experiment: Experiment, sweep: Sweep, seeds: tuple[int, ...]) ->
     space = dict(data.get("space") or {})
     for key, values in {**sweep.grid, "train.seed": list(seeds)}.items():
         if key not in space:
-            raise ConfigError(f"space {name!r} does not sweep {key}; experiment {experiment.name!r} replaces it")
+            raise ConfigError(
+                f"space {name!r} does not sweep {key}; experiment {experiment.name!r} replaces it"
+            )
         space[key] = {"grid": list(values)}
     return parse_space({**data, "space": space}, name=f"{name}-{sweep.label}" if sweep.label else name)
 
@@ -84,17 +86,27 @@ def run_experiment(
     data_dir = experiment_dataset(experiment.task, data or experiment.data, out / "data", quick=quick)
     chosen = tuple(seeds) if seeds else experiment.seeds
     base_overrides = {**(experiment.quick if quick else {}), **(overrides or {}), "data.path": str(data_dir)}
-    file_base = load_space(shipped_space_file(experiment.space)).base  # swept values are checked per sweep below
-    base = load_config(preset=preset or experiment.preset, overrides={**file_base, **base_overrides},
-                       task_of=dataset_task)  # fmt: skip
+    file_base = load_space(
+        shipped_space_file(experiment.space)
+    ).base  # swept values are checked per sweep below
+    base = load_config(
+        preset=preset or experiment.preset, overrides={**file_base, **base_overrides}, task_of=dataset_task
+    )
     manifest = load_manifest(data_dir)
-    setup = Setup(quick=quick, seeds=chosen[:1] if quick else chosen, data_dir=data_dir,
-                  train_rows=manifest.splits["train"].rows, num_classes=manifest.num_classes, base=base)  # fmt: skip
+    setup = Setup(
+        quick=quick,
+        seeds=chosen[:1] if quick else chosen,
+        data_dir=data_dir,
+        train_rows=manifest.splits["train"].rows,
+        num_classes=manifest.num_classes,
+        base=base,
+    )
     planned = []
     for sweep in experiment.sweeps(setup):  # every sweep is checked before any trial runs
         space = sweep_space(experiment, sweep, setup.seeds)
-        cfg = resolve_base_config(space, preset=preset or experiment.preset,
-                                  overrides={**base_overrides, **sweep.overrides})  # fmt: skip
+        cfg = resolve_base_config(
+            space, preset=preset or experiment.preset, overrides={**base_overrides, **sweep.overrides}
+        )
         planned.append((sweep, space, cfg))
     init_ray(max(sweep_cpus(space, cfg) for _, space, cfg in planned), address)
     route_ray_output(out / LOG_FILE)  # until each sweep sends Ray's output to its own folder's log
@@ -106,9 +118,16 @@ def run_experiment(
         folders.append(outcome.experiment_path)
         records += trial_records(outcome, space, cfg, sweep.label, data_dir, out / "checkpoints")
     save_records(records, out / TRIALS_FILE)
-    saved = {"name": name, "quick": quick, "seeds": list(setup.seeds), "data_dir": str(data_dir),
-             "train_rows": setup.train_rows, "num_classes": setup.num_classes, "base": base.to_dict(),
-             "sweeps": folders}  # fmt: skip
+    saved = {
+        "name": name,
+        "quick": quick,
+        "seeds": list(setup.seeds),
+        "data_dir": str(data_dir),
+        "train_rows": setup.train_rows,
+        "num_classes": setup.num_classes,
+        "base": base.to_dict(),
+        "sweeps": folders,
+    }
     (out / SETUP_FILE).write_text(json.dumps(saved, indent=1))
     result = write_summary(experiment, records, out, setup)
     return {**result, "sweeps": folders, "seconds": time.perf_counter() - started}
@@ -131,18 +150,29 @@ def trial_records(
         if checkpoint:
             checkpoint = str(local_checkpoint(checkpoint, cache))
             test = evaluate_checkpoint(checkpoint, data_dir, "test")
-        records.append(TrialRecord(
-            sweep=label, trial=row.trial, status=row.status, config=trial_config(base, row.values).flat(),
-            history=history, metric=space.metric, best_epoch=epoch, checkpoint=checkpoint, test=test,
-            error=row.error,
-        ))  # fmt: skip
+        records.append(
+            TrialRecord(
+                sweep=label,
+                trial=row.trial,
+                status=row.status,
+                config=trial_config(base, row.values).flat(),
+                history=history,
+                metric=space.metric,
+                best_epoch=epoch,
+                checkpoint=checkpoint,
+                test=test,
+                error=row.error,
+            )
+        )
     return records
 
 
 QUICK_NOTE = "Quick mode (one seed, tiny data, few epochs): a smoke test, not evidence."
 
 
-def write_summary(experiment: Experiment, records: list[TrialRecord], out: Path, setup: Setup) -> dict[str, Any]:
+def write_summary(
+    experiment: Experiment, records: list[TrialRecord], out: Path, setup: Setup
+) -> dict[str, Any]:
     """Run the experiment's summary and write ``summary.md`` (claim, data, table, verdict, figures) and
     ``rows.json`` into ``out``. Returns ``name``, ``claim``, ``out_dir``, ``data_dir``, ``table``,
     ``verdict``, ``rows``, ``figures`` (name → path) and ``files`` (summary, rows, trials)."""
@@ -175,7 +205,11 @@ def write_summary(experiment: Experiment, records: list[TrialRecord], out: Path,
         "verdict": verdict,
         "rows": summary.rows,
         "figures": {key: str(path) for key, path in summary.figures.items()},
-        "files": {"summary": str(out / SUMMARY_FILE), "rows": str(out / ROWS_FILE), "trials": str(out / TRIALS_FILE)},
+        "files": {
+            "summary": str(out / SUMMARY_FILE),
+            "rows": str(out / ROWS_FILE),
+            "trials": str(out / TRIALS_FILE),
+        },
     }
 
 
@@ -186,8 +220,19 @@ def summarise_saved(out_dir: str | Path) -> dict[str, Any]:
     try:
         saved = json.loads((out / SETUP_FILE).read_text())
     except (OSError, ValueError) as e:
-        raise ConfigError(f"{out_dir} is not a finished experiment folder (cannot read {SETUP_FILE}: {e})") from e
-    setup = Setup(quick=saved["quick"], seeds=tuple(saved["seeds"]), data_dir=Path(saved["data_dir"]),
-                  train_rows=saved["train_rows"], num_classes=saved["num_classes"], base=from_dict(saved["base"]))
+        raise ConfigError(
+            f"{out_dir} is not a finished experiment folder (cannot read {SETUP_FILE}: {e})"
+        ) from e
+    setup = Setup(
+        quick=saved["quick"],
+        seeds=tuple(saved["seeds"]),
+        data_dir=Path(saved["data_dir"]),
+        train_rows=saved["train_rows"],
+        num_classes=saved["num_classes"],
+        base=from_dict(saved["base"]),
+    )
     experiment = get_experiment(saved["name"])
-    return {**write_summary(experiment, load_records(out / TRIALS_FILE), out, setup), "sweeps": saved["sweeps"]}
+    return {
+        **write_summary(experiment, load_records(out / TRIALS_FILE), out, setup),
+        "sweeps": saved["sweeps"],
+    }

@@ -77,4 +77,3 @@ class Experiment:
     preset: str = "tiny"
     quick: Mapping[str, Any] = field(default_factory=dict)
     data: str | None = None
-

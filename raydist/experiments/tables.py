@@ -55,6 +55,7 @@ def group_by(items: Iterable[T], key: Callable[[T], Hashable]) -> dict[Any, list
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A GitHub markdown table; numbers right-aligned, everything else left-aligned."""
+
     def align(i: int) -> str:
         numeric = rows and all(_numeric(row[i]) for row in rows)
         return "---:" if numeric else "---"

@@ -107,7 +107,9 @@ class StackedBuffers:
     def __init__(self) -> None:
         self._key: tuple | None = None
 
-    def prepare(self, like: Tensor, layers: int, rows: int, clusters: int, bias: list[bool]) -> StackedBuffers:
+    def prepare(
+        self, like: Tensor, layers: int, rows: int, clusters: int, bias: list[bool]
+    ) -> StackedBuffers:
         key = (layers, rows, clusters, like.dtype, like.device, tuple(bias))
         if key != self._key:
             self._key = key
@@ -192,7 +194,9 @@ def batch_terms(
 
 def squared_distances(factors: dict[str, Factors], centres: dict[str, RankOneCentres]) -> Tensor:
     """``‖C_k − g_i‖²`` summed over layers → [B, K] in float64."""
-    return combine([layer_terms(factors[n], centres[n]) for n in centres], centre_sq_norms(list(centres.values())))
+    return combine(
+        [layer_terms(factors[n], centres[n]) for n in centres], centre_sq_norms(list(centres.values()))
+    )
 
 
 def assign(distances: Tensor, counts: Tensor) -> Tensor:
@@ -222,7 +226,9 @@ def update_factors(
     ).square_()  # [L, K]
     ok = (held > 0) & (total > 0)
     # x' = keep·x + add·S; where not ok the divisions' inf/nan are not selected
-    coeff = torch.stack([torch.where(ok, prior / total, 1.0), torch.where(ok, (held * total).reciprocal_(), 0.0)])
+    coeff = torch.stack(
+        [torch.where(ok, prior / total, 1.0), torch.where(ok, (held * total).reciprocal_(), 0.0)]
+    )
     olds = [c.c if inputs else c.d for c in centres]
     keep = [k.to(x.dtype) for k, x in zip(coeff[0].unsqueeze(2), olds)]
     add = [a.to(x.dtype) for a, x in zip(coeff[1].unsqueeze(2), olds)]

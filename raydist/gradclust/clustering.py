@@ -225,7 +225,9 @@ class GradientClustering:
         inputs, mask = self.updating_inputs, column == self._cluster_ids  # [B, K] bool
         if terms.buffers is not None:
             buffers = terms.buffers
-            coeff, rows = (buffers.grad_proj, buffers.grad_rows) if inputs else (buffers.input_proj, buffers.input_rows)
+            coeff, rows = (
+                (buffers.grad_proj, buffers.grad_rows) if inputs else (buffers.input_proj, buffers.input_rows)
+            )
             coeff *= mask.T  # [L, K, B]; the projections are not needed after this
             for l, name in enumerate(terms.stacked):
                 f = factors[name]
@@ -330,7 +332,9 @@ class GradientClustering:
         """The window's factor sums, and for input sums of layers with a bias the views (inputs' part,
         bias column) that ``add_masked_input_sums`` adds to."""
         self._sums = sums
-        self._stacked_bias: Tensor | None = None  # bias-column sums of the stacked layers, [L, K] (see _stacked)
+        self._stacked_bias: Tensor | None = (
+            None  # bias-column sums of the stacked layers, [L, K] (see _stacked)
+        )
         self._stacked_bias_names: list[str] = []
         self._sum_parts = {
             name: (s[:, :-1], s[:, -1]) if self._bias[name] and self.updating_inputs else (s, None)
@@ -345,7 +349,9 @@ class GradientClustering:
             self._flush_bias()
             self._stacked_bias_names = names
             biased = self.updating_inputs and any(self._bias[n] for n in names)
-            self._stacked_bias = self._sums[names[0]].new_zeros(len(names), self.num_clusters) if biased else None
+            self._stacked_bias = (
+                self._sums[names[0]].new_zeros(len(names), self.num_clusters) if biased else None
+            )
         return names
 
     def _flush_bias(self) -> None:

@@ -59,11 +59,22 @@ class GradientClusteringHook(Hook):
     passes only (the training gradients are weighted). Losses that are not sums over rows are clustered by
     their per-row contributions (docs/algorithms.md#gradient-clustering)."""
 
-    def __init__(self, cfg: Config, task: Task, arrays: Batch | None, *, rank: int, world: int, rows: int,
-                 device: Any = "cpu") -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: Config,
+        task: Task,
+        arrays: Batch | None,
+        *,
+        rank: int,
+        world: int,
+        rows: int,
+        device: Any = "cpu",
+    ) -> None:
         if arrays is None:
-            raise ConfigError("gradient clustering (gc.measure / gc.sample) needs an in-memory train split: "
-                              "raise data.in_memory_max_mb")  # fmt: skip
+            raise ConfigError(
+                "gradient clustering (gc.measure / gc.sample) needs an in-memory train split: "
+                "raise data.in_memory_max_mb"
+            )
         self.cfg, self.task, self.rank, self.rows, self.device = cfg, task, rank, rows, device
         self.shard = worker_shard(arrays, rank=rank, world=world, seed=cfg.train.seed)
         self.shard_ids = torch.as_tensor(self.shard["sample_id"])
@@ -75,20 +86,24 @@ class GradientClusteringHook(Hook):
     def setup(self, model: nn.Module, registry: StateRegistry) -> None:
         g = self.cfg.gc
         self.model = model
-        self.gc = GradientClustering(model, g.num_clusters, mode=g.mode, update_every=g.update_every,
-                                     seed=self.cfg.train.seed)  # fmt: skip
+        self.gc = GradientClustering(
+            model, g.num_clusters, mode=g.mode, update_every=g.update_every, seed=self.cfg.train.seed
+        )
         registry.register("gradclust", self.gc)
         if self.rank == 0:
             by_reason: dict[str, list[str]] = {}  # one reason once: a transformer repeats it per layer
             for name, why in unsupported_layers(model):
                 by_reason.setdefault(why, []).append(name)
             skipped = "; ".join(f"{', '.join(names)} ({why})" for why, names in by_reason.items()) or "none"
-            sys.stdout.write(f"[raydist] gradient clustering over {len(self.gc.layers)} layers; excluded: "
-                             f"{skipped}\n")  # fmt: skip
+            sys.stdout.write(
+                f"[raydist] gradient clustering over {len(self.gc.layers)} layers; excluded: {skipped}\n"
+            )
             if g.sample and not self.task.per_example_losses:
-                sys.stdout.write("[raydist] note: gc.sample with a loss that is not a sum of per-example terms: "
-                                 "the weights scale each row's gradient contribution, a heuristic without the "
-                                 "unbiasedness guarantee\n")  # fmt: skip
+                sys.stdout.write(
+                    "[raydist] note: gc.sample with a loss that is not a sum of per-example terms: "
+                    "the weights scale each row's gradient contribution, a heuristic without the "
+                    "unbiasedness guarantee\n"
+                )
 
     def forward_context(self, ctx: StepContext) -> AbstractContextManager[Any]:
         return nullcontext() if self.cfg.gc.sample else self.gc.capture()
@@ -97,7 +112,9 @@ class GradientClusteringHook(Hook):
         if self.cfg.gc.sample:
             return
         batch = ctx.batch
-        self.gc.after_backward(batch["sample_id"].cpu(), loss_scale=self.task.row_loss_scale(len(batch["sample_id"])))
+        self.gc.after_backward(
+            batch["sample_id"].cpu(), loss_scale=self.task.row_loss_scale(len(batch["sample_id"]))
+        )
         if self.rank == 0 and ctx.global_step % self.cfg.gc.log_every == 0:
             self._measure(ctx)
 
@@ -155,7 +172,15 @@ class GradientClusteringHook(Hook):
             tensors = {k: v.to(self.device) for k, v in batch.items()}
             return self.task.local_loss(model, tensors, ctx, row_weights=weights.to(self.device))
 
-        self.measurements.append(measure_gradient_variance(
-            self.model, estimate, ShardRows(self.shard), self.gc, batch_size=self.rows,
-            num_batches=self.cfg.gc.variance_batches, generator=self.meter_generator, sample_ids=self.shard_ids,
-        ))  # fmt: skip
+        self.measurements.append(
+            measure_gradient_variance(
+                self.model,
+                estimate,
+                ShardRows(self.shard),
+                self.gc,
+                batch_size=self.rows,
+                num_batches=self.cfg.gc.variance_batches,
+                generator=self.meter_generator,
+                sample_ids=self.shard_ids,
+            )
+        )

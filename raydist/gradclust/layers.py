@@ -265,7 +265,9 @@ def scan_layers(model: nn.Module) -> tuple[dict[str, nn.Module], list[tuple[str,
         parent = next((o for o in opaque if name.startswith(o + ".")), None)
         if parent is not None:
             if any(p.requires_grad for p in module.parameters(recurse=False)):
-                skipped.append((name, f"inside unsupported {opaque[parent]}, whose forward uses its weights directly"))
+                skipped.append(
+                    (name, f"inside unsupported {opaque[parent]}, whose forward uses its weights directly")
+                )
             continue
         reason = unsupported_reason(module)
         if reason is not None:
@@ -357,7 +359,9 @@ class LayerCapture:
     def attach(self) -> None:
         """Register the layers' forward hooks (once)."""
         if not self._handles:
-            self._handles = [m.register_forward_hook(partial(self._on_forward, n)) for n, m in self.layers.items()]
+            self._handles = [
+                m.register_forward_hook(partial(self._on_forward, n)) for n, m in self.layers.items()
+            ]
 
     def detach(self) -> None:
         """Remove the forward hooks (the next :meth:`recording` registers them again)."""

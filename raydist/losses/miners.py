@@ -137,7 +137,9 @@ def _fold_max(scores: Tensor, dim: int, best: Tensor, arg: Tensor, offset: int) 
 
 
 @torch.no_grad()
-def mine_hardest_negatives(inputs: RankingInputs, *, similarity: str = "dot", tile: int = 4096) -> HardestNegatives:
+def mine_hardest_negatives(
+    inputs: RankingInputs, *, similarity: str = "dot", tile: int = 4096
+) -> HardestNegatives:
     """For each query q: ``argmax_{k: id_k ≠ id_q} s(I_q, C_k)`` and ``argmax_{k: id_k ≠ id_q} s(I_k, C_q)``.
 
     Scores are walked in tiles of ``tile`` keys × :func:`tile_shape` queries with a running (max, argmax)

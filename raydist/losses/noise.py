@@ -31,8 +31,9 @@ def pair_flip_rates(p: float, num_classes: int) -> tuple[float, float]:
     return q_pos, q_neg
 
 
-def effective_flip_rates(p: float, num_classes: int, eta_pos: float = 1.0, eta_neg: float = 1.0
-                         ) -> tuple[float, float]:
+def effective_flip_rates(
+    p: float, num_classes: int, eta_pos: float = 1.0, eta_neg: float = 1.0
+) -> tuple[float, float]:
     """``(η₊·q₊, η₋·q₋)``: the share of noisy pairs among drawn positives / negatives when the sampler
     draws noisy pairs η times as often as uniform sampling would (first-order; may exceed 1 for large η)."""
     for name, eta in (("eta_pos", eta_pos), ("eta_neg", eta_neg)):

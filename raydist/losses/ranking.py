@@ -45,7 +45,9 @@ class RankingTerms(NamedTuple):
     caption_queries: Tensor  # [Q] caption k ranks image keys: Σ/max_l [α − S_kk + S_lk]₊
 
 
-def ranking_terms(inputs: RankingInputs, *, margin: float, hardest: bool, similarity: str = "dot") -> RankingTerms:
+def ranking_terms(
+    inputs: RankingInputs, *, margin: float, hardest: bool, similarity: str = "dot"
+) -> RankingTerms:
     """Hinge terms of Q query pairs against K key pairs, in both directions, from the dense [Q, K] scores.
 
     Query pair q = (query_img[q], query_cap[q]) has positive score ``s(I_q, C_q)``; key k is a negative
@@ -66,8 +68,15 @@ def hinge_terms(positives: Tensor, negatives: Tensor, margin: float) -> Tensor:
     return (margin - positives + negatives).clamp(min=0)
 
 
-def _hardest_direction(positives: Tensor, query_emb: Tensor, key_emb: Tensor, key: Tensor, margin: float,
-                       similarity: str, image_is_query: bool) -> Tensor:
+def _hardest_direction(
+    positives: Tensor,
+    query_emb: Tensor,
+    key_emb: Tensor,
+    key: Tensor,
+    margin: float,
+    similarity: str,
+    image_is_query: bool,
+) -> Tensor:
     """MH terms of one direction: the hinge on each query's mined key row (0 where none was mined).
 
     The rows are gathered with ``index_select``, whose backward (``index_add``) is ~4× faster on CPU than
@@ -100,7 +109,9 @@ def mined_ranking_terms(
             positives, inputs.query_cap, inputs.key_img, mined.caption_query_key, margin, similarity, False
         )
         return image_terms, caption_terms, mined
-    image_terms, caption_terms = sum_of_hinges(positives, inputs, margin=margin, similarity=similarity, tile=tile)
+    image_terms, caption_terms = sum_of_hinges(
+        positives, inputs, margin=margin, similarity=similarity, tile=tile
+    )
     return image_terms, caption_terms, mined
 
 

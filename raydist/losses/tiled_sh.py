@@ -127,6 +127,15 @@ def sum_of_hinges(
     both directions when the queries are the keys (:attr:`RankingInputs.square`).
     """
     return TiledSumOfHinges.apply(
-        positives, inputs.query_img, inputs.query_cap, inputs.key_img, inputs.key_cap, inputs.query_ids,
-        inputs.key_ids, margin, similarity, tile, inputs.square,
-    )  # fmt: skip
+        positives,
+        inputs.query_img,
+        inputs.query_cap,
+        inputs.key_img,
+        inputs.key_cap,
+        inputs.query_ids,
+        inputs.key_ids,
+        margin,
+        similarity,
+        tile,
+        inputs.square,
+    )

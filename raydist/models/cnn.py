@@ -24,11 +24,15 @@ class SmallCNN(nn.Module):
     train and eval, and let a ranking loss over the batch read the other rows through them.
     """
 
-    def __init__(self, channels: int, width: int = 32, depth: int = 3, groups: int = 8, grid: int = 1) -> None:
+    def __init__(
+        self, channels: int, width: int = 32, depth: int = 3, groups: int = 8, grid: int = 1
+    ) -> None:
         super().__init__()
         if min(channels, width, depth, groups, grid) < 1:
-            raise ValueError(f"channels, width, depth, groups and grid must be positive, got "
-                             f"{channels}, {width}, {depth}, {groups}, {grid}")  # fmt: skip
+            raise ValueError(
+                f"channels, width, depth, groups and grid must be positive, got "
+                f"{channels}, {width}, {depth}, {groups}, {grid}"
+            )
         layers: list[nn.Module] = []
         c_in = channels
         for block in range(depth):

@@ -86,9 +86,15 @@ def image_encoder_names() -> list[str]:
 
 
 def build_image_encoder(
-    name: str, out_dim: int, *, in_dim: int | None = None, channels: int = 3, image_size: int | None = None,
-    weights: str | Path | None = None, **options: Any,
-) -> BackboneEncoder:  # fmt: skip
+    name: str,
+    out_dim: int,
+    *,
+    in_dim: int | None = None,
+    channels: int = 3,
+    image_size: int | None = None,
+    weights: str | Path | None = None,
+    **options: Any,
+) -> BackboneEncoder:
     """The encoder ``name`` ending in a new Linear to ``out_dim``. ``in_dim``: the feature dim (``linear``);
     ``channels``/``image_size``: the images' (an architecture that fixes its input size gets ``image_size``,
     others ignore it); ``weights``: a local state dict of the backbone (:func:`load_backbone_weights`), loaded
@@ -102,7 +108,9 @@ def build_image_encoder(
 
 
 @functools.lru_cache(maxsize=32)
-def image_encoder_problem(name: str, weights: str | None, *, channels: int, image_size: int | None) -> str | None:
+def image_encoder_problem(
+    name: str, weights: str | None, *, channels: int, image_size: int | None
+) -> str | None:
     """Why the encoder ``name`` (with the backbone weights file ``weights``) cannot be built for images of
     ``channels`` × ``image_size``², or None. The backbone is built on the meta device (no memory, no
     initialisation) and the file's tensor names and shapes are compared with it without loading them: what
@@ -146,12 +154,19 @@ def encoder_options(model: ModelSection) -> dict[str, Any]:
     return {"width": model.cnn_width, "depth": model.cnn_depth, "grid": model.cnn_grid}
 
 
-def image_encoder_from_config(model: ModelSection, *, channels: int, image_size: int,
-                              normalize: bool = True) -> UnitImageEncoder:  # fmt: skip
+def image_encoder_from_config(
+    model: ModelSection, *, channels: int, image_size: int, normalize: bool = True
+) -> UnitImageEncoder:
     """``model.image_encoder`` for images of ``channels`` × ``image_size``², ending in a Linear to
     ``model.embed_dim``, its backbone loaded from ``model.image_weights`` when set."""
-    encoder = build_image_encoder(model.image_encoder, model.embed_dim, channels=channels, image_size=image_size,
-                                  weights=model.image_weights or None, **encoder_options(model))  # fmt: skip
+    encoder = build_image_encoder(
+        model.image_encoder,
+        model.embed_dim,
+        channels=channels,
+        image_size=image_size,
+        weights=model.image_weights or None,
+        **encoder_options(model),
+    )
     return UnitImageEncoder(encoder, normalize)
 
 
@@ -169,7 +184,9 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         try:
             from safetensors.torch import load_file
         except ImportError as err:
-            raise ImportError(f"reading {path} needs the safetensors package (pip install safetensors): {err}") from err
+            raise ImportError(
+                f"reading {path} needs the safetensors package (pip install safetensors): {err}"
+            ) from err
         state = load_file(str(path))
     else:
         state = torch.load(path, map_location="cpu", weights_only=True)
@@ -190,8 +207,9 @@ def load_backbone_weights(module: nn.Module, path: str | Path, head_keys: tuple[
     module.load_state_dict({k: state[k] for k in own})
 
 
-def fit_problems(own: Mapping[str, torch.Tensor], state: Mapping[str, torch.Tensor],
-                 head_keys: tuple[str, ...] = ()) -> str:  # fmt: skip
+def fit_problems(
+    own: Mapping[str, torch.Tensor], state: Mapping[str, torch.Tensor], head_keys: tuple[str, ...] = ()
+) -> str:
     """How the state dict ``state`` fails to fit a module whose state dict is ``own`` (names and shapes; keys
     under ``head_keys`` may be extra): the missing, unexpected and mis-shaped keys, or "" when it fits."""
 
@@ -201,11 +219,17 @@ def fit_problems(own: Mapping[str, torch.Tensor], state: Mapping[str, torch.Tens
     problems = {
         "missing": sorted(k for k in own if k not in state),
         "unexpected": sorted(k for k in state if k not in own and not is_head(k)),
-        "wrong shape": sorted(f"{k} {tuple(state[k].shape)} (needs {tuple(own[k].shape)})"
-                              for k in own if k in state and state[k].shape != own[k].shape),
+        "wrong shape": sorted(
+            f"{k} {tuple(state[k].shape)} (needs {tuple(own[k].shape)})"
+            for k in own
+            if k in state and state[k].shape != own[k].shape
+        ),
     }
-    return "; ".join(f"{what}: {', '.join(keys[:10])}{' …' if len(keys) > 10 else ''}"
-                     for what, keys in problems.items() if keys)  # fmt: skip
+    return "; ".join(
+        f"{what}: {', '.join(keys[:10])}{' …' if len(keys) > 10 else ''}"
+        for what, keys in problems.items()
+        if keys
+    )
 
 
 def import_problem(module: str) -> str | None:
@@ -232,8 +256,9 @@ def _import_optional(module: str, package: str, encoder: str) -> Any:
         ) from err
 
 
-def _construct(factory: Callable[..., nn.Module], model: str, size_key: str, image_size: int | None,
-               **kwargs: Any) -> nn.Module:  # fmt: skip
+def _construct(
+    factory: Callable[..., nn.Module], model: str, size_key: str, image_size: int | None, **kwargs: Any
+) -> nn.Module:
     """``factory(model, **kwargs)``, given ``size_key=image_size`` when the architecture takes it (a ViT's fixed
     input size): a TypeError naming ``size_key`` means it does not, and the model is built without it."""
     if image_size is None:
@@ -255,8 +280,15 @@ def _linear(*, in_dim: int | None, channels: int, image_size: int | None) -> Bac
 
 
 @register_image_encoder("small-cnn")
-def _small_cnn(*, in_dim: int | None, channels: int, image_size: int | None, width: int = 32,
-               depth: int = 3, grid: int = 1) -> Backbone:  # fmt: skip
+def _small_cnn(
+    *,
+    in_dim: int | None,
+    channels: int,
+    image_size: int | None,
+    width: int = 32,
+    depth: int = 3,
+    grid: int = 1,
+) -> Backbone:
     """:class:`SmallCNN` over [B, channels, H, W] images of any size."""
     cnn = SmallCNN(channels, width=width, depth=depth, grid=grid)
     return Backbone(cnn, cnn.out_dim)
@@ -268,8 +300,9 @@ TORCHVISION_AUX_HEADS = ("aux1", "aux2", "AuxLogits")
 
 
 @register_image_encoder("torchvision:")
-def _torchvision(model: str, *, in_dim: int | None, channels: int, image_size: int | None,
-                 **options: Any) -> Backbone:  # fmt: skip
+def _torchvision(
+    model: str, *, in_dim: int | None, channels: int, image_size: int | None, **options: Any
+) -> Backbone:
     """``torchvision.models.get_model(model, weights=None, **options)`` (``aux_logits=False`` where the model takes
     it) with its classifier -- the last Linear it registers (``fc``, ``heads.head``, ``classifier.N``) -- replaced
     by Identity. The models take RGB; greyscale images reach them through :class:`GreyAsRGB` (as if decoded as
@@ -278,8 +311,14 @@ def _torchvision(model: str, *, in_dim: int | None, channels: int, image_size: i
     if channels not in (1, 3):
         raise ValueError(f"torchvision:{model} takes RGB or greyscale images, not {channels} channels")
     try:  # GoogLeNet and Inception v3 return their auxiliary classifiers' logits too in training mode: none
-        net = _construct(models.get_model, model, "image_size", image_size, weights=None,
-                         **{"aux_logits": False, **options})  # fmt: skip
+        net = _construct(
+            models.get_model,
+            model,
+            "image_size",
+            image_size,
+            weights=None,
+            **{"aux_logits": False, **options},
+        )
     except TypeError as err:
         if "aux_logits" not in str(err):
             raise
@@ -295,16 +334,30 @@ def _torchvision(model: str, *, in_dim: int | None, channels: int, image_size: i
 
 
 @register_image_encoder("timm:")
-def _timm(model: str, *, in_dim: int | None, channels: int, image_size: int | None, **options: Any) -> Backbone:
+def _timm(
+    model: str, *, in_dim: int | None, channels: int, image_size: int | None, **options: Any
+) -> Backbone:
     """``timm.create_model(model, pretrained=False, num_classes=0, in_chans=3, **options)``: pooled features, its
     classifier (``pretrained_cfg["classifier"]``) already removed. Greyscale images reach its RGB input through
     :class:`GreyAsRGB` (as for torchvision), so an RGB weights file fits them too."""
     timm = _import_optional("timm", "timm", f"timm:{model}")
     if channels not in (1, 3):
         raise ValueError(f"timm:{model} takes RGB or greyscale images here, not {channels} channels")
-    net = _construct(timm.create_model, model, "img_size", image_size,
-                     pretrained=False, num_classes=0, in_chans=3, **options)  # fmt: skip
+    net = _construct(
+        timm.create_model,
+        model,
+        "img_size",
+        image_size,
+        pretrained=False,
+        num_classes=0,
+        in_chans=3,
+        **options,
+    )
     classifier = (getattr(net, "pretrained_cfg", None) or {}).get("classifier") or ()
     head_keys = (classifier,) if isinstance(classifier, str) else tuple(classifier)
-    return Backbone(net, getattr(net, "head_hidden_size", None) or net.num_features, head_keys,
-                    GreyAsRGB() if channels == 1 else None)  # fmt: skip
+    return Backbone(
+        net,
+        getattr(net, "head_hidden_size", None) or net.num_features,
+        head_keys,
+        GreyAsRGB() if channels == 1 else None,
+    )

@@ -36,15 +36,24 @@ class LabelsModel(nn.Module):
     """
 
     def __init__(
-        self, feature_dim: int | None, hidden: Sequence[int], embed_dim: int, num_classes: int,
-        nesting: Sequence[int] = (), encoder: nn.Module | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        feature_dim: int | None,
+        hidden: Sequence[int],
+        embed_dim: int,
+        num_classes: int,
+        nesting: Sequence[int] = (),
+        encoder: nn.Module | None = None,
+    ) -> None:
         """``encoder``: unit embeddings of the inputs (e.g. a CNN over pixels); default the MLP over features."""
         super().__init__()
         self.encoder = encoder if encoder is not None else MLPEncoder(feature_dim, hidden, embed_dim)
-        self.head = MatryoshkaHead(embed_dim, num_classes, nesting) if nesting else nn.Linear(embed_dim, num_classes)
+        self.head = (
+            MatryoshkaHead(embed_dim, num_classes, nesting) if nesting else nn.Linear(embed_dim, num_classes)
+        )
 
-    def forward(self, x: torch.Tensor, probe: bool = False) -> tuple[torch.Tensor, torch.Tensor | list[torch.Tensor]]:
+    def forward(
+        self, x: torch.Tensor, probe: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | list[torch.Tensor]]:
         """``probe=True``: the head sees the detached embedding (a linear probe; no encoder gradient)."""
         emb = self.encoder(x)
         return emb, self.head(emb.detach() if probe else emb)

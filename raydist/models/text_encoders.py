@@ -63,15 +63,29 @@ class TransformerTextEncoder(nn.Module):
     install, its layers are plain modules (DDP, AMP and ``state_dict`` behave as for the GRU), and the
     pretrained route (``hf:``) covers BERT-family weights when they are wanted."""
 
-    def __init__(self, vocab_size: int, embed_dim: int, *, max_len: int, pad_id: int = 0, layers: int = 2,
-                 heads: int = 4, width: int = 256, dropout: float = 0.1, pooling: Pooling = "mean") -> None:  # fmt: skip
+    def __init__(
+        self,
+        vocab_size: int,
+        embed_dim: int,
+        *,
+        max_len: int,
+        pad_id: int = 0,
+        layers: int = 2,
+        heads: int = 4,
+        width: int = 256,
+        dropout: float = 0.1,
+        pooling: Pooling = "mean",
+    ) -> None:
         super().__init__()
         self.pooling = pooling
         self.embed = nn.Embedding(vocab_size, width, padding_idx=pad_id)
         self.positions = nn.Embedding(max_len, width)
-        layer = nn.TransformerEncoderLayer(width, heads, 4 * width, dropout, activation="gelu", batch_first=True,
-                                           norm_first=True)  # fmt: skip
-        self.encoder = nn.TransformerEncoder(layer, layers, norm=nn.LayerNorm(width), enable_nested_tensor=False)
+        layer = nn.TransformerEncoderLayer(
+            width, heads, 4 * width, dropout, activation="gelu", batch_first=True, norm_first=True
+        )
+        self.encoder = nn.TransformerEncoder(
+            layer, layers, norm=nn.LayerNorm(width), enable_nested_tensor=False
+        )
         self.proj = nn.Linear(width, embed_dim)
         nn.init.normal_(self.embed.weight, std=0.02)
         nn.init.normal_(self.positions.weight, std=0.02)
@@ -81,7 +95,9 @@ class TransformerTextEncoder(nn.Module):
     def forward(self, tokens: Tensor, lengths: Tensor) -> Tensor:
         width = tokens.shape[1]
         if width > self.positions.num_embeddings:
-            raise ValueError(f"captions of {width} tokens: the encoder has positions for {self.positions.num_embeddings}")
+            raise ValueError(
+                f"captions of {width} tokens: the encoder has positions for {self.positions.num_embeddings}"
+            )
         lengths = lengths.to(tokens.device)
         position_ids = torch.arange(width, device=tokens.device).expand(tokens.shape[0], width)
         x = self.embed(tokens) + self.positions(position_ids)
@@ -123,33 +139,44 @@ def text_encoder_names() -> list[str]:
     return _REGISTRY.names()
 
 
-def build_text_encoder(name: str, *, vocab_size: int, embed_dim: int, max_len: int, pad_id: int = 0,
-                       **options: Any) -> nn.Module:  # fmt: skip
+def build_text_encoder(
+    name: str, *, vocab_size: int, embed_dim: int, max_len: int, pad_id: int = 0, **options: Any
+) -> nn.Module:
     """The text encoder ``name`` for a tokenizer of ``vocab_size`` ids (padding ``pad_id``) and captions of at
     most ``max_len`` tokens; ``options``: the builder's own (gru: word_dim, num_layers; transformer: layers,
     heads, width, dropout, pooling; hf: pooling)."""
     builder, args = _REGISTRY.resolve(name)
-    return builder(*args, vocab_size=vocab_size, embed_dim=embed_dim, max_len=max_len, pad_id=pad_id,
-                          **options)  # fmt: skip
+    return builder(
+        *args, vocab_size=vocab_size, embed_dim=embed_dim, max_len=max_len, pad_id=pad_id, **options
+    )
 
 
-def text_encoder_from_config(model: ModelSection, *, vocab_size: int, max_len: int, pad_id: int = 0) -> nn.Module:
+def text_encoder_from_config(
+    model: ModelSection, *, vocab_size: int, max_len: int, pad_id: int = 0
+) -> nn.Module:
     """``model.text_encoder`` with its size keys from the config."""
     name = model.text_encoder
     if name == "gru":
         options = {"word_dim": model.word_dim, "num_layers": model.num_layers}
     elif name == "transformer":
-        options = {"layers": model.text_layers, "heads": model.text_heads, "width": model.text_width,
-                   "dropout": model.text_dropout, "pooling": model.text_pooling}  # fmt: skip
+        options = {
+            "layers": model.text_layers,
+            "heads": model.text_heads,
+            "width": model.text_width,
+            "dropout": model.text_dropout,
+            "pooling": model.text_pooling,
+        }
     else:
         options = {"pooling": model.text_pooling}
-    return build_text_encoder(name, vocab_size=vocab_size, embed_dim=model.embed_dim, max_len=max_len,
-                              pad_id=pad_id, **options)  # fmt: skip
+    return build_text_encoder(
+        name, vocab_size=vocab_size, embed_dim=model.embed_dim, max_len=max_len, pad_id=pad_id, **options
+    )
 
 
 @register_text_encoder("gru")
-def _gru(*, vocab_size: int, embed_dim: int, max_len: int, pad_id: int, word_dim: int = 300,
-         num_layers: int = 1) -> nn.Module:  # fmt: skip
+def _gru(
+    *, vocab_size: int, embed_dim: int, max_len: int, pad_id: int, word_dim: int = 300, num_layers: int = 1
+) -> nn.Module:
     """VSE++'s caption encoder: its GRU's hidden size is ``embed_dim``."""
     return TextEncoder(vocab_size, word_dim, embed_dim, num_layers)
 
@@ -161,22 +188,29 @@ def _transformer(*, vocab_size: int, embed_dim: int, max_len: int, pad_id: int, 
 
 
 @register_text_encoder("hf:")
-def _huggingface(path: str, *, vocab_size: int, embed_dim: int, max_len: int, pad_id: int,
-                 pooling: Pooling = "mean") -> nn.Module:  # fmt: skip
+def _huggingface(
+    path: str, *, vocab_size: int, embed_dim: int, max_len: int, pad_id: int, pooling: Pooling = "mean"
+) -> nn.Module:
     """``transformers.AutoModel.from_pretrained(path)`` (a local folder written by ``save_pretrained``; a hub
     name downloads it on a machine with internet) under a new Linear to ``embed_dim``. The tokenizer must fit the
     model: at most its vocab size, captions no longer than its position table."""
     try:
         transformers = importlib.import_module("transformers")
     except Exception as err:
-        raise ImportError(f"text encoder 'hf:{path}' needs transformers, which cannot be imported here "
-                          f"({type(err).__name__}: {err}): pip install 'raydist[text]'") from err  # fmt: skip
+        raise ImportError(
+            f"text encoder 'hf:{path}' needs transformers, which cannot be imported here "
+            f"({type(err).__name__}: {err}): pip install 'raydist[text]'"
+        ) from err
     backbone = transformers.AutoModel.from_pretrained(path)
     config = backbone.config
     if vocab_size > config.vocab_size:
-        raise ValueError(f"hf:{path} has {config.vocab_size} token ids but the tokenizer has {vocab_size}: use the "
-                         f"model's own tokenizer (raydist tokenizer set --data DIR --tokenizer {path}/tokenizer.json)")
+        raise ValueError(
+            f"hf:{path} has {config.vocab_size} token ids but the tokenizer has {vocab_size}: use the "
+            f"model's own tokenizer (raydist tokenizer set --data DIR --tokenizer {path}/tokenizer.json)"
+        )
     positions = getattr(config, "max_position_embeddings", None)
     if positions is not None and max_len > positions:
-        raise ValueError(f"hf:{path} takes at most {positions} tokens: set data.max_caption_len <= {positions}")
+        raise ValueError(
+            f"hf:{path} takes at most {positions} tokens: set data.max_caption_len <= {positions}"
+        )
     return PretrainedTextEncoder(backbone, config.hidden_size, embed_dim, pooling)

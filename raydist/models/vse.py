@@ -36,13 +36,21 @@ class ImageEncoder(nn.Module):
 class VSEModel(nn.Module):
     """Image and caption encoders into one joint space."""
 
-    def __init__(self, feature_dim: int | None, vocab_size: int, cfg: ModelSection,
-                 image: nn.Module | None = None, text: nn.Module | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        feature_dim: int | None,
+        vocab_size: int,
+        cfg: ModelSection,
+        image: nn.Module | None = None,
+        text: nn.Module | None = None,
+    ) -> None:
         """``image``: the image side (e.g. a CNN over pixels); default the linear projection of features.
         ``text``: the caption side (:mod:`raydist.models.text_encoders`); default VSE++'s GRU."""
         super().__init__()
         self.image = image if image is not None else ImageEncoder(feature_dim, cfg.embed_dim, cfg.no_imgnorm)
-        self.text = text if text is not None else TextEncoder(vocab_size, cfg.word_dim, cfg.embed_dim, cfg.num_layers)
+        self.text = (
+            text if text is not None else TextEncoder(vocab_size, cfg.word_dim, cfg.embed_dim, cfg.num_layers)
+        )
 
     def forward(
         self, features: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor
@@ -50,17 +58,26 @@ class VSEModel(nn.Module):
         return self.image(features), self.text(tokens, lengths)
 
 
-def build_model(cfg: Config, feature_dim: int | None, vocab_size: int, *, channels: int | None = None,
-                image_size: int | None = None, pad_id: int = 0) -> VSEModel:  # fmt: skip
+def build_model(
+    cfg: Config,
+    feature_dim: int | None,
+    vocab_size: int,
+    *,
+    channels: int | None = None,
+    image_size: int | None = None,
+    pad_id: int = 0,
+) -> VSEModel:
     """The model a run config describes, for a dataset's feature dim and a tokenizer of ``vocab_size`` ids
     (padding ``pad_id``); its caption side is ``model.text_encoder``. With ``model.image_encoder`` other than
     ``linear``, its image side is that encoder over ``channels`` × ``image_size``² images."""
-    text = text_encoder_from_config(cfg.model, vocab_size=vocab_size, max_len=cfg.data.max_caption_len,
-                                    pad_id=pad_id)  # fmt: skip
+    text = text_encoder_from_config(
+        cfg.model, vocab_size=vocab_size, max_len=cfg.data.max_caption_len, pad_id=pad_id
+    )
     if cfg.model.image_encoder == "linear":
         return VSEModel(feature_dim, vocab_size, cfg.model, text=text)
     if channels is None or image_size is None:
         raise ValueError(f"model.image_encoder={cfg.model.image_encoder} needs the images' channels and size")
-    image = image_encoder_from_config(cfg.model, channels=channels, image_size=image_size,
-                                      normalize=not cfg.model.no_imgnorm)  # fmt: skip
+    image = image_encoder_from_config(
+        cfg.model, channels=channels, image_size=image_size, normalize=not cfg.model.no_imgnorm
+    )
     return VSEModel(feature_dim, vocab_size, cfg.model, image, text)

@@ -58,12 +58,17 @@ def preset_for_data(shape: DataShape) -> PresetChoice:
     """
     n, per_image, shared = shape.train_images, shape.captions_per_image, shape.shared_caption_share
     if shape.task != "pairs":
-        return PresetChoice("default", f"task {shape.task} ({shape.train_rows:,} train rows): the small preset "
-                            "only changes the image-caption ranking schedule")  # fmt: skip
+        return PresetChoice(
+            "default",
+            f"task {shape.task} ({shape.train_rows:,} train rows): the small preset "
+            "only changes the image-caption ranking schedule",
+        )
     if n >= SMALL_MAX_IMAGES:
         return PresetChoice("default", f"{n:,} train images (>= {SMALL_MAX_IMAGES:,})")
-    facts = (f"{n:,} train images (< {SMALL_MAX_IMAGES:,}), {per_image:.1f} captions per image, "
-             f"{shared:.0%} of images share a caption with another")  # fmt: skip
+    facts = (
+        f"{n:,} train images (< {SMALL_MAX_IMAGES:,}), {per_image:.1f} captions per image, "
+        f"{shared:.0%} of images share a caption with another"
+    )
     if per_image >= 2 and shared < SHARED_CAPTION_SHARE:
         return PresetChoice("default", f"{facts} (< {SHARED_CAPTION_SHARE:.0%}): few false negatives for MH")
     return PresetChoice("small", f"{facts}: MH's hardest negative would often be a false one")
@@ -95,9 +100,16 @@ class ImageChoice:
         return f"[raydist] images: {self.reason} → {picked} -- set a key to choose"
 
 
-def image_encoder_for_data(image_size: list[int], channels: int, *, torchvision: bool, named: str | None = None,
-                           pretrained: bool = False, train_images: int | None = None,
-                           steps_per_epoch: int = 1) -> ImageChoice:  # fmt: skip
+def image_encoder_for_data(
+    image_size: list[int],
+    channels: int,
+    *,
+    torchvision: bool,
+    named: str | None = None,
+    pretrained: bool = False,
+    train_images: int | None = None,
+    steps_per_epoch: int = 1,
+) -> ImageChoice:
     """The keys for encoded images of median size ``image_size`` ([height, width]) and ``channels``. With no
     encoder ``named``:
 
@@ -122,12 +134,18 @@ def image_encoder_for_data(image_size: list[int], channels: int, *, torchvision:
         what = "pretrained backbone weights" if pretrained else "trains from scratch"
         return ImageChoice(steps, f"{facts}, model.image_encoder={named} {what}")
     if side <= SMALL_CNN_MAX_SIDE:
-        return ImageChoice({"model.image_encoder": "small-cnn", **steps},
-                           f"{facts} (shorter side ≤ {SMALL_CNN_MAX_SIDE}): a small GroupNorm CNN at their size")  # fmt: skip
+        return ImageChoice(
+            {"model.image_encoder": "small-cnn", **steps},
+            f"{facts} (shorter side ≤ {SMALL_CNN_MAX_SIDE}): a small GroupNorm CNN at their size",
+        )
     if torchvision:
         crop = min(side, RESNET_MAX_SIDE)
-        return ImageChoice({"model.image_encoder": "torchvision:resnet18", "data.image_size": crop, **steps},
-                           f"{facts}: a ResNet-18 (no pretrained weights unless model.image_weights=) on {crop} px crops")  # fmt: skip
-    return ImageChoice({"model.image_encoder": "small-cnn", "data.image_size": CNN_FALLBACK_SIDE, **steps},
-                       f"{facts}, torchvision cannot be imported (pip install -e \".[vision]\" for ResNets): a small CNN "
-                       f"on {CNN_FALLBACK_SIDE} px crops")  # fmt: skip
+        return ImageChoice(
+            {"model.image_encoder": "torchvision:resnet18", "data.image_size": crop, **steps},
+            f"{facts}: a ResNet-18 (no pretrained weights unless model.image_weights=) on {crop} px crops",
+        )
+    return ImageChoice(
+        {"model.image_encoder": "small-cnn", "data.image_size": CNN_FALLBACK_SIDE, **steps},
+        f'{facts}, torchvision cannot be imported (pip install -e ".[vision]" for ResNets): a small CNN '
+        f"on {CNN_FALLBACK_SIDE} px crops",
+    )

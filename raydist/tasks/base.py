@@ -44,32 +44,57 @@ class DataInfo:
         data_dir = Path(data_dir)
         m = load_manifest(data_dir)
         files = {name: data_dir / name for name in (m.vocab, m.standardization, m.tokenizer) if name}
-        return cls(m.task, m.feature_dim, m.num_classes, data_dir, files, m.image_format, m.image_channels,
-                   tuple(m.image_size) if m.image_size else None)  # fmt: skip
+        return cls(
+            m.task,
+            m.feature_dim,
+            m.num_classes,
+            data_dir,
+            files,
+            m.image_format,
+            m.image_channels,
+            tuple(m.image_size) if m.image_size else None,
+        )
 
     @classmethod
-    def from_checkpoint(cls, folder: str | Path, info: dict[str, Any], data_dir: str | Path | None = None) -> DataInfo:
+    def from_checkpoint(
+        cls, folder: str | Path, info: dict[str, Any], data_dir: str | Path | None = None
+    ) -> DataInfo:
         """From a checkpoint folder's ``task.json`` (its extra files live in the checkpoint folder)."""
         folder = Path(folder)
         files = {name: folder / name for name in info.get("files", [])}
         dim, size = info.get("feature_dim"), info.get("image_size")
-        return cls(info["task"], int(dim) if dim is not None else None, info.get("num_classes"),
-                   Path(data_dir) if data_dir else None, files, info.get("image_format", "features"),
-                   info.get("image_channels"), tuple(size) if size else None)  # fmt: skip
+        return cls(
+            info["task"],
+            int(dim) if dim is not None else None,
+            info.get("num_classes"),
+            Path(data_dir) if data_dir else None,
+            files,
+            info.get("image_format", "features"),
+            info.get("image_channels"),
+            tuple(size) if size else None,
+        )
 
     def to_json(self) -> dict[str, Any]:
         """What a checkpoint's ``task.json`` records (the dataset folder too, so eval can find it)."""
-        return {"task": self.task, "feature_dim": self.feature_dim, "num_classes": self.num_classes,
-                "files": sorted(self.files), "data_dir": str(self.data_dir) if self.data_dir else None,
-                "image_format": self.image_format, "image_channels": self.image_channels,
-                "image_size": list(self.image_size) if self.image_size else None}  # fmt: skip
+        return {
+            "task": self.task,
+            "feature_dim": self.feature_dim,
+            "num_classes": self.num_classes,
+            "files": sorted(self.files),
+            "data_dir": str(self.data_dir) if self.data_dir else None,
+            "image_format": self.image_format,
+            "image_channels": self.image_channels,
+            "image_size": list(self.image_size) if self.image_size else None,
+        }
 
     def mismatch(self, other: DataInfo) -> list[str]:
         """What differs between a checkpoint's data facts (self) and a dataset's (other), one line each:
         task, feature dim, classes, the vocabulary and the tokenizer."""
-        lines = [f"{name}: checkpoint={getattr(self, name)!r} data={getattr(other, name)!r}"
-                 for name in ("task", "image_format", "feature_dim", "num_classes", "image_channels")
-                 if getattr(self, name) != getattr(other, name)]
+        lines = [
+            f"{name}: checkpoint={getattr(self, name)!r} data={getattr(other, name)!r}"
+            for name in ("task", "image_format", "feature_dim", "num_classes", "image_channels")
+            if getattr(self, name) != getattr(other, name)
+        ]
         for name in sorted(set(self.files) & set(other.files)):
             if Path(self.files[name]).read_bytes() != Path(other.files[name]).read_bytes():
                 lines.append(f"{name}: the checkpoint's {name} differs from {other.files[name]}")
@@ -117,13 +142,31 @@ class StepContext:
 
 # Config keys every task reads (``section.*``: the whole section); a task adds its own in ``Task.config_keys``.
 COMMON_CONFIG_KEYS = (
-    "data.path", "data.shuffle_buffer", "data.in_memory_max_mb", "data.train_fraction", "model.embed_dim",
-    "model.nesting", "loss.kind", "loss.nesting_weights", "train.*", "eval.batch_size", "gc.*", "debug.*",
-    "model.image_encoder", "model.image_weights", "data.image_size", "data.flip", "data.crop", "data.crop_pad", "data.crop_scale",
-    "model.cnn_width", "model.cnn_depth", "model.cnn_grid",
+    "data.path",
+    "data.shuffle_buffer",
+    "data.in_memory_max_mb",
+    "data.train_fraction",
+    "model.embed_dim",
+    "model.nesting",
+    "loss.kind",
+    "loss.nesting_weights",
+    "train.*",
+    "eval.batch_size",
+    "gc.*",
+    "debug.*",
+    "model.image_encoder",
+    "model.image_weights",
+    "data.image_size",
+    "data.flip",
+    "data.crop",
+    "data.crop_pad",
+    "data.crop_scale",
+    "model.cnn_width",
+    "model.cnn_depth",
+    "model.cnn_grid",
     "data.transform_cpus",
     "data.transform_concurrency",
-)  # fmt: skip
+)
 PROBE_LOSS = "loss/probe"  # step statistic: the part of Task.loss that trains a probe, not the embeddings
 
 
@@ -216,12 +259,16 @@ class Task(ABC):
         and dataset ids (what retrieval, indexes and exported embeddings use)."""
         raise NotImplementedError(f"task {self.name!r} does not embed splits for retrieval")
 
-    def embed_features(self, model: nn.Module, features: np.ndarray, device: torch.device | str = "cpu") -> Tensor:
+    def embed_features(
+        self, model: nn.Module, features: np.ndarray, device: torch.device | str = "cpu"
+    ) -> Tensor:
         """Embeddings [N, embed_dim] (on the CPU) of ``image``-column vectors [N, feature_dim], computed as
         :meth:`embed` computes a split's: what a trained model offers for new inputs."""
         raise NotImplementedError(f"task {self.name!r} does not embed feature vectors")
 
-    def embed_texts(self, model: nn.Module, texts: Sequence[str], device: torch.device | str = "cpu") -> Tensor:
+    def embed_texts(
+        self, model: nn.Module, texts: Sequence[str], device: torch.device | str = "cpu"
+    ) -> Tensor:
         """Embeddings [N, embed_dim] (on the CPU) of raw texts, tokenised as the task's data path does."""
         raise NotImplementedError(f"task {self.name!r} has no text side: embed feature vectors instead")
 
@@ -288,9 +335,7 @@ def smallest_prefix(cfg: Config) -> int | None:
     return min(dims) if dims else None
 
 
-def nested_sum(
-    cfg: Config, loss_at: Callable[[Callable[[Tensor], Tensor], bool], Tensor]
-) -> Tensor:
+def nested_sum(cfg: Config, loss_at: Callable[[Callable[[Tensor], Tensor], bool], Tensor]) -> Tensor:
     """Matryoshka: ``Σ_m c_m · loss_at(prefix_m)`` over ``model.nesting`` (weights ``loss.nesting_weights``,
     default 1), where ``prefix_m(z) = normalize(z[:, :m])``; without nesting, ``loss_at(identity)``. The
     flag tells ``loss_at`` whether this is the largest prefix (the one whose statistics are reported)."""
@@ -305,5 +350,8 @@ def nested_sum(
 def to_tensors(batch: dict[str, np.ndarray], device: torch.device | str) -> dict[str, Tensor]:
     """Numeric numpy columns → tensors on ``device`` (other columns are left out; read-only arrays, e.g.
     zero-copy Arrow buffers, are copied)."""
-    return {k: torch.as_tensor(v if v.flags.writeable else v.copy()).to(device)
-            for k, v in batch.items() if v.dtype != object}  # fmt: skip
+    return {
+        k: torch.as_tensor(v if v.flags.writeable else v.copy()).to(device)
+        for k, v in batch.items()
+        if v.dtype != object
+    }

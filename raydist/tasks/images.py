@@ -32,7 +32,9 @@ def crop_size(cfg: Config, info: DataInfo) -> int:
     return min(min(info.image_size), MAX_DEFAULT_SIZE)
 
 
-PAD_CROP_MAX_SIDE = 64  # data.crop=auto: crops up to this side pad-and-crop (CIFAR), larger ones resize (ImageNet)
+PAD_CROP_MAX_SIDE = (
+    64  # data.crop=auto: crops up to this side pad-and-crop (CIFAR), larger ones resize (ImageNet)
+)
 
 
 @dataclass(frozen=True)
@@ -50,9 +52,11 @@ class Augmentation:
 
     def line(self) -> str:
         """The one console line a run prints about its augmentation."""
-        crop = {"pad": f"pad {self.pad} px + random crop at the image's size",
-                "resized": f"random resized crop of {self.scale[0]:g}–{self.scale[1]:g} of the area",
-                "none": "no crop (the whole image)"}[self.crop]  # fmt: skip
+        crop = {
+            "pad": f"pad {self.pad} px + random crop at the image's size",
+            "resized": f"random resized crop of {self.scale[0]:g}–{self.scale[1]:g} of the area",
+            "none": "no crop (the whole image)",
+        }[self.crop]
         flip = "left–right flips" if self.flip else "no flips"
         return f"augment: {crop} ({self.crop_reason}); {flip} ({self.flip_reason})"
 
@@ -67,8 +71,10 @@ def crop_choice(cfg: Config, info: DataInfo) -> tuple[str, str]:
         return cfg.data.crop, "data.crop"
     size = crop_size(cfg, info)
     small = size <= PAD_CROP_MAX_SIDE
-    return ("pad" if small else "resized"), (f"{size} px {'≤' if small else '>'} {PAD_CROP_MAX_SIDE}: the "
-                                             f"{'CIFAR' if small else 'ImageNet'} recipe; data.crop= to choose")  # fmt: skip
+    return ("pad" if small else "resized"), (
+        f"{size} px {'≤' if small else '>'} {PAD_CROP_MAX_SIDE}: the "
+        f"{'CIFAR' if small else 'ImageNet'} recipe; data.crop= to choose"
+    )
 
 
 def view_size(cfg: Config, info: DataInfo) -> int | tuple[int, int]:
@@ -98,7 +104,9 @@ def augmentation(cfg: Config, info: DataInfo) -> Augmentation:
     flip, flip_reason = d.flip, "data.flip"
     if flip == "auto":
         if info.data_dir is None:
-            raise ValueError("data.flip=auto is decided from the dataset's images: it needs the dataset folder")
+            raise ValueError(
+                "data.flip=auto is decided from the dataset's images: it needs the dataset folder"
+            )
         verdict = mirror_verdict(str(info.data_dir))
         flip, flip_reason = verdict.flip, f"{verdict.reason}; data.flip= to choose"
     return Augmentation(crop, pad, tuple(d.crop_scale), bool(flip), crop_reason, flip_reason)
@@ -111,11 +119,25 @@ def image_transform(cfg: Config, info: DataInfo, *, train: bool) -> ImageTransfo
     size, channels = view_size(cfg, info), info.image_channels or 3
     if not train:  # pad/none crops train at the images' own scale, so evaluation takes the whole image too
         whole = crop_choice(cfg, info)[0] != "resized"
-        return ImageTransform(size=size, channels=channels, train=False, flip=False, seed=cfg.train.seed,
-                              crop_fraction=1.0 if whole else 0.875)  # fmt: skip
+        return ImageTransform(
+            size=size,
+            channels=channels,
+            train=False,
+            flip=False,
+            seed=cfg.train.seed,
+            crop_fraction=1.0 if whole else 0.875,
+        )
     aug = augmentation(cfg, info)
-    return ImageTransform(size=size, channels=channels, train=True, flip=aug.flip, seed=cfg.train.seed,
-                          scale=aug.scale, crop=aug.crop, pad=aug.pad)  # fmt: skip
+    return ImageTransform(
+        size=size,
+        channels=channels,
+        train=True,
+        flip=aug.flip,
+        seed=cfg.train.seed,
+        scale=aug.scale,
+        crop=aug.crop,
+        pad=aug.pad,
+    )
 
 
 def _known_encoder(name: str) -> bool:
@@ -132,13 +154,17 @@ def image_config_problems(cfg: Config, info: DataInfo) -> list[str]:
         return [f"model.image_encoder={m.image_encoder}: unknown image encoder; known: {known}"]
     problems = []
     if m.image_weights and not Path(m.image_weights).expanduser().is_file():
-        problems.append(f"model.image_weights={m.image_weights}: no such file (a local state dict of the backbone)")
+        problems.append(
+            f"model.image_weights={m.image_weights}: no such file (a local state dict of the backbone)"
+        )
     if not info.encoded:
         if m.image_encoder != "linear":
-            problems.append(f"model.image_encoder={m.image_encoder}: {where} holds precomputed feature vectors "
-                            f"(manifest image_format 'features', feature_dim {info.feature_dim}); an image encoder "
-                            "needs encoded images (raydist convert karpathy | coco-json --images | image-folder); "
-                            "use model.image_encoder=linear")  # fmt: skip
+            problems.append(
+                f"model.image_encoder={m.image_encoder}: {where} holds precomputed feature vectors "
+                f"(manifest image_format 'features', feature_dim {info.feature_dim}); an image encoder "
+                "needs encoded images (raydist convert karpathy | coco-json --images | image-folder); "
+                "use model.image_encoder=linear"
+            )
         defaults = type(d)()  # the keys' own defaults (raydist.config.DataSection)
         for name in ("image_size", "flip", "crop", "crop_pad", "crop_scale"):
             key, value, default = f"data.{name}", getattr(d, name), getattr(defaults, name)
@@ -146,16 +172,21 @@ def image_config_problems(cfg: Config, info: DataInfo) -> list[str]:
                 problems.append(f"{key}={value}: {where} holds feature vectors; {key} is for encoded images")
         return problems
     if m.image_encoder == "linear":
-        problems.append(f"model.image_encoder=linear: {where} holds encoded images (manifest image_format "
-                        "'encoded') and 'linear' takes precomputed feature vectors; choose an image encoder: "
-                        "small-cnn (small images), torchvision:<model> or timm:<model>")  # fmt: skip
+        problems.append(
+            f"model.image_encoder=linear: {where} holds encoded images (manifest image_format "
+            "'encoded') and 'linear' takes precomputed feature vectors; choose an image encoder: "
+            "small-cnn (small images), torchvision:<model> or timm:<model>"
+        )
     if cfg.gc.measure or cfg.gc.sample:
-        problems.append("gc.measure/gc.sample: gradient clustering reads feature vectors; it does not run on "
-                        f"encoded images ({where})")  # fmt: skip
+        problems.append(
+            "gc.measure/gc.sample: gradient clustering reads feature vectors; it does not run on "
+            f"encoded images ({where})"
+        )
     if not problems:  # the encoder itself, built on the meta device, and its weights file's names and shapes
         weights = str(Path(m.image_weights).expanduser()) if m.image_weights else None
-        problem = image_encoder_problem(m.image_encoder, weights, channels=info.image_channels or 3,
-                                        image_size=crop_size(cfg, info))  # fmt: skip
+        problem = image_encoder_problem(
+            m.image_encoder, weights, channels=info.image_channels or 3, image_size=crop_size(cfg, info)
+        )
         problems += [problem] if problem else []
     return problems
 
@@ -168,13 +199,16 @@ def check_image_config(cfg: Config, info: DataInfo) -> None:
 
 
 @torch.no_grad()
-def embed_views(encoder: nn.Module, views: ImageViews, *, batch_size: int,
-                device: torch.device | str = "cpu") -> torch.Tensor:  # fmt: skip
+def embed_views(
+    encoder: nn.Module, views: ImageViews, *, batch_size: int, device: torch.device | str = "cpu"
+) -> torch.Tensor:
     """``encoder`` over eval views made ``batch_size`` images at a time, in eval mode: [N, D] on the CPU."""
     was_training = encoder.training
     encoder.eval()
-    out = [encoder(torch.as_tensor(views[s : s + batch_size]).to(device)).cpu()
-           for s in range(0, len(views), batch_size)]  # fmt: skip
+    out = [
+        encoder(torch.as_tensor(views[s : s + batch_size]).to(device)).cpu()
+        for s in range(0, len(views), batch_size)
+    ]
     encoder.train(was_training)
     return torch.cat(out)
 

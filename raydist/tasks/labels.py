@@ -40,19 +40,23 @@ from raydist.tasks.base import PROBE_LOSS, Encoded, StepContext, Task, nested_su
 from raydist.tasks.images import crop_size, eval_images, image_transform
 
 
-def mining_stats(emb: Tensor, labels: Tensor, triplets: Any, *, strategy: str, margin: float,
-                 distance: str) -> dict[str, float]:  # fmt: skip
+def mining_stats(
+    emb: Tensor, labels: Tensor, triplets: Any, *, strategy: str, margin: float, distance: str
+) -> dict[str, float]:
     """Per-step mining statistics: ``noise/eta_neg`` — the sampler skew η₋ of the drawn negatives against
     uniform 1-1 sampling (:func:`raydist.losses.noise.sampler_skew`: mean over triplets of the number of
     candidate negatives of the anchor times the probability the miner gave the drawn one) — and
     ``noise/triplets``, the triplets mined for this rank's anchors."""
     if triplets.anchors.numel() == 0:
         return {"noise/triplets": 0.0}
-    probs = negative_probabilities(emb, labels, *triplets, strategy=strategy, margin=margin, distance=distance,
-                                   normalize=False)  # fmt: skip
+    probs = negative_probabilities(
+        emb, labels, *triplets, strategy=strategy, margin=margin, distance=distance, normalize=False
+    )
     candidates = (labels.unsqueeze(0) != labels[triplets.anchors].unsqueeze(1)).sum(1)
-    return {"noise/eta_neg": sampler_skew(probs.cpu(), candidates.cpu()),
-            "noise/triplets": float(triplets.anchors.numel())}  # fmt: skip
+    return {
+        "noise/eta_neg": sampler_skew(probs.cpu(), candidates.cpu()),
+        "noise/triplets": float(triplets.anchors.numel()),
+    }
 
 
 class LabelsTask(Task):
@@ -63,11 +67,14 @@ class LabelsTask(Task):
     primary_metric = "top1"
     LOSSES = ("cross_entropy", "triplet", "margin")
     config_keys: ClassVar[dict[str, tuple[str, ...] | None]] = {
-        "data.label_noise": None, "data.noise_seed": None, "model.mlp_hidden": None, "eval.recall_at": None,
+        "data.label_noise": None,
+        "data.noise_seed": None,
+        "model.mlp_hidden": None,
+        "eval.recall_at": None,
         **dict.fromkeys(("loss.margin", "loss.miner", "loss.distance", "loss.gather"), ("triplet", "margin")),
         "loss.hinged": ("triplet",),
         **dict.fromkeys(("loss.beta", "loss.beta_per_class", "loss.nu"), ("margin",)),
-    }  # fmt: skip
+    }
     noisy_label_patience = 3
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -75,7 +82,9 @@ class LabelsTask(Task):
         kind = self.cfg.loss.kind
         self.kind = self.loss_kind(self.cfg)
         if self.kind not in self.LOSSES:
-            raise ConfigError(f"loss.kind={kind!r} does not fit task 'labels'; use one of {', '.join(self.LOSSES)}")
+            raise ConfigError(
+                f"loss.kind={kind!r} does not fit task 'labels'; use one of {', '.join(self.LOSSES)}"
+            )
         self.gathers = self.kind != "cross_entropy"  # metric losses mine the global batch
         self.per_example_losses = self.kind == "cross_entropy"
         self.primary_metric = "top1" if self.kind == "cross_entropy" else "r1"
@@ -107,10 +116,17 @@ class LabelsTask(Task):
         m, lo = self.cfg.model, self.cfg.loss
         encoder = None
         if self.info.encoded:  # model.image_encoder replaces the MLP (model.mlp_hidden is not used)
-            encoder = image_encoder_from_config(m, channels=self.info.image_channels or 3,
-                                                image_size=crop_size(self.cfg, self.info))  # fmt: skip
-        model = LabelsModel(self.info.feature_dim, m.mlp_hidden, m.embed_dim, self.info.num_classes, m.nesting,
-                            encoder=encoder)  # fmt: skip
+            encoder = image_encoder_from_config(
+                m, channels=self.info.image_channels or 3, image_size=crop_size(self.cfg, self.info)
+            )
+        model = LabelsModel(
+            self.info.feature_dim,
+            m.mlp_hidden,
+            m.embed_dim,
+            self.info.num_classes,
+            m.nesting,
+            encoder=encoder,
+        )
         if self.kind == "margin":  # β is a model parameter: DDP averages its gradient, the optimizer steps it
             model.beta = MarginBeta(self.info.num_classes if lo.beta_per_class else None, init=lo.beta)
         return model
@@ -124,9 +140,13 @@ class LabelsTask(Task):
         return Encoded({"emb": emb}, ids, extras)
 
     def loss(
-        self, encoded: Encoded, gathered: GatheredBatch, negative_set: NegativeSet, ctx: StepContext,
+        self,
+        encoded: Encoded,
+        gathered: GatheredBatch,
+        negative_set: NegativeSet,
+        ctx: StepContext,
         stats: dict[str, float],
-    ) -> Tensor:  # fmt: skip
+    ) -> Tensor:
         """Cross-entropy: the mean over this rank's rows (DDP's average over ranks is the global-batch mean).
         Triplet / margin: mined over the global batch, this rank's anchors, exact under DDP
         (:func:`raydist.distributed.metric.rank_metric_loss`); averaged over triplets (triplet) or over the
@@ -137,9 +157,14 @@ class LabelsTask(Task):
             return head_loss
         lo = self.cfg.loss
         # the rows are unit already (the model's output, or a re-normalised prefix): mined as they are
-        miner = partial(mine_triplets, strategy=lo.miner, margin=lo.margin, distance=lo.distance, normalize=False)
-        generator = step_generator(self.cfg.train.seed, ctx.global_step, 1) if lo.miner in RANDOM_STRATEGIES else None
+        miner = partial(
+            mine_triplets, strategy=lo.miner, margin=lo.margin, distance=lo.distance, normalize=False
+        )
+        generator = (
+            step_generator(self.cfg.train.seed, ctx.global_step, 1) if lo.miner in RANDOM_STRATEGIES else None
+        )
         if self.kind == "triplet":
+
             def parts(emb: Tensor, labels: Tensor, triplets: Any) -> Any:
                 terms = triplet_terms(emb, triplets, margin=lo.margin, hinged=lo.hinged, distance=lo.distance)
                 return reduce_terms(terms, "mean")
@@ -147,15 +172,25 @@ class LabelsTask(Task):
             beta = encoded.extras["beta"]
 
             def parts(emb: Tensor, labels: Tensor, triplets: Any) -> Any:
-                return margin_loss_parts(emb, labels, triplets, beta=beta, alpha=lo.margin, nu=lo.nu,
-                                         distance=lo.distance)  # fmt: skip
+                return margin_loss_parts(
+                    emb, labels, triplets, beta=beta, alpha=lo.margin, nu=lo.nu, distance=lo.distance
+                )
+
         def observe(emb: Tensor, labels: Tensor, triplets: Any) -> None:
-            stats.update(mining_stats(emb, labels, triplets, strategy=lo.miner, margin=lo.margin,
-                                      distance=lo.distance))  # fmt: skip
+            stats.update(
+                mining_stats(emb, labels, triplets, strategy=lo.miner, margin=lo.margin, distance=lo.distance)
+            )
 
         def loss_at(prefix: Any, largest: bool) -> Tensor:
-            return rank_metric_loss(gathered.view(prefix, ("emb",)), emb="emb", labels="label", miner=miner,
-                                    loss_parts=parts, generator=generator, observe=observe if largest else None)  # fmt: skip
+            return rank_metric_loss(
+                gathered.view(prefix, ("emb",)),
+                emb="emb",
+                labels="label",
+                miner=miner,
+                loss_parts=parts,
+                generator=generator,
+                observe=observe if largest else None,
+            )
 
         metric = nested_sum(self.cfg, loss_at)
         stats[PROBE_LOSS] = float(head_loss.detach())  # reported apart from the training loss
@@ -165,7 +200,9 @@ class LabelsTask(Task):
         """Cross-entropy of the head: with ``model.nesting``, the weighted sum over the MRL-E dims."""
         logits, target = encoded.extras["logits"], encoded.ids["label"]
         if isinstance(logits, list):
-            return nested_cross_entropy([lg.float() for lg in logits], target, self.cfg.loss.nesting_weights or None)
+            return nested_cross_entropy(
+                [lg.float() for lg in logits], target, self.cfg.loss.nesting_weights or None
+            )
         return F.cross_entropy(logits.float(), target)
 
     def row_loss_scale(self, batch_rows: int) -> float:
@@ -191,22 +228,27 @@ class LabelsTask(Task):
         return emb, logits, labels
 
     @torch.no_grad()
-    def _forward(self, model: nn.Module, features: np.ndarray | ImageViews,
-                 device: torch.device | str) -> tuple[Tensor, Tensor]:  # fmt: skip
+    def _forward(
+        self, model: nn.Module, features: np.ndarray | ImageViews, device: torch.device | str
+    ) -> tuple[Tensor, Tensor]:
         """(embeddings [N, d], full-dim logits [N, K]) of feature rows (or eval image views, made a batch at a
         time), in eval mode and batches, on the CPU."""
         was_training = model.training
         model.eval()
         bs = self.cfg.eval.batch_size
-        outs = [model(torch.as_tensor(np.asarray(features[s : s + bs]), dtype=torch.float32).to(device))
-                for s in range(0, len(features), bs)]  # fmt: skip
+        outs = [
+            model(torch.as_tensor(np.asarray(features[s : s + bs]), dtype=torch.float32).to(device))
+            for s in range(0, len(features), bs)
+        ]
         model.train(was_training)
         emb = torch.cat([e.cpu() for e, _ in outs])
         # the full-dim logits (the largest nesting dim is last)
         logits = torch.cat([(lg[-1] if isinstance(lg, list) else lg).cpu() for _, lg in outs])
         return emb, logits
 
-    def embed_features(self, model: nn.Module, features: np.ndarray, device: torch.device | str = "cpu") -> Tensor:
+    def embed_features(
+        self, model: nn.Module, features: np.ndarray, device: torch.device | str = "cpu"
+    ) -> Tensor:
         """Feature vectors [N, feature_dim] → the encoder's unit embeddings (the head is not used)."""
         return self._forward(model, features, device)[0]
 
@@ -225,8 +267,18 @@ class LabelsTask(Task):
         """One-way: every row searches all the others (leave-one-out), keyed by its clean label."""
         emb, _, labels = self.embed_split(model, split, device)
         ids = split_columns(self.info.data_dir, split, [SAMPLE_ID])[SAMPLE_ID]
-        return RetrievalSet(self.name, "knn", emb.numpy(), emb.numpy(), labels, labels, ids, ids,
-                            exclude_self=True, split=split)  # fmt: skip
+        return RetrievalSet(
+            self.name,
+            "knn",
+            emb.numpy(),
+            emb.numpy(),
+            labels,
+            labels,
+            ids,
+            ids,
+            exclude_self=True,
+            split=split,
+        )
 
     def summary(self, metrics: dict) -> str:
         return f"val top-1 {metrics['top1']:.1f} (R@1 {metrics.get('r1', float('nan')):.1f})"

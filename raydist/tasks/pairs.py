@@ -49,13 +49,32 @@ class PairsTask(Task):
     columns = ("image_id", "sample_id", "image", "caption")
     primary_metric = "rsum"
     LOSSES = ("ranking",)
-    config_keys = dict.fromkeys((
-        "data.max_caption_len", "model.word_dim", "model.num_layers", "model.no_imgnorm", "loss.margin",
-        "loss.hardest", "loss.warmup_sh_epochs", "loss.warmup_sh_steps", "loss.stall_fallback", "loss.reduction",
-        "loss.similarity", "loss.gather", "loss.negative_set_size", "loss.tile", "eval.folds", "data.tokenizer",
-        "model.text_encoder", "model.text_layers", "model.text_heads", "model.text_width", "model.text_dropout",
-        "model.text_pooling",
-    ))  # fmt: skip
+    config_keys = dict.fromkeys(
+        (
+            "data.max_caption_len",
+            "model.word_dim",
+            "model.num_layers",
+            "model.no_imgnorm",
+            "loss.margin",
+            "loss.hardest",
+            "loss.warmup_sh_epochs",
+            "loss.warmup_sh_steps",
+            "loss.stall_fallback",
+            "loss.reduction",
+            "loss.similarity",
+            "loss.gather",
+            "loss.negative_set_size",
+            "loss.tile",
+            "eval.folds",
+            "data.tokenizer",
+            "model.text_encoder",
+            "model.text_layers",
+            "model.text_heads",
+            "model.text_width",
+            "model.text_dropout",
+            "model.text_pooling",
+        )
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -80,20 +99,30 @@ class PairsTask(Task):
         """Encoded images: each epoch's random views and one caption per image, tokenised."""
         if not self.info.encoded:
             return None
-        return EpochViews(image_transform(self.cfg, self.info, train=True),
-                          captions=CaptionTransform(self.tokenizer, self.cfg.data.max_caption_len))  # fmt: skip
+        return EpochViews(
+            image_transform(self.cfg, self.info, train=True),
+            captions=CaptionTransform(self.tokenizer, self.cfg.data.max_caption_len),
+        )
 
     def build_model(self) -> nn.Module:
         if self.info.encoded:
-            return build_model(self.cfg, None, len(self.tokenizer), channels=self.info.image_channels or 3,
-                               image_size=crop_size(self.cfg, self.info), pad_id=self.tokenizer.pad_id)  # fmt: skip
+            return build_model(
+                self.cfg,
+                None,
+                len(self.tokenizer),
+                channels=self.info.image_channels or 3,
+                image_size=crop_size(self.cfg, self.info),
+                pad_id=self.tokenizer.pad_id,
+            )
         return build_model(self.cfg, self.info.feature_dim, len(self.tokenizer), pad_id=self.tokenizer.pad_id)
 
     def encode(self, model: nn.Module, batch: dict[str, Tensor]) -> Encoded:
         lengths = batch["lengths"]
         tokens = batch["tokens"][:, : int(lengths.max())]
         img, cap = model(batch["image"], tokens, lengths)
-        return Encoded({"img": img, "cap": cap}, {"image_id": batch["image_id"], "sample_id": batch["sample_id"]})
+        return Encoded(
+            {"img": img, "cap": cap}, {"image_id": batch["image_id"], "sample_id": batch["sample_id"]}
+        )
 
     def hardest(self, epoch: int) -> bool:
         """MH after ``loss.warmup_sh_epochs`` epochs of SH (when ``loss.hardest``), except the epochs
@@ -111,8 +140,10 @@ class PairsTask(Task):
         collapse = self.collapse_value()
         if not self.hardest(epoch) or abs(metrics["train/loss"] - collapse) > 0.01 * collapse:
             return []
-        note = (f"MH loss {metrics['train/loss']:.4g} sits at its collapse value 2·N·margin = {collapse:.4g} "
-                "(all scores equal)")  # fmt: skip
+        note = (
+            f"MH loss {metrics['train/loss']:.4g} sits at its collapse value 2·N·margin = {collapse:.4g} "
+            "(all scores equal)"
+        )
         if self.cfg.loss.stall_fallback:
             self.fallback_epochs.append(epoch + 1)
             return [note + f"; epoch {epoch + 2} runs SH, then MH again"]
@@ -125,17 +156,27 @@ class PairsTask(Task):
         self.fallback_epochs = list(state["fallback_epochs"])
 
     def loss(
-        self, encoded: Encoded, gathered: GatheredBatch, negative_set: NegativeSet, ctx: StepContext,
+        self,
+        encoded: Encoded,
+        gathered: GatheredBatch,
+        negative_set: NegativeSet,
+        ctx: StepContext,
         stats: dict[str, float],
-    ) -> Tensor:  # fmt: skip
+    ) -> Tensor:
         lo = self.cfg.loss
 
         def loss_at(prefix: Callable[[Tensor], Tensor], largest: bool) -> Tensor:
             return rank_ranking_loss(
-                gathered.view(prefix, ("img", "cap")), negative_set, ids="image_id", margin=lo.margin,
-                hardest=self.hardest(ctx.epoch), reduction=lo.reduction, similarity=lo.similarity,
-                tile=lo.tile, stats=stats if largest else None,
-            )  # fmt: skip
+                gathered.view(prefix, ("img", "cap")),
+                negative_set,
+                ids="image_id",
+                margin=lo.margin,
+                hardest=self.hardest(ctx.epoch),
+                reduction=lo.reduction,
+                similarity=lo.similarity,
+                tile=lo.tile,
+                stats=stats if largest else None,
+            )
 
         return nested_sum(self.cfg, loss_at)
 
@@ -148,43 +189,91 @@ class PairsTask(Task):
             metrics = retrieval_metrics(emb.images, emb.captions, emb.cap_to_img, folds=folds)
             low = smallest_prefix(self.cfg)
             if low:
-                small = retrieval_metrics(l2_normalize(emb.images[:, :low]), l2_normalize(emb.captions[:, :low]),
-                                          emb.cap_to_img, folds=folds)  # fmt: skip
+                small = retrieval_metrics(
+                    l2_normalize(emb.images[:, :low]),
+                    l2_normalize(emb.captions[:, :low]),
+                    emb.cap_to_img,
+                    folds=folds,
+                )
                 metrics.update({f"min_dim_{k}": small[k] for k in ("i2t_r1", "t2i_r1", "rsum")})
             return metrics
         return evaluate_arrays(
-            model, self.tokenizer, self._arrays(split), max_len=self.cfg.data.max_caption_len,
-            folds=1 if split == "val" else self.cfg.eval.folds, batch_size=self.cfg.eval.batch_size,
-            device=device, prefix_dim=smallest_prefix(self.cfg),
-        )  # fmt: skip
+            model,
+            self.tokenizer,
+            self._arrays(split),
+            max_len=self.cfg.data.max_caption_len,
+            folds=1 if split == "val" else self.cfg.eval.folds,
+            batch_size=self.cfg.eval.batch_size,
+            device=device,
+            prefix_dim=smallest_prefix(self.cfg),
+        )
 
     def embed(self, model: nn.Module, split: str, device: torch.device | str = "cpu") -> RetrievalSet:
         """Two-way: captions (queries, keyed by their image's row) search the images (database, one row per
         image in first-appearance order) and the other way round."""
         if self.info.encoded:
             emb, image_ids, query_ids = self.encoded_embeddings(model, split, device)
-            return RetrievalSet(self.name, "t2i", emb.images.numpy(), emb.captions.numpy(), np.arange(len(image_ids)),
-                                emb.cap_to_img, image_ids, query_ids, two_way=True, split=split)  # fmt: skip
+            return RetrievalSet(
+                self.name,
+                "t2i",
+                emb.images.numpy(),
+                emb.captions.numpy(),
+                np.arange(len(image_ids)),
+                emb.cap_to_img,
+                image_ids,
+                query_ids,
+                two_way=True,
+                split=split,
+            )
         image_ids, sample_ids, features, captions = self._arrays(split)
-        emb = embed_split(model, self.tokenizer, features, captions, image_ids, max_len=self.cfg.data.max_caption_len,
-                          batch_size=self.cfg.eval.batch_size, device=device)  # fmt: skip
+        emb = embed_split(
+            model,
+            self.tokenizer,
+            features,
+            captions,
+            image_ids,
+            max_len=self.cfg.data.max_caption_len,
+            batch_size=self.cfg.eval.batch_size,
+            device=device,
+        )
         first, _ = image_rows(image_ids)
-        return RetrievalSet(self.name, "t2i", emb.images.numpy(), emb.captions.numpy(), np.arange(len(first)),
-                            emb.cap_to_img, image_ids[first], sample_ids, two_way=True, split=split)  # fmt: skip
+        return RetrievalSet(
+            self.name,
+            "t2i",
+            emb.images.numpy(),
+            emb.captions.numpy(),
+            np.arange(len(first)),
+            emb.cap_to_img,
+            image_ids[first],
+            sample_ids,
+            two_way=True,
+            split=split,
+        )
 
-    def embed_features(self, model: nn.Module, features: np.ndarray, device: torch.device | str = "cpu") -> Tensor:
+    def embed_features(
+        self, model: nn.Module, features: np.ndarray, device: torch.device | str = "cpu"
+    ) -> Tensor:
         """The image side: image features [N, feature_dim] → image embeddings."""
         return embed_images(model, features, batch_size=self.cfg.eval.batch_size, device=device)
 
-    def embed_texts(self, model: nn.Module, texts: Sequence[str], device: torch.device | str = "cpu") -> Tensor:
+    def embed_texts(
+        self, model: nn.Module, texts: Sequence[str], device: torch.device | str = "cpu"
+    ) -> Tensor:
         """The caption side: raw captions tokenised with the checkpoint's tokenizer (its vocabulary: lower-cased
         words, ``<start>``/``<end>``, unknown words as ``<unk>``; or its tokenizer.json), cut at
         ``data.max_caption_len``."""
-        return embed_captions(model, self.tokenizer, list(texts), max_len=self.cfg.data.max_caption_len,
-                              batch_size=self.cfg.eval.batch_size, device=device)  # fmt: skip
+        return embed_captions(
+            model,
+            self.tokenizer,
+            list(texts),
+            max_len=self.cfg.data.max_caption_len,
+            batch_size=self.cfg.eval.batch_size,
+            device=device,
+        )
 
-    def encoded_embeddings(self, model: nn.Module, split: str,
-                           device: torch.device | str = "cpu") -> tuple[SplitEmbeddings, np.ndarray, np.ndarray]:  # fmt: skip
+    def encoded_embeddings(
+        self, model: nn.Module, split: str, device: torch.device | str = "cpu"
+    ) -> tuple[SplitEmbeddings, np.ndarray, np.ndarray]:
         """An encoded split embedded for evaluation: each image once (its eval view, in row order) and every
         caption (row order, then caption order), with the image's ``image_id`` per image and its
         ``sample_id`` per caption."""
@@ -197,8 +286,14 @@ class PairsTask(Task):
         images = embed_views(model.image, views, batch_size=bs, device=device)
         counts = np.array([len(c) for c in cols[CAPTIONS]])
         captions = [c for caps in cols[CAPTIONS] for c in caps]
-        texts = embed_captions(model, self.tokenizer, captions, max_len=self.cfg.data.max_caption_len, batch_size=bs,
-                               device=device)  # fmt: skip
+        texts = embed_captions(
+            model,
+            self.tokenizer,
+            captions,
+            max_len=self.cfg.data.max_caption_len,
+            batch_size=bs,
+            device=device,
+        )
         cap_to_img = np.repeat(np.arange(len(counts)), counts)
         return SplitEmbeddings(images, texts, cap_to_img), cols[IMAGE_ID], np.repeat(cols[SAMPLE_ID], counts)
 
@@ -216,21 +311,21 @@ class PairsTask(Task):
         limit = self.cfg.data.max_caption_len
         cut = count_truncated(self.tokenizer, captions, limit)
         name = "word vocab (vocab.json)" if self.tokenizer_kind == "vocab" else f"subword {TOKENIZER_NAME}"
-        note = (f"captions: {name}, {len(self.tokenizer)} ids; {cut} of {len(captions)} train captions are longer "
-                f"than data.max_caption_len={limit} tokens and are truncated")
+        note = (
+            f"captions: {name}, {len(self.tokenizer)} ids; {cut} of {len(captions)} train captions are longer "
+            f"than data.max_caption_len={limit} tokens and are truncated"
+        )
         return [note]
 
     def phase(self, epoch: int) -> str:
-        """"SH" (all negatives) or "MH" (hardest negative): the loss scale differs by about the batch size."""
+        """ "SH" (all negatives) or "MH" (hardest negative): the loss scale differs by about the batch size."""
         return "MH" if self.hardest(epoch) else "SH"
 
     def epoch_metrics(self, epoch: int) -> dict[str, Any]:
         return {"loss/hardest": int(self.hardest(epoch))}
 
     def summary(self, metrics: dict[str, Any]) -> str:
-        return (
-            f"val rsum {metrics['rsum']:.1f} (i2t R@1 {metrics['i2t_r1']:.1f}, t2i R@1 {metrics['t2i_r1']:.1f})"
-        )
+        return f"val rsum {metrics['rsum']:.1f} (i2t R@1 {metrics['i2t_r1']:.1f}, t2i R@1 {metrics['t2i_r1']:.1f})"
 
     def history_columns(self) -> list[tuple[str, str]]:
         return [("i2t_r1", "i2t R@1"), ("t2i_r1", "t2i R@1"), ("rsum", "rsum")]
@@ -244,7 +339,9 @@ def caption_tokenizer_kind(cfg: Config, info: DataInfo) -> str:
         kind = "subword" if TOKENIZER_NAME in info.files and cfg.model.text_encoder != "gru" else "vocab"
     if kind == "vocab" and cfg.model.text_encoder.startswith("hf:"):
         path = cfg.model.text_encoder[3:]
-        raise ConfigError(f"model.text_encoder={cfg.model.text_encoder} reads its own tokenizer's ids: put it in the "
-                          f"dataset (raydist tokenizer set --data DIR --tokenizer {path}/tokenizer.json) and use "
-                          "data.tokenizer=auto or subword")
+        raise ConfigError(
+            f"model.text_encoder={cfg.model.text_encoder} reads its own tokenizer's ids: put it in the "
+            f"dataset (raydist tokenizer set --data DIR --tokenizer {path}/tokenizer.json) and use "
+            "data.tokenizer=auto or subword"
+        )
     return kind

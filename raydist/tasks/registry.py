@@ -39,8 +39,10 @@ def build_task(cfg: Config, info: DataInfo) -> Task:
     """The task that ``info.task`` names, for this config and data. A dataset whose manifest names no
     registered task is refused naming the manifest."""
     if info.task not in _TASKS and info.data_dir is not None:
-        raise RaydistDataError(f"{info.data_dir / MANIFEST_NAME}: field 'task': unknown task {info.task!r}; "
-                               f"expected one of {task_names()}")
+        raise RaydistDataError(
+            f"{info.data_dir / MANIFEST_NAME}: field 'task': unknown task {info.task!r}; "
+            f"expected one of {task_names()}"
+        )
     return get_task(info.task)(cfg, info)
 
 
@@ -70,8 +72,10 @@ def check_task_config(cfg: Config, info: DataInfo, *, any_loss_kind: bool = Fals
         kind = None
     elif kind not in trains:
         owners = _tasks_that(lambda t: kind in t.LOSSES, cls)
-        problems.append(f"loss.kind={kind}: {where} trains loss.kind {', '.join(dict.fromkeys(('auto', *cls.LOSSES)))}"
-                        + (f"; {kind} is for {owners}" if owners else ""))  # fmt: skip
+        problems.append(
+            f"loss.kind={kind}: {where} trains loss.kind {', '.join(dict.fromkeys(('auto', *cls.LOSSES)))}"
+            + (f"; {kind} is for {owners}" if owners else "")
+        )
         kind = None  # the keys of the refused kind are not refused again
     defaults = Config().flat()
     for key, value in cfg.flat().items():
@@ -79,11 +83,16 @@ def check_task_config(cfg: Config, info: DataInfo, *, any_loss_kind: bool = Fals
             continue
         if cls.reads(key):
             kinds = cls.config_keys[key] or ()
-            problems.append(f"{key}={_shown(value)}: {where} reads it only with loss.kind {'/'.join(kinds)}, "
-                            f"not {kind} (loss.kind={cfg.loss.kind})")  # fmt: skip
+            problems.append(
+                f"{key}={_shown(value)}: {where} reads it only with loss.kind {'/'.join(kinds)}, "
+                f"not {kind} (loss.kind={cfg.loss.kind})"
+            )
             continue
         owners = _tasks_that(lambda t, k=key: t.reads(k), cls)
-        problems.append(f"{key}={_shown(value)}: {where} does not use it" + (f"; it is for {owners}" if owners else "")
-                        + f" (leave it at its default, {_shown(defaults[key])})")  # fmt: skip
+        problems.append(
+            f"{key}={_shown(value)}: {where} does not use it"
+            + (f"; it is for {owners}" if owners else "")
+            + f" (leave it at its default, {_shown(defaults[key])})"
+        )
     if problems:
         raise ConfigError("the configuration does not fit the dataset's task:\n  " + "\n  ".join(problems))

@@ -15,7 +15,9 @@ logger = logging.getLogger(__name__)
 
 RECOUNT_TIMEOUT_S = 5.0  # the coordinator's answer
 PROBE_TIMEOUT_S = 1.0  # a node's raylet port
-DEAD_NODE_WAIT_S = 60.0  # for the GCS to declare unreachable nodes dead (Ray's default: ~15 s of missed checks)
+DEAD_NODE_WAIT_S = (
+    60.0  # for the GCS to declare unreachable nodes dead (Ray's default: ~15 s of missed checks)
+)
 
 
 class FreshCapacityOnRestart(ControllerCallback):
@@ -42,8 +44,10 @@ class FreshCapacityOnRestart(ControllerCallback):
             )
 
             coordinator = get_or_create_autoscaling_coordinator()
-            ray.get(coordinator.get_reserved_resources.remote("raydist-recount", recompute=True),
-                    timeout=RECOUNT_TIMEOUT_S)  # fmt: skip
+            ray.get(
+                coordinator.get_reserved_resources.remote("raydist-recount", recompute=True),
+                timeout=RECOUNT_TIMEOUT_S,
+            )
         except Exception:  # an optimisation: the start timeout still bounds the wait
             logger.warning("could not recount the cluster's nodes before a restart", exc_info=True)
 
@@ -55,7 +59,9 @@ def unreachable_alive_nodes() -> list[str]:
         if not node.get("Alive"):
             continue
         try:
-            socket.create_connection((node["NodeManagerAddress"], node["NodeManagerPort"]), PROBE_TIMEOUT_S).close()
+            socket.create_connection(
+                (node["NodeManagerAddress"], node["NodeManagerPort"]), PROBE_TIMEOUT_S
+            ).close()
         except OSError:
             gone.append(node["NodeID"])
     return gone

@@ -25,7 +25,9 @@ class Hook:
     def before_step(self, ctx: StepContext) -> None:
         """Called before each optimisation step."""
 
-    def wrap_batches(self, epoch: int, batches: Iterable[dict[str, np.ndarray]]) -> Iterable[dict[str, np.ndarray]]:
+    def wrap_batches(
+        self, epoch: int, batches: Iterable[dict[str, np.ndarray]]
+    ) -> Iterable[dict[str, np.ndarray]]:
         """The epoch's batches as this hook wants them (default: unchanged); every rank must yield the same
         number of batches."""
         return batches
@@ -58,4 +60,6 @@ class ValidationHook(Hook):
     def end_of_epoch(self, ctx: StepContext, model: nn.Module, metrics: dict[str, Any]) -> None:
         if ctx.rank != 0:
             return
-        metrics.update({f"val/{k}": v for k, v in self.task.evaluate(unwrap_model(model), "val", self.device).items()})
+        metrics.update(
+            {f"val/{k}": v for k, v in self.task.evaluate(unwrap_model(model), "val", self.device).items()}
+        )

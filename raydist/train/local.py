@@ -29,8 +29,13 @@ def split_key(cfg: Config, task: Task) -> tuple[Any, ...]:
     """What a run's in-memory train split depends on: the dataset, the columns read, the once-only transform
     (:meth:`Task.stream_transform`: decoded images, tokenised captions, noisy labels) and the subset
     (``data.train_fraction`` drawn with ``train.seed``)."""
-    return (str(task.info.data_dir), tuple(task.columns), task.stream_transform(), cfg.data.train_fraction,
-            cfg.train.seed)  # fmt: skip
+    return (
+        str(task.info.data_dir),
+        tuple(task.columns),
+        task.stream_transform(),
+        cfg.data.train_fraction,
+        cfg.train.seed,
+    )
 
 
 @dataclass(frozen=True)
@@ -44,8 +49,16 @@ class SharedSplit:
 
     @classmethod
     def read(cls, cfg: Config, task: Task) -> SharedSplit:
-        return cls(split_key(cfg, task), train_arrays(task.info.data_dir, task.columns, task.transform,
-                                                      fraction=cfg.data.train_fraction, seed=cfg.train.seed))
+        return cls(
+            split_key(cfg, task),
+            train_arrays(
+                task.info.data_dir,
+                task.columns,
+                task.transform,
+                fraction=cfg.data.train_fraction,
+                seed=cfg.train.seed,
+            ),
+        )
 
     def fits(self, cfg: Config, task: Task) -> bool:
         return self.key == split_key(cfg, task)
@@ -65,9 +78,17 @@ class LocalRuntime:
     world = 1
 
     def __init__(
-        self, cfg: Config, task: Task, plan: StepPlan, run_dir: str | Path, device: str = "cpu", *,
-        keep: int | None = None, on_report: ReportListener | None = None, shared: SharedSplit | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        cfg: Config,
+        task: Task,
+        plan: StepPlan,
+        run_dir: str | Path,
+        device: str = "cpu",
+        *,
+        keep: int | None = None,
+        on_report: ReportListener | None = None,
+        shared: SharedSplit | None = None,
+    ) -> None:
         self.device = torch.device(device)
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -75,12 +96,25 @@ class LocalRuntime:
         self.plan = plan
         if shared is not None and shared.fits(cfg, task):
             arrays = self.arrays = shared.arrays
-            say(f"[raydist] train split: {len(next(iter(arrays.values())))} rows shared by the driver, not read again")
+            say(
+                f"[raydist] train split: {len(next(iter(arrays.values())))} rows shared by the driver, not read again"
+            )
         else:
-            arrays = self.arrays = train_arrays(task.info.data_dir, task.columns, task.transform,
-                                                fraction=cfg.data.train_fraction, seed=cfg.train.seed)  # fmt: skip
-        self.batches = InMemoryBatches(arrays, rows=plan.rows_per_worker, rank=0, world=1, seed=cfg.train.seed,
-                                       epoch_transform=task.epoch_transform())  # fmt: skip
+            arrays = self.arrays = train_arrays(
+                task.info.data_dir,
+                task.columns,
+                task.transform,
+                fraction=cfg.data.train_fraction,
+                seed=cfg.train.seed,
+            )
+        self.batches = InMemoryBatches(
+            arrays,
+            rows=plan.rows_per_worker,
+            rank=0,
+            world=1,
+            seed=cfg.train.seed,
+            epoch_transform=task.epoch_transform(),
+        )
         self.reports: list[dict[str, Any]] = []
         self.checkpoints: list[Path] = []  # kept checkpoint folders, oldest first
         self.scores: dict[Path, float] = {}

@@ -128,8 +128,10 @@ class Progress:
         left = max(self.epochs * self.steps - (epoch * self.steps + step_in_epoch), 0)
         eta_text = f"{int(left / rate // 60)}m{int(left / rate % 60):02d}s" if rate > 0 else "?"
         pct = 100 * step_in_epoch / max(self.steps, 1)
-        return (f"epoch {epoch + 1}/{self.epochs} step {step_in_epoch}/{self.steps} ({pct:.0f}%) "
-                f"samples/s {samples_per_s(self.times[-(self.window + 1) :], self.rows):.0f} ETA {eta_text}")  # fmt: skip
+        return (
+            f"epoch {epoch + 1}/{self.epochs} step {step_in_epoch}/{self.steps} ({pct:.0f}%) "
+            f"samples/s {samples_per_s(self.times[-(self.window + 1) :], self.rows):.0f} ETA {eta_text}"
+        )
 
 
 @dataclass
@@ -152,7 +154,9 @@ class Trainables:
         scheduler = build_schedule(optimizer, cfg.train, steps_per_epoch)
         # fp16 needs loss scaling; with "none"/"bf16" the scaler is a pass-through.
         scaler = torch.amp.GradScaler(device.type, enabled=cfg.train.amp == "fp16")
-        return cls(model, optimizer, scheduler, scaler, BackboneFreeze(model, cfg.train.freeze_backbone_epochs))
+        return cls(
+            model, optimizer, scheduler, scaler, BackboneFreeze(model, cfg.train.freeze_backbone_epochs)
+        )
 
     def register(self, registry: StateRegistry) -> None:
         registry.register("model", unwrap_model(self.model))
@@ -231,14 +235,20 @@ def run_loop(
             if rank == 0 and state.global_step % cfg.train.log_every == 0:
                 extra = "".join(f" {k.split('/')[-1]} {v:.3g}" for k, v in stats.items())
                 say(f"[raydist] {progress.line(epoch, state.step_in_epoch)} loss {loss:.4f}{extra}")
-            answers = [hook.stop_requested(ctx) for hook in hooks]  # every hook asked: each may be a collective
+            answers = [
+                hook.stop_requested(ctx) for hook in hooks
+            ]  # every hook asked: each may be a collective
             stopped = any(answers)
-            if stopped or (cfg.train.checkpoint_every and state.global_step % cfg.train.checkpoint_every == 0):
+            if stopped or (
+                cfg.train.checkpoint_every and state.global_step % cfg.train.checkpoint_every == 0
+            ):
                 _report(state, cfg, task, registry, runtime, {"train/loss": loss})
             if stopped:
                 if rank == 0:
-                    say(f"[raydist] stopped on request at epoch {epoch + 1}/{cfg.train.epochs}, step "
-                        f"{state.global_step}: checkpoint saved")  # fmt: skip
+                    say(
+                        f"[raydist] stopped on request at epoch {epoch + 1}/{cfg.train.epochs}, step "
+                        f"{state.global_step}: checkpoint saved"
+                    )
                 break
         if stopped:
             break
@@ -250,7 +260,9 @@ def run_loop(
             "epoch": state.epoch,
             "phase": phase,
             "step": state.global_step,
-            "train/loss": float(totals[0] / totals[1].clamp(min=1)),  # mean over ranks and steps: the global loss
+            "train/loss": float(
+                totals[0] / totals[1].clamp(min=1)
+            ),  # mean over ranks and steps: the global loss
             "train/samples_per_s": progress.epoch_samples_per_s(),
             **{f"train/{k}": v / max(n_steps, 1) for k, v in stat_sums.items()},  # epoch means of step stats
             **task.epoch_metrics(epoch),
@@ -264,24 +276,39 @@ def run_loop(
             state.history.append(dict(metrics))
             val = {k[4:]: v for k, v in metrics.items() if k.startswith("val/")}
             shown = f" {task.summary(val)}" if val else ""
-            probe = f" (probe loss {metrics['train/' + PROBE_LOSS]:.4f})" if f"train/{PROBE_LOSS}" in metrics else ""
-            say(f"[raydist] epoch {state.epoch}/{cfg.train.epochs} done: loss {metrics['train/loss']:.4f}{probe}{shown}")
+            probe = (
+                f" (probe loss {metrics['train/' + PROBE_LOSS]:.4f})"
+                if f"train/{PROBE_LOSS}" in metrics
+                else ""
+            )
+            say(
+                f"[raydist] epoch {state.epoch}/{cfg.train.epochs} done: loss {metrics['train/loss']:.4f}{probe}{shown}"
+            )
             for note in notes:
                 say(f"[raydist] note: {note}")
             if stop:
-                say(f"[raydist] early stop: val {task.primary_metric} did not improve for "
-                    f"{cfg.train.early_stop_patience} epochs")  # fmt: skip
+                say(
+                    f"[raydist] early stop: val {task.primary_metric} did not improve for "
+                    f"{cfg.train.early_stop_patience} epochs"
+                )
         state.finished = stop or state.epoch >= cfg.train.epochs
         _report(state, cfg, task, registry, runtime, metrics)
         if stop:
             break
     if rank != 0:
         return None
-    return {"history": state.history, "global_step": state.global_step, "resumed_at": state.resumed_at,
-            "first_step_unix": first_step_unix, "stopped": stopped}  # fmt: skip
+    return {
+        "history": state.history,
+        "global_step": state.global_step,
+        "resumed_at": state.resumed_at,
+        "first_step_unix": first_step_unix,
+        "stopped": stopped,
+    }
 
 
-def _early_stop(cfg: Config, task: Task, history: list[dict[str, Any]], metrics: dict[str, Any], rank: int) -> bool:
+def _early_stop(
+    cfg: Config, task: Task, history: list[dict[str, Any]], metrics: dict[str, Any], rank: int
+) -> bool:
     """``train.early_stop_patience`` epochs without a better val metric (rank 0 decides; every rank gets the
     same answer through one all-reduce, so all ranks run the same number of steps)."""
     patience = cfg.train.early_stop_patience
@@ -368,7 +395,12 @@ def _report(
     own: its score is −inf, so it never counts as best (the newest checkpoint is always kept for restarts)."""
     primary = f"val/{task.primary_metric}"
     # the primary metric first: Tune's live table shows the first metrics of a report
-    metrics = {primary: metrics.get(primary, float("-inf")), **metrics, "epoch": state.epoch, "step": state.global_step}
+    metrics = {
+        primary: metrics.get(primary, float("-inf")),
+        **metrics,
+        "epoch": state.epoch,
+        "step": state.global_step,
+    }
     if runtime.rank != 0:
         runtime.report(metrics, None)
         return

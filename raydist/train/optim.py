@@ -16,8 +16,12 @@ from raydist.models.text_encoders import PretrainedTextEncoder
 
 # Layers whose parameters get no weight decay: normalisation layers (scales and shifts), whatever their shape.
 NORM_LAYERS: tuple[type[nn.Module], ...] = (
-    nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.RMSNorm, nn.LocalResponseNorm,
-)  # fmt: skip
+    nn.modules.batchnorm._NormBase,
+    nn.GroupNorm,
+    nn.LayerNorm,
+    nn.RMSNorm,
+    nn.LocalResponseNorm,
+)
 _OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
 
 
@@ -33,7 +37,9 @@ def backbone_parameter_names(model: nn.Module) -> list[str]:
 def no_decay_parameter_names(model: nn.Module) -> list[str]:
     """Names of the parameters weight decay leaves alone: those of normalisation layers (:data:`NORM_LAYERS`)
     and every parameter with at most one dimension (biases, GRU biases, scalars such as the margin loss's β)."""
-    norm_ids = {id(p) for m in model.modules() if isinstance(m, NORM_LAYERS) for p in m.parameters(recurse=False)}
+    norm_ids = {
+        id(p) for m in model.modules() if isinstance(m, NORM_LAYERS) for p in m.parameters(recurse=False)
+    }
     return [name for name, p in model.named_parameters() if p.ndim <= 1 or id(p) in norm_ids]
 
 
@@ -50,8 +56,12 @@ def parameter_groups(model: nn.Module, train: TrainSection) -> list[dict[str, An
         key = "backbone" if key == "backbone_decay" else key
         if key not in groups:
             lr = train.lr * (train.backbone_lr_mult if name in backbone else 1.0)
-            groups[key] = {"name": key, "params": [], "lr": lr,
-                           "weight_decay": 0.0 if name in no_decay else train.weight_decay}  # fmt: skip
+            groups[key] = {
+                "name": key,
+                "params": [],
+                "lr": lr,
+                "weight_decay": 0.0 if name in no_decay else train.weight_decay,
+            }
         groups[key]["params"].append(p)
     order = ("decay", "no_decay", "backbone", "backbone_no_decay")
     return [groups[k] for k in order if k in groups]
@@ -90,7 +100,9 @@ class WarmupDecay:
       ``T = train.epochs × steps_per_epoch`` steps, from the base LR after warm-up to 0.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, train: TrainSection, steps_per_epoch: int | None) -> None:
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, train: TrainSection, steps_per_epoch: int | None
+    ) -> None:
         if train.lr_schedule == "cosine" and steps_per_epoch is None:
             raise ValueError("train.lr_schedule=cosine needs the run's steps per epoch")
         self.optimizer = optimizer
@@ -131,12 +143,18 @@ class WarmupDecay:
         return [group["lr"] for group in self.optimizer.param_groups]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"steps_done": self.steps_done, "epochs_done": self.epochs_done, "base_lrs": list(self.base_lrs)}
+        return {
+            "steps_done": self.steps_done,
+            "epochs_done": self.epochs_done,
+            "base_lrs": list(self.base_lrs),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "steps_done" not in state:
-            raise ValueError("the checkpoint's LR schedule is a StepLR (train.lr_schedule=step, "
-                             "train.warmup_steps=0): resume it with those values")  # fmt: skip
+            raise ValueError(
+                "the checkpoint's LR schedule is a StepLR (train.lr_schedule=step, "
+                "train.warmup_steps=0): resume it with those values"
+            )
         self.steps_done, self.epochs_done = state["steps_done"], state["epochs_done"]
         self.base_lrs = list(state["base_lrs"])
         self._apply()

@@ -34,8 +34,9 @@ class RayRuntime:
     """Rank, device, batches, reports and restarts from Ray Train. ``epoch_boards``: the streamed splits'
     :class:`EpochBoard` keys by dataset name, when their Ray Data tasks make the per-epoch views."""
 
-    def __init__(self, cfg: Config, task: Task, plan: StepPlan, source: str,
-                 epoch_boards: dict[str, str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, cfg: Config, task: Task, plan: StepPlan, source: str, epoch_boards: dict[str, str] | None = None
+    ) -> None:
         ctx = ray.train.get_context()
         self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
         self.device = ray.train.torch.get_device()
@@ -44,19 +45,37 @@ class RayRuntime:
         self._stream: StreamedEpochs | None = None
         self.arrays = None  # the transformed in-memory train split (None when streaming)
         if source == "memory":
-            arrays = self.arrays = train_arrays(task.info.data_dir, task.columns, task.transform,
-                                                fraction=cfg.data.train_fraction, seed=cfg.train.seed)
-            self._memory = InMemoryBatches(arrays, rows=plan.rows_per_worker, rank=self.rank, world=self.world,
-                                           seed=cfg.train.seed, epoch_transform=task.epoch_transform())  # fmt: skip
+            arrays = self.arrays = train_arrays(
+                task.info.data_dir,
+                task.columns,
+                task.transform,
+                fraction=cfg.data.train_fraction,
+                seed=cfg.train.seed,
+            )
+            self._memory = InMemoryBatches(
+                arrays,
+                rows=plan.rows_per_worker,
+                rank=self.rank,
+                world=self.world,
+                seed=cfg.train.seed,
+                epoch_transform=task.epoch_transform(),
+            )
         else:
             names = train_splits(cfg.train.epochs)
-            views = None if epoch_boards is None else [PassViews(task.epoch_transform(), EpochBoard(epoch_boards[name]))
-                                                       for name in names]  # fmt: skip
+            views = (
+                None
+                if epoch_boards is None
+                else [PassViews(task.epoch_transform(), EpochBoard(epoch_boards[name])) for name in names]
+            )
             self._stream = StreamedEpochs(
-                [ray.train.get_dataset_shard(name) for name in names], rows=plan.rows_per_worker,
-                shuffle_buffer=cfg.data.shuffle_buffer, seed=cfg.train.seed, rank=self.rank, epochs=cfg.train.epochs,
+                [ray.train.get_dataset_shard(name) for name in names],
+                rows=plan.rows_per_worker,
+                shuffle_buffer=cfg.data.shuffle_buffer,
+                seed=cfg.train.seed,
+                rank=self.rank,
+                epochs=cfg.train.epochs,
                 views=views,
-            )  # fmt: skip
+            )
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         return ray.train.torch.prepare_model(model)

@@ -73,13 +73,17 @@ def stop_on_signals(stop_file: Path | None) -> Iterator[StopSignals]:
             _write_console(f"\n[raydist] {name} again: quitting now, without a checkpoint\n")
             raise KeyboardInterrupt
         if stop_file is None:
-            _write_console(f"\n[raydist] {name}: the run folder is on remote storage, so the workers cannot be "
-                           "told to stop at a step boundary: quitting now\n")  # fmt: skip
+            _write_console(
+                f"\n[raydist] {name}: the run folder is on remote storage, so the workers cannot be "
+                "told to stop at a step boundary: quitting now\n"
+            )
             raise KeyboardInterrupt
         stop_file.parent.mkdir(parents=True, exist_ok=True)
         stop_file.touch()
-        _write_console(f"\n[raydist] {name}: stopping at the next step boundary and saving a checkpoint "
-                       "(press Ctrl-C again to quit at once)\n")  # fmt: skip
+        _write_console(
+            f"\n[raydist] {name}: stopping at the next step boundary and saving a checkpoint "
+            "(press Ctrl-C again to quit at once)\n"
+        )
 
     previous = {s: signal.signal(s, handle) for s in STOP_SIGNALS}
     try:

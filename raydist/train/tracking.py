@@ -61,11 +61,19 @@ class TrackingHook(Hook):
         if step % self.cfg.train.log_every:
             return
         if self.run_dir is not None:
-            line = {"step": step, "epoch": ctx.epoch + 1, "world": ctx.world, "time": round(time.time(), 3),
-                    "loss": loss, "stats": stats}  # fmt: skip
+            line = {
+                "step": step,
+                "epoch": ctx.epoch + 1,
+                "world": ctx.world,
+                "time": round(time.time(), 3),
+                "loss": loss,
+                "stats": stats,
+            }
             with (self.run_dir / STEPS_FILE).open("a") as f:
                 f.write(json.dumps(line) + "\n")
-        self._log({"step/loss": loss, "step/world": ctx.world, **{f"step/{k}": v for k, v in stats.items()}}, step)
+        self._log(
+            {"step/loss": loss, "step/world": ctx.world, **{f"step/{k}": v for k, v in stats.items()}}, step
+        )
 
     def end_of_epoch(self, ctx: StepContext, model: nn.Module, metrics: dict[str, Any]) -> None:
         if ctx.rank != 0:
@@ -82,8 +90,10 @@ class TrackingHook(Hook):
             return
         self.started = True
         if self.run_dir is None:
-            say("[raydist] note: the run folder is on remote storage: no TensorBoard files or steps.jsonl "
-                "(train.mlflow_uri logs anywhere)")  # fmt: skip
+            say(
+                "[raydist] note: the run folder is on remote storage: no TensorBoard files or steps.jsonl "
+                "(train.mlflow_uri logs anywhere)"
+            )
         else:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             _drop_steps_after(self.run_dir / STEPS_FILE, done)
@@ -134,8 +144,9 @@ def _start_mlflow_run(cfg: Config, run_name: str | None) -> tuple[Any, str]:
     experiment = client.get_experiment_by_name(name)
     experiment_id = experiment.experiment_id if experiment else client.create_experiment(name)
     run_id = client.create_run(experiment_id, run_name=run_name).info.run_id
-    params = [Param(k, json.dumps(v) if isinstance(v, (list, dict)) else str(v))
-              for k, v in cfg.flat().items()]  # fmt: skip
+    params = [
+        Param(k, json.dumps(v) if isinstance(v, (list, dict)) else str(v)) for k, v in cfg.flat().items()
+    ]
     for i in range(0, len(params), MLFLOW_BATCH):
         client.log_batch(run_id, params=params[i : i + MLFLOW_BATCH])
     return client, run_id

@@ -130,11 +130,15 @@ def resolve_schedule(cfg: Config, data_dir: Path) -> tuple[Config, str]:
         note += ")"
     if warmup:
         note += f"; SH warm-up {warmup} epochs" + (
-            f" (raised for loss.warmup_sh_steps={lo.warmup_sh_steps})" if warmup != lo.warmup_sh_epochs else ""
+            f" (raised for loss.warmup_sh_steps={lo.warmup_sh_steps})"
+            if warmup != lo.warmup_sh_epochs
+            else ""
         )
     if patience and t.early_stop_patience is None:
-        note += (f"; early stop after {patience} epochs without a better val metric (data.label_noise="
-                 f"{cfg.data.label_noise}; train.early_stop_patience=0 turns it off)")  # fmt: skip
+        note += (
+            f"; early stop after {patience} epochs without a better val metric (data.label_noise="
+            f"{cfg.data.label_noise}; train.early_stop_patience=0 turns it off)"
+        )
     resolved = cfg.model_copy(deep=True)
     resolved.train.epochs, resolved.loss.warmup_sh_epochs = epochs, max(warmup, lo.warmup_sh_epochs)
     resolved.train.lr_decay_epoch, resolved.train.early_stop_patience = decay, patience
@@ -167,10 +171,17 @@ def build_trainer(
     source = "memory" if fits_in_memory(data_dir, "train", cfg.data.in_memory_max_mb) else "stream"
     datasets, views = {}, None
     if source == "stream":
-        datasets, views = train_streams(data_dir, task.columns, task.stream_transform(), task.epoch_transform(),
-                                         epochs=cfg.train.epochs, fraction=cfg.data.train_fraction,
-                                         seed=cfg.train.seed, num_cpus=cfg.data.transform_cpus,
-                                         concurrency=cfg.data.transform_concurrency)  # fmt: skip
+        datasets, views = train_streams(
+            data_dir,
+            task.columns,
+            task.stream_transform(),
+            task.epoch_transform(),
+            epochs=cfg.train.epochs,
+            fraction=cfg.data.train_fraction,
+            seed=cfg.train.seed,
+            num_cpus=cfg.data.transform_cpus,
+            concurrency=cfg.data.transform_concurrency,
+        )
     storage = storage_root(cfg, storage_path)
     name = run_name(cfg, run_name_override)
     loop_config = {
@@ -269,8 +280,10 @@ def run_training(
         outcome = train_in_process(cfg, data_dir, resume_from=resume_from)
         return _finish(outcome, data_dir, evaluate_test)
     joining = address or os.environ.get("RAY_ADDRESS")
-    print(f"[raydist] {'joining the Ray cluster at ' + joining if joining else 'starting a local Ray instance'} …",
-          flush=True)  # fmt: skip
+    print(
+        f"[raydist] {'joining the Ray cluster at ' + joining if joining else 'starting a local Ray instance'} …",
+        flush=True,
+    )
     startup = {"data_checked": time.time()}
     started = time.perf_counter()
     init_ray(run_cpus(cfg), address, dashboard=False)  # one run needs no State API (runtime.start_local_ray)
@@ -282,8 +295,10 @@ def run_training(
     check_storage_reachable(storage, cfg.train.storage_shared, capacity)
     check_cluster_fits(run_cpus(cfg, fewest=True), capacity)
     startup["ray_ready"] = time.time()
-    print(f"[raydist] Ray ready in {time.perf_counter() - started:.1f} s; starting {describe_workers(cfg)} …",
-          flush=True)  # fmt: skip
+    print(
+        f"[raydist] Ray ready in {time.perf_counter() - started:.1f} s; starting {describe_workers(cfg)} …",
+        flush=True,
+    )
     if not is_uri(storage):
         route_ray_output(Path(storage) / name / LOG_FILE)
     trainer = build_trainer(cfg, data_dir, resume_from=resume_from, run_name_override=name)
@@ -296,8 +311,12 @@ def run_training(
     task = build_task(cfg, DataInfo.from_dataset(data_dir))
     metric = f"val/{task.primary_metric}"
     best_ckpt = result.get_best_checkpoint(metric, "max") if result.best_checkpoints else None
-    best_metrics = next((m for c, m in result.best_checkpoints if best_ckpt and c.path == best_ckpt.path), None)
-    if best_metrics is not None and best_metrics.get(metric, UNSCORED) <= UNSCORED:  # no validated checkpoint yet
+    best_metrics = next(
+        (m for c, m in result.best_checkpoints if best_ckpt and c.path == best_ckpt.path), None
+    )
+    if (
+        best_metrics is not None and best_metrics.get(metric, UNSCORED) <= UNSCORED
+    ):  # no validated checkpoint yet
         best_ckpt = best_metrics = None
     outcome = TrainOutcome(
         run_dir=str(result.path),
@@ -406,8 +425,10 @@ def _continue_or_start_named_run(cfg: Config, data_dir: Path, *, force: bool) ->
     name = cfg.train.run_name
     if action == "resume":
         resume_checkpoint(run.checkpoint, cfg, data_dir)
-        print(f"[raydist] resuming {name} at epoch {run.epoch + 1} (step {run.step}) from {run.checkpoint}",
-              flush=True)  # fmt: skip
+        print(
+            f"[raydist] resuming {name} at epoch {run.epoch + 1} (step {run.step}) from {run.checkpoint}",
+            flush=True,
+        )
         return
     storage = Path(storage_root(cfg)).resolve()
     if storage not in run.run_dir.resolve().parents:
@@ -430,8 +451,13 @@ def training_failure(error: Exception, cfg: Config | None = None, run_dir: str |
     lines = [line.strip() for line in str(cause).strip().splitlines() if line.strip()]
     message = f"{lines[-1] if lines else type(cause).__name__} (full log: {_session_log_dir()})"
     if type(cause).__name__ == "WorkerGroupStartupTimeoutError" and cfg is not None:  # Ray's private class
-        again = ("the same command continues it" if cfg.train.run_name
-                 else f"raydist train --resume {run_dir} continues it" if run_dir else "")  # fmt: skip
+        again = (
+            "the same command continues it"
+            if cfg.train.run_name
+            else f"raydist train --resume {run_dir} continues it"
+            if run_dir
+            else ""
+        )
         message = (
             f"{describe_workers(cfg)} did not get their CPUs/GPUs within train.capacity_wait_s="
             f"{cfg.train.capacity_wait_s:g} s (a node was lost, or the cluster is too small): add nodes or raise "
@@ -454,9 +480,15 @@ def _session_log_dir() -> str:
         return "/tmp/ray/session_latest/logs"
 
 
-def train_in_process(cfg: Config, data_dir: Path, *, resume_from: str | None = None, run_dir: Path | None = None,
-                     on_report: ReportListener | None = None,
-                     shared: SharedSplit | None = None) -> TrainOutcome:  # fmt: skip
+def train_in_process(
+    cfg: Config,
+    data_dir: Path,
+    *,
+    resume_from: str | None = None,
+    run_dir: Path | None = None,
+    on_report: ReportListener | None = None,
+    shared: SharedSplit | None = None,
+) -> TrainOutcome:
     """``train.num_workers=0``: the same loop in this process, no Ray (raydist.train.local.LocalRuntime); the
     run folder (``run_dir``, default ``storage/run_name``) holds its checkpoints, and a run restarted under
     its name resumes. ``on_report(metrics, checkpoint)`` hears every report (a Tune trial forwards them);
@@ -475,16 +507,25 @@ def train_in_process(cfg: Config, data_dir: Path, *, resume_from: str | None = N
             raise ValueError(f"train.num_workers=0 writes to a local folder, not {storage}")
         run_dir = Path(storage) / run_name(cfg)
     device = "cuda" if cfg.train.use_gpu and torch.cuda.is_available() else "cpu"
-    runtime = LocalRuntime(cfg, task, plan, run_dir, device, keep=cfg.train.keep_checkpoints, on_report=on_report,
-                           shared=shared)  # fmt: skip
+    runtime = LocalRuntime(
+        cfg, task, plan, run_dir, device, keep=cfg.train.keep_checkpoints, on_report=on_report, shared=shared
+    )
     with stop_on_signals(run_dir / STOP_FILE):
-        result = run_loop(cfg, task, runtime, plan, hooks=build_hooks(cfg, task, runtime, str(run_dir)),
-                          resume_from=resume_from)  # fmt: skip
+        result = run_loop(
+            cfg,
+            task,
+            runtime,
+            plan,
+            hooks=build_hooks(cfg, task, runtime, str(run_dir)),
+            resume_from=resume_from,
+        )
     best = runtime.best_checkpoint()
     return TrainOutcome(
         run_dir=str(run_dir),
         best_checkpoint=str(best) if best else None,
-        best_metrics=next((r for r in runtime.reports if best and r["step"] == int(best.name.split("_")[-1])), None),
+        best_metrics=next(
+            (r for r in runtime.reports if best and r["step"] == int(best.name.split("_")[-1])), None
+        ),
         latest_checkpoint=str(runtime.checkpoints[-1]) if runtime.checkpoints else None,
         history=result["history"],
         resumed_at=result["resumed_at"],
@@ -503,13 +544,22 @@ def _finish(outcome: TrainOutcome, data_dir: Path, evaluate_test: bool) -> Train
     from raydist.plots import plot_run
 
     outcome.data_dir = str(data_dir)
-    if evaluate_test and not outcome.stopped and outcome.best_checkpoint and "test" in load_manifest(data_dir).splits:
+    if (
+        evaluate_test
+        and not outcome.stopped
+        and outcome.best_checkpoint
+        and "test" in load_manifest(data_dir).splits
+    ):
         outcome.test_metrics = evaluate_checkpoint(outcome.best_checkpoint, data_dir, "test")
     if not is_uri(outcome.run_dir):  # per-epoch metrics next to the checkpoints
         Path(outcome.run_dir, HISTORY_FILE).write_text(json.dumps(outcome.history, indent=1))
         if outcome.best_checkpoint and outcome.best_by:
-            record_best_checkpoint(outcome.run_dir, outcome.best_checkpoint, outcome.best_by,
-                                   (outcome.best_metrics or {}).get(outcome.best_by))  # fmt: skip
+            record_best_checkpoint(
+                outcome.run_dir,
+                outcome.best_checkpoint,
+                outcome.best_by,
+                (outcome.best_metrics or {}).get(outcome.best_by),
+            )
         plot_run(outcome.run_dir)
     return outcome
 
@@ -529,19 +579,24 @@ STARTUP_PHASES = (
 def format_startup(marks: dict[str, float], launch: float) -> str:
     """``imports 2.9 s, data checked 3.4 s, …``: the seconds from ``launch`` to each mark of
     :data:`STARTUP_PHASES` that ``marks`` (``time.time()`` values) holds."""
-    return ", ".join(f"{title} {marks[key] - launch:.1f} s" for key, title in STARTUP_PHASES
-                     if marks.get(key) is not None)  # fmt: skip
+    return ", ".join(
+        f"{title} {marks[key] - launch:.1f} s" for key, title in STARTUP_PHASES if marks.get(key) is not None
+    )
 
 
 def format_history(history: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
     """Per-epoch table: epoch, step, train loss, samples/s, the workers when they changed during the run (an
     elastic run that resized) and the task's validation columns (``Task.history_columns``)."""
     resized = len({m.get("world") for m in history}) > 1
-    head = f"{'epoch':>5} {'step':>6} {'phase':>5} {'loss':>9} {'samples/s':>10}" + (f" {'workers':>7}" if resized else "")
+    head = f"{'epoch':>5} {'step':>6} {'phase':>5} {'loss':>9} {'samples/s':>10}" + (
+        f" {'workers':>7}" if resized else ""
+    )
     lines = [head + "".join(f" {title:>8}" for _, title in columns)]
     for m in history:
-        row = (f"{m['epoch']:>5} {m['step']:>6} {m.get('phase') or '-':>5} {m['train/loss']:>9.4f} "
-               f"{m['train/samples_per_s']:>10.0f}")  # fmt: skip
+        row = (
+            f"{m['epoch']:>5} {m['step']:>6} {m.get('phase') or '-':>5} {m['train/loss']:>9.4f} "
+            f"{m['train/samples_per_s']:>10.0f}"
+        )
         row += f" {m.get('world', '-'):>7}" if resized else ""
         lines.append(row + "".join(f" {m.get('val/' + key, float('nan')):>8.1f}" for key, _ in columns))
     return "\n".join(lines)

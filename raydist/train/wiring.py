@@ -25,8 +25,18 @@ def build_hooks(cfg: Config, task: Task, runtime: Any, run_dir: str | None) -> l
     ``run_dir``: the local run folder, None on remote storage."""
     hooks: list[Hook] = [ValidationHook(task, runtime.device)]
     if cfg.gc.measure or cfg.gc.sample:
-        hooks.insert(0, GradientClusteringHook(cfg, task, runtime.arrays, rank=runtime.rank, world=runtime.world,
-                                               rows=runtime.plan.rows_per_worker, device=runtime.device))  # fmt: skip
+        hooks.insert(
+            0,
+            GradientClusteringHook(
+                cfg,
+                task,
+                runtime.arrays,
+                rank=runtime.rank,
+                world=runtime.world,
+                rows=runtime.plan.rows_per_worker,
+                device=runtime.device,
+            ),
+        )
     if cfg.debug.fail_at_step >= 0:
         marker = run_dir or tempfile.gettempdir()
         hooks.insert(0, FailAtStep(cfg.debug.fail_at_step, cfg.debug.fail_rank, marker))

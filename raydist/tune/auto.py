@@ -43,15 +43,24 @@ CNN_WIDTHS = (16, 32, 48)
 CNN_GRIDS = (1, 2, 3)
 CROP_SCALE_LOWS = (0.08, 0.2, 0.35, 0.5)  # lower bounds of data.crop_scale for random resized crops
 TRIALS = 6  # trials that fit the budget at full trial length (the defaults first) ...
-TRIAL_DRAWS = 3  # ... times this many are drawn: ASHA's early stops leave room for more; the deadline ends the rest
+TRIAL_DRAWS = (
+    3  # ... times this many are drawn: ASHA's early stops leave room for more; the deadline ends the rest
+)
 TRIAL_SHARE = 3  # a trial runs at most a third of the full run's epochs
 MAX_CONCURRENT = 4  # trials at a time, one per core up to this
 ASHA_REDUCTION = 3  # ASHA keeps the best third at each rung
-MIN_GRACE_STEPS = 20  # optimizer steps every trial runs before ASHA may stop it (8 steps are noise, see asha_grace)
-TRIAL_OVERHEAD_S = 5.0  # a trial's start: actor, imports (once per actor: actors are reused), model, val split decode
+MIN_GRACE_STEPS = (
+    20  # optimizer steps every trial runs before ASHA may stop it (8 steps are noise, see asha_grace)
+)
+TRIAL_OVERHEAD_S = (
+    5.0  # a trial's start: actor, imports (once per actor: actors are reused), model, val split decode
+)
 RAY_START_S = 10.0  # a local Ray instance with its dashboard, when none runs yet
 PROBE_STEPS = 2  # timed optimizer steps, after one that warms up
-ENDED = {"UNFINISHED": "cut at the deadline", "ERROR": "failed"}  # a trial row's status, as the summary says it
+ENDED = {
+    "UNFINISHED": "cut at the deadline",
+    "ERROR": "failed",
+}  # a trial row's status, as the summary says it
 
 
 @dataclass(frozen=True)
@@ -115,9 +124,12 @@ def auto_knobs(cfg: Config, info: DataInfo, fixed: Collection[str] = ()) -> list
         if cfg.model.image_encoder == "small-cnn":
             for key, options in (("model.cnn_width", CNN_WIDTHS), ("model.cnn_grid", CNN_GRIDS)):
                 default = _value(cfg, key)
-                values = [v for v in sorted({*options, default})
-                          if v == default or not image_config_problems(apply_overrides(cfg, {key: v}), info)]
-                add(key, {"choice": values}, default)  # fmt: skip
+                values = [
+                    v
+                    for v in sorted({*options, default})
+                    if v == default or not image_config_problems(apply_overrides(cfg, {key: v}), info)
+                ]
+                add(key, {"choice": values}, default)
     add("loss.hardest", {"choice": [True, False]}, cfg.loss.hardest)
     return knobs
 
@@ -132,15 +144,26 @@ def trial_base(full: Config, epochs: int, threads: int) -> Config:
     def scaled(n: int) -> int:
         return max(1, round(n * share)) if n else n
 
-    return trial_config(full, {
-        "train.epochs": epochs, "train.min_steps": 0, "train.lr_decay_epoch": scaled(t.lr_decay_epoch),
-        "train.freeze_backbone_epochs": scaled(t.freeze_backbone_epochs),
-        "train.warmup_steps": round(t.warmup_steps * share),
-        "loss.warmup_sh_epochs": scaled(full.loss.warmup_sh_epochs), "loss.warmup_sh_steps": 0,
-        "train.num_workers": 0, "train.min_workers": None, "train.cpus_per_worker": threads,
-        "train.keep_checkpoints": 1, "train.checkpoint_every": 0, "train.tensorboard": False, "train.mlflow_uri": "",
-        "train.run_name": "",
-    })  # fmt: skip
+    return trial_config(
+        full,
+        {
+            "train.epochs": epochs,
+            "train.min_steps": 0,
+            "train.lr_decay_epoch": scaled(t.lr_decay_epoch),
+            "train.freeze_backbone_epochs": scaled(t.freeze_backbone_epochs),
+            "train.warmup_steps": round(t.warmup_steps * share),
+            "loss.warmup_sh_epochs": scaled(full.loss.warmup_sh_epochs),
+            "loss.warmup_sh_steps": 0,
+            "train.num_workers": 0,
+            "train.min_workers": None,
+            "train.cpus_per_worker": threads,
+            "train.keep_checkpoints": 1,
+            "train.checkpoint_every": 0,
+            "train.tensorboard": False,
+            "train.mlflow_uri": "",
+            "train.run_name": "",
+        },
+    )
 
 
 def asha_grace(epochs: int, steps_per_epoch: int) -> int:
@@ -148,7 +171,9 @@ def asha_grace(epochs: int, steps_per_epoch: int) -> int:
     1/3 of it) and :data:`MIN_GRACE_STEPS` steps, at most the whole trial (then ASHA stops none). On 1,100 32 px
     digits an epoch is 8 steps, and after one epoch 5 of 7 draws were still at chance (10 % top-1) and stopped,
     the defaults at 18-27 %: too early to tell a slow start from a bad config."""
-    return min(epochs, max(1, round(epochs / ASHA_REDUCTION**2), math.ceil(MIN_GRACE_STEPS / steps_per_epoch)))
+    return min(
+        epochs, max(1, round(epochs / ASHA_REDUCTION**2), math.ceil(MIN_GRACE_STEPS / steps_per_epoch))
+    )
 
 
 def trial_threads(cores: int | None = None) -> tuple[int, int]:
@@ -159,8 +184,16 @@ def trial_threads(cores: int | None = None) -> tuple[int, int]:
     return concurrent, max(1, cores // concurrent)
 
 
-def plan_trials(*, seconds: float, step_s: float, eval_s: float, steps_per_epoch: int, full_epochs: int,
-                concurrent: int, trials: int = TRIALS) -> tuple[int, int]:  # fmt: skip
+def plan_trials(
+    *,
+    seconds: float,
+    step_s: float,
+    eval_s: float,
+    steps_per_epoch: int,
+    full_epochs: int,
+    concurrent: int,
+    trials: int = TRIALS,
+) -> tuple[int, int]:
     """(epochs per trial, trials planned) so that ``trials`` trials of that length fit in ``seconds`` run
     ``concurrent`` at a time (each epoch: ``steps_per_epoch`` steps of ``step_s`` and one validation of
     ``eval_s``; each trial :data:`TRIAL_OVERHEAD_S` to start), at most a third of the full run's epochs. When
@@ -184,8 +217,14 @@ def probe_seconds(cfg: Config, task: Task, arrays: Mapping[str, Any], threads: i
 
     device = torch.device("cuda" if cfg.train.use_gpu and torch.cuda.is_available() else "cpu")
     plan = StepPlan(cfg.train.batch_size, cfg.loss.negative_set_size, 1)
-    batches = InMemoryBatches(dict(arrays), rows=plan.rows_per_worker, rank=0, world=1, seed=cfg.train.seed,
-                              epoch_transform=task.epoch_transform())  # fmt: skip
+    batches = InMemoryBatches(
+        dict(arrays),
+        rows=plan.rows_per_worker,
+        rank=0,
+        world=1,
+        seed=cfg.train.seed,
+        epoch_transform=task.epoch_transform(),
+    )
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -208,8 +247,13 @@ def probe_seconds(cfg: Config, task: Task, arrays: Mapping[str, Any], threads: i
         torch.set_num_threads(before)
 
 
-def auto_search(cfg: Config, *, fixed: Collection[str] = (), budget_min: float = DEFAULT_BUDGET_MIN,
-                address: str | None = None) -> AutoOutcome:  # fmt: skip
+def auto_search(
+    cfg: Config,
+    *,
+    fixed: Collection[str] = (),
+    budget_min: float = DEFAULT_BUDGET_MIN,
+    address: str | None = None,
+) -> AutoOutcome:
     """Search the knobs of ``cfg`` (:func:`auto_knobs`; keys in ``fixed`` stay as they are) for ``budget_min``
     minutes, print one line per knob (the value picked and the config's) and the winner's best val metric
     against the defaults' trial, write the winner as a preset (:data:`AUTO_CONFIG_FILE`) in the run's folder,
@@ -223,11 +267,15 @@ def auto_search(cfg: Config, *, fixed: Collection[str] = (), budget_min: float =
         raise ConfigError(f"--budget {budget_min:g}: give the search's minutes, e.g. --budget 5")
     storage = storage_root(cfg)
     if is_uri(storage):
-        raise ConfigError(f"--auto keeps its search next to the run in a local folder, not {storage}: give a local "
-                          "--storage (shared by the nodes on a cluster)")  # fmt: skip
+        raise ConfigError(
+            f"--auto keeps its search next to the run in a local folder, not {storage}: give a local "
+            "--storage (shared by the nodes on a cluster)"
+        )
     if cfg.train.run_name and (Path(storage) / cfg.train.run_name).exists():
-        raise ConfigError(f"--auto starts a new run, and {Path(storage) / cfg.train.run_name} exists: choose a new "
-                          "--name, or leave --name out")  # fmt: skip
+        raise ConfigError(
+            f"--auto starts a new run, and {Path(storage) / cfg.train.run_name} exists: choose a new "
+            "--name, or leave --name out"
+        )
     run_cfg = apply_overrides(cfg, {"train.run_name": run_name(cfg)})
     run_dir = Path(storage) / run_cfg.train.run_name
     data_dir = checked_data_dir(cfg)
@@ -246,60 +294,106 @@ def auto_search(cfg: Config, *, fixed: Collection[str] = (), budget_min: float =
     steps_per_epoch = len(next(iter(shared.arrays.values()))) // StepPlan.from_config(probe_cfg).rows_per_step
     step_s, eval_s = probe_seconds(probe_cfg, task, shared.arrays, threads)
     if not fits_in_memory(data_dir, "train", cfg.data.in_memory_max_mb) or not shared.travels():
-        shared = None  # too big to hand every trial a copy, or no trial could tell it fits: each reads its own
+        shared = (
+            None  # too big to hand every trial a copy, or no trial could tell it fits: each reads its own
+        )
     import ray
 
     seconds = deadline - time.time() - (0.0 if ray.is_initialized() else RAY_START_S)
-    epochs, planned = plan_trials(seconds=seconds, step_s=step_s, eval_s=eval_s, steps_per_epoch=steps_per_epoch,
-                                  full_epochs=full.train.epochs, concurrent=concurrent, trials=TRIALS)  # fmt: skip
+    epochs, planned = plan_trials(
+        seconds=seconds,
+        step_s=step_s,
+        eval_s=eval_s,
+        steps_per_epoch=steps_per_epoch,
+        full_epochs=full.train.epochs,
+        concurrent=concurrent,
+        trials=TRIALS,
+    )
     metric = f"val/{build_task(full, info).primary_metric}"
-    space = parse_space({
-        "metric": metric, "mode": "max", "search": "random", "num_samples": planned * TRIAL_DRAWS,
-        "max_concurrent_trials": concurrent,
-        "scheduler": {"type": "asha", "max_t": epochs, "grace_period": asha_grace(epochs, steps_per_epoch),
-                      "reduction_factor": ASHA_REDUCTION},
-        "space": {k.key: k.spec for k in knobs},
-    }, name=AUTO_SPACE)  # fmt: skip
+    space = parse_space(
+        {
+            "metric": metric,
+            "mode": "max",
+            "search": "random",
+            "num_samples": planned * TRIAL_DRAWS,
+            "max_concurrent_trials": concurrent,
+            "scheduler": {
+                "type": "asha",
+                "max_t": epochs,
+                "grace_period": asha_grace(epochs, steps_per_epoch),
+                "reduction_factor": ASHA_REDUCTION,
+            },
+            "space": {k.key: k.spec for k in knobs},
+        },
+        name=AUTO_SPACE,
+    )
     full_steps = full.train.epochs * steps_per_epoch
-    say(f"[raydist] auto: searching {', '.join(k.key for k in knobs)} for {budget_min:g} min on {metric}: "
+    say(
+        f"[raydist] auto: searching {', '.join(k.key for k in knobs)} for {budget_min:g} min on {metric}: "
         f"up to {space.num_samples} trials of up to {epochs} epochs ({epochs * steps_per_epoch} steps; the run: "
         f"{full_steps}), the defaults first, {concurrent} at a time in process, ASHA stops the worst early "
-        f"(measured here: {step_s:.2f} s a step, {eval_s:.1f} s a validation)")  # fmt: skip
-    setup = TrialSetup(first=(defaults,), deadline=deadline, shared=shared, threads=threads, quiet=True,
-                       reuse_actors=True, seed=cfg.train.seed)  # fmt: skip
-    sweep = run_sweep(space, trial_base(full, epochs, threads), storage_path=str(run_dir), address=address,
-                      setup=setup)  # fmt: skip
+        f"(measured here: {step_s:.2f} s a step, {eval_s:.1f} s a validation)"
+    )
+    setup = TrialSetup(
+        first=(defaults,),
+        deadline=deadline,
+        shared=shared,
+        threads=threads,
+        quiet=True,
+        reuse_actors=True,
+        seed=cfg.train.seed,
+    )
+    sweep = run_sweep(
+        space, trial_base(full, epochs, threads), storage_path=str(run_dir), address=address, setup=setup
+    )
     return _decide(run_cfg, knobs, sweep, defaults, run_dir, time.time() - started)
 
 
-def _decide(run_cfg: Config, knobs: list[Knob], sweep: SweepOutcome, defaults: dict[str, Any], run_dir: Path,
-            seconds: float) -> AutoOutcome:  # fmt: skip
+def _decide(
+    run_cfg: Config,
+    knobs: list[Knob],
+    sweep: SweepOutcome,
+    defaults: dict[str, Any],
+    run_dir: Path,
+    seconds: float,
+) -> AutoOutcome:
     """The winner (Tune's best trial by the metric over every report), the lines, the preset."""
     rows = {r.trial: r for r in sweep.rows}
     winner = rows.get(sweep.best_trial) if sweep.best_trial else None
     first = next((r for r in sweep.rows if _same(r.values, defaults)), None)
     if winner is None:  # nothing to pick from: the run trains the defaults
         failed = [r for r in sweep.rows if r.status == "ERROR"]
-        why = (f"{len(failed)} of {len(sweep.rows)} trials failed" if failed
-               else f"the budget ended before any of {len(sweep.rows)} trials finished an epoch")  # fmt: skip
-        line = (f"[raydist] auto: no trial reported {sweep.metric} ({why}; see {sweep.experiment_path}): the run "
-                "trains the defaults -- a larger --budget searches")  # fmt: skip
+        why = (
+            f"{len(failed)} of {len(sweep.rows)} trials failed"
+            if failed
+            else f"the budget ended before any of {len(sweep.rows)} trials finished an epoch"
+        )
+        line = (
+            f"[raydist] auto: no trial reported {sweep.metric} ({why}; see {sweep.experiment_path}): the run "
+            "trains the defaults -- a larger --budget searches"
+        )
         say(line)
         return AutoOutcome(run_cfg, knobs, sweep, None, first, None, [line])
     config = trial_config(run_cfg, winner.values)
     run_dir.mkdir(parents=True, exist_ok=True)
     preset = run_dir / AUTO_CONFIG_FILE
     preset.write_text(dump_yaml(apply_overrides(config, {"train.run_name": ""})))
-    ended = [r.note.split(" at ")[0] if r.status == "TERMINATED" else ENDED.get(r.status, r.status.lower())
-             for r in sweep.rows]  # fmt: skip
+    ended = [
+        r.note.split(" at ")[0] if r.status == "TERMINATED" else ENDED.get(r.status, r.status.lower())
+        for r in sweep.rows
+    ]
     counts = ", ".join(f"{ended.count(e)} {e}" for e in dict.fromkeys(ended))
-    lines = [f"[raydist] auto: {len(sweep.rows)} trials in {seconds / 60:.1f} min ({counts}); {winner.trial} won:"]
+    lines = [
+        f"[raydist] auto: {len(sweep.rows)} trials in {seconds / 60:.1f} min ({counts}); {winner.trial} won:"
+    ]
     width = max(len(k.key) for k in knobs)
     for k in knobs:
         picked, default = _plain(winner.values.get(k.key)), _plain(k.default)
         same = _same({k.key: picked}, {k.key: default})
-        lines.append(f"[raydist] auto:   {k.key:<{width}} {_fmt(picked)}"
-                     + (" (the default)" if same else f" (default {_fmt(default)})"))  # fmt: skip
+        lines.append(
+            f"[raydist] auto:   {k.key:<{width}} {_fmt(picked)}"
+            + (" (the default)" if same else f" (default {_fmt(default)})")
+        )
     lines.append(_metric_line(sweep, winner, first))
     lines.append(f"[raydist] auto: winning config {preset} (raydist train --preset-file {preset} reruns it)")
     for line in lines:
@@ -318,7 +412,10 @@ def _metric_line(sweep: SweepOutcome, winner: TrialRow, first: TrialRow | None) 
         others = [r for r in sweep.rows if r.trial != first.trial and r.metric is not None]
         runner = max(others, key=lambda r: r.metric, default=None)
         return f"[raydist] auto: the defaults won: {won}" + (
-            f"; the next best {_fmt(runner.metric)} ({runner.trial}, {runner.epochs} epochs)" if runner else "")
+            f"; the next best {_fmt(runner.metric)} ({runner.trial}, {runner.epochs} epochs)"
+            if runner
+            else ""
+        )
     if first.metric is None:
         return f"[raydist] auto: {won} vs the defaults' trial: {first.status.lower()} without a {metric}"
     line = f"[raydist] auto: {won} vs the defaults' {_fmt(first.metric)} ({first.epochs} epochs)"
@@ -335,8 +432,11 @@ def _metric_at(experiment_path: str, trial: str, metric: str, epoch: int) -> flo
         reports = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     except OSError:
         return None
-    values = [r[metric] for r in reports if r.get("epoch", 0) <= epoch and isinstance(r.get(metric), (int, float))
-              and math.isfinite(r[metric])]  # fmt: skip
+    values = [
+        r[metric]
+        for r in reports
+        if r.get("epoch", 0) <= epoch and isinstance(r.get(metric), (int, float)) and math.isfinite(r[metric])
+    ]
     return max(values) if values else None
 
 
@@ -356,7 +456,11 @@ def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     for key, x in a.items():
         y = b[key]
         if isinstance(x, float) or isinstance(y, float):
-            if not (isinstance(x, (int, float)) and isinstance(y, (int, float)) and math.isclose(x, y, rel_tol=1e-9)):
+            if not (
+                isinstance(x, (int, float))
+                and isinstance(y, (int, float))
+                and math.isclose(x, y, rel_tol=1e-9)
+            ):
                 return False
         elif _plain(x) != _plain(y):
             return False

@@ -202,7 +202,9 @@ def parse_space(data: Any, name: str) -> SweepSpace:
             f"{where}: 'space' must map config keys to distributions, e.g. "
             "loss.margin: {uniform: [0.05, 0.4]}"
         )
-    params = tuple(_parse_param(where, key, spec) for key, spec in flatten(file.space, is_leaf=_is_spec).items())
+    params = tuple(
+        _parse_param(where, key, spec) for key, spec in flatten(file.space, is_leaf=_is_spec).items()
+    )
     if file.search == "grid" and any(p.kind != "grid" for p in params):
         raise ConfigError(f"{where}: search: grid needs every space entry to be a 'grid' list")
     if file.search == "optuna" and any(p.kind == "grid" for p in params):
@@ -243,8 +245,9 @@ def resolve_base_config(
     swept = sorted(set(overrides) & set(space.keys))
     if swept:
         raise ConfigError(f"space {space.name!r} sweeps {', '.join(swept)}: drop the override(s)")
-    cfg = load_config(preset=preset, preset_file=preset_file, overrides={**space.base, **overrides},
-                      task_of=dataset_task)  # fmt: skip
+    cfg = load_config(
+        preset=preset, preset_file=preset_file, overrides={**space.base, **overrides}, task_of=dataset_task
+    )
     sched = space.scheduler
     if sched.kind == "asha" and sched.grace_period > (sched.max_t or cfg.train.epochs):
         raise ConfigError(
@@ -336,5 +339,3 @@ def _held_types(key: str) -> set[type]:
         return {type(v) for v in typing.get_args(hint)}
     members = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
     return {typing.get_origin(t) or t for t in members if t is not type(None)}
-
-

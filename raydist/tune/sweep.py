@@ -48,8 +48,12 @@ class TrialSetup:
     deadline: float | None = None  # time.time() when Tune stops the sweep (its time_budget_s, counted at fit)
     shared: SharedSplit | None = None  # the train split the driver read and decoded, for every trial it fits
     threads: int | None = None  # torch threads of each in-process trial (None: torch's default)
-    quiet: bool = False  # a trial's own lines (epochs, notes) go to <trial>/train/console.log, not the console
-    reuse_actors: bool = False  # Tune runs the next trial in a finished trial's actor (imports done, split held)
+    quiet: bool = (
+        False  # a trial's own lines (epochs, notes) go to <trial>/train/console.log, not the console
+    )
+    reuse_actors: bool = (
+        False  # Tune runs the next trial in a finished trial's actor (imports done, split held)
+    )
     seed: int | None = None  # the random search's draws
 
 
@@ -103,8 +107,10 @@ def _run_cpus_terms(cfg: Config) -> str:
     t = cfg.train
     if t.num_workers == 0:
         return f"train.cpus_per_worker {t.cpus_per_worker:g} of the in-process run (train.num_workers=0)"
-    return (f"train.num_workers {t.num_workers} × train.cpus_per_worker {t.cpus_per_worker:g} + {DATA_CPUS:g} "
-            "for Ray Data")  # fmt: skip
+    return (
+        f"train.num_workers {t.num_workers} × train.cpus_per_worker {t.cpus_per_worker:g} + {DATA_CPUS:g} "
+        "for Ray Data"
+    )
 
 
 def tune_param_space(space: SweepSpace) -> dict[str, Any]:
@@ -225,14 +231,20 @@ class TrialLines:
         """``[raydist] trial trial_ab12 finished: loss.margin=0.2, 2 epochs, val/rsum 123.4 (best 130.2)``."""
         last = trial.last_result or {}
         value, best = last.get(self.metric), self.best.get(trial.trial_id)
-        shown = f"{self.metric} {'-' if value is None else _fmt(value)}" + ("" if best is None else f" (best {_fmt(best)})")
-        say(f"[raydist] trial {trial_dirname(trial)} finished: {self._values(trial)}, {last.get('epoch', 0)} epochs, "
-            f"{shown}")  # fmt: skip
+        shown = f"{self.metric} {'-' if value is None else _fmt(value)}" + (
+            "" if best is None else f" (best {_fmt(best)})"
+        )
+        say(
+            f"[raydist] trial {trial_dirname(trial)} finished: {self._values(trial)}, {last.get('epoch', 0)} epochs, "
+            f"{shown}"
+        )
 
     def failed(self, trial: Any) -> None:
         """``[raydist] trial trial_ab12 failed: loss.margin=0.2: <the error's last line>``."""
-        say(f"[raydist] trial {trial_dirname(trial)} failed: {self._values(trial)}: "
-            f"{_error_line(trial.get_error()) or 'error'}")  # fmt: skip
+        say(
+            f"[raydist] trial {trial_dirname(trial)} failed: {self._values(trial)}: "
+            f"{_error_line(trial.get_error()) or 'error'}"
+        )
 
 
 def trial_lines_callback(space: SweepSpace) -> Any:
@@ -245,7 +257,9 @@ def trial_lines_callback(space: SweepSpace) -> Any:
         def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
             lines.started(trial)
 
-        def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        def on_trial_result(
+            self, iteration: int, trials: list, trial: Any, result: dict, **info: Any
+        ) -> None:
             lines.result(trial, result)
 
         def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
@@ -281,9 +295,11 @@ def run_sweep(
     name = f"tune-{space.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     experiment_path = f"{storage}/{name}"
     if "://" in storage and any(c.train.num_workers == 0 for c in trial_configs(space, cfg)):
-        raise ConfigError(f"trials with train.num_workers=0 train in their Tune actor and keep their checkpoints "
-                          f"in a local folder, not under {storage}: give a local --storage (shared by the "
-                          "nodes on a cluster) or train.num_workers ≥ 1")  # fmt: skip
+        raise ConfigError(
+            f"trials with train.num_workers=0 train in their Tune actor and keep their checkpoints "
+            f"in a local folder, not under {storage}: give a local --storage (shared by the "
+            "nodes on a cluster) or train.num_workers ≥ 1"
+        )
     _start_ray(space, cfg, address, experiment_path)
     _write_text(
         experiment_path,
@@ -340,7 +356,9 @@ def resume_sweep(path: str, *, resume_errored: bool = False, address: str | None
         trainable=_trainable(space, cfg, Path(saved["data_dir"]), experiment_path),
         resume_errored=resume_errored,
     )
-    run_config = tuner._local_tuner.get_run_config()  # restored from the first run: this console's settings instead
+    run_config = (
+        tuner._local_tuner.get_run_config()
+    )  # restored from the first run: this console's settings instead
     run_config.callbacks, run_config.verbose = [trial_lines_callback(space)], tune_verbosity()
     with quiet_tune_console():
         grid = tuner.fit()
@@ -375,7 +393,9 @@ def _best_row(grid: Any, space: SweepSpace, rows: list[TrialRow]) -> TrialRow | 
     """The best trial by Ray's own pick: ``ResultGrid.get_best_result`` over every report of every trial
     (finite values only). A trial that failed after reporting can be the best by what it reported."""
     try:
-        best = grid.get_best_result(metric=space.metric, mode=space.mode, scope="all", filter_nan_and_inf=True)
+        best = grid.get_best_result(
+            metric=space.metric, mode=space.mode, scope="all", filter_nan_and_inf=True
+        )
     except RuntimeError:  # no trial reported a finite value of the metric
         return None
     name = Path(best.path).name
@@ -502,8 +522,11 @@ def _search_alg(space: SweepSpace, setup: TrialSetup | None = None) -> Any:
             return None
         from ray.tune.search import BasicVariantGenerator
 
-        return BasicVariantGenerator(points_to_evaluate=first or None, random_state=setup.seed,
-                                     max_concurrent=space.max_concurrent_trials)  # fmt: skip
+        return BasicVariantGenerator(
+            points_to_evaluate=first or None,
+            random_state=setup.seed,
+            max_concurrent=space.max_concurrent_trials,
+        )
     if importlib.util.find_spec("optuna") is None:
         raise ConfigError(
             f"space {space.name!r} uses search: optuna but optuna is not installed: "
