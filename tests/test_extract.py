@@ -10,13 +10,12 @@ import json
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-from test_tasks_images import COLOURS, SHAPES, SIZE, shape_image, write_shapes
+from test_tasks_images import SIZE, write_colour_folders, write_shapes
 
 from raydist.cli import main
 from raydist.config import ConfigError, load_config
 from raydist.data import Vocab, dataset_task, load_manifest, read_split, validate_dataset
-from raydist.data.convert_images import convert_image_folder, convert_karpathy
+from raydist.data.convert_images import convert_karpathy
 from raydist.data.image_transforms import decode_image, default_mean_std, eval_view
 from raydist.extract import extract_features, pretrained_encoder
 from raydist.inference import load_trained
@@ -36,15 +35,7 @@ def shapes(tmp_path_factory):
 @pytest.fixture(scope="module")
 def colours(tmp_path_factory):
     """An encoded labels dataset (ImageFolder tree): 3 colour classes, 24 images each."""
-    root = tmp_path_factory.mktemp("colours-embed")
-    rng = np.random.default_rng(2)
-    for colour in COLOURS:
-        (root / "src" / colour).mkdir(parents=True)
-        for k in range(24):
-            Image.fromarray(shape_image(colour, SHAPES[k % 3], rng)).save(root / "src" / colour / f"{k}.png")
-    return convert_image_folder(
-        root / "src", root / "data", split_by="image", val_fraction=0.25, test_fraction=0.25
-    )
+    return write_colour_folders(tmp_path_factory.mktemp("colours-embed"), seed=2)
 
 
 def views_of(table, size: int, crop_fraction: float = 0.875) -> torch.Tensor:

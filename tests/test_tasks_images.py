@@ -217,8 +217,13 @@ def test_a_small_cnn_learns_shapes_and_colours_in_process(shapes, tmp_path):
 @pytest.fixture(scope="module")
 def colour_folders(tmp_path_factory):
     """An encoded labels dataset from an ImageFolder tree: 3 colour classes of 16×16 PNG shapes, 24 images each."""
-    root = tmp_path_factory.mktemp("colours")
-    rng = np.random.default_rng(1)
+    return write_colour_folders(tmp_path_factory.mktemp("colours"), seed=1)
+
+
+def write_colour_folders(root, *, seed: int):
+    """3 colour classes of 16×16 PNG shapes, 24 images each, under ``root/src``, converted to ``root/data``
+    (split by image: a quarter val, a quarter test)."""
+    rng = np.random.default_rng(seed)
     for colour in COLOURS:
         (root / "src" / colour).mkdir(parents=True)
         for k in range(24):

@@ -11,12 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from PIL import Image
-from test_tasks_images import COLOURS, SHAPES, shape_image, write_shapes
+from test_tasks_images import write_colour_folders, write_shapes
 
 from raydist.cli import main
 from raydist.config import load_config
-from raydist.data.convert_images import convert_image_folder, convert_karpathy
+from raydist.data.convert_images import convert_karpathy
 from raydist.distributed import StepPlan
 from raydist.recipe import run_recipe
 from raydist.tasks import DataInfo, build_task
@@ -42,15 +41,7 @@ def shapes_data(tmp_path_factory):
 @pytest.fixture(scope="module")
 def colour_labels(tmp_path_factory):
     """Encoded labels from an ImageFolder tree: 3 colours of 16×16 shapes, 24 images each."""
-    root = tmp_path_factory.mktemp("auto-colours")
-    rng = np.random.default_rng(1)
-    for colour in COLOURS:
-        (root / "src" / colour).mkdir(parents=True)
-        for k in range(24):
-            Image.fromarray(shape_image(colour, SHAPES[k % 3], rng)).save(root / "src" / colour / f"{k}.png")
-    return convert_image_folder(
-        root / "src", root / "data", split_by="image", val_fraction=0.25, test_fraction=0.25
-    )
+    return write_colour_folders(tmp_path_factory.mktemp("auto-colours"), seed=1)
 
 
 def knobs_of(data, overrides=None):
