@@ -178,7 +178,10 @@ class TrainSection(_Section):
     tune_malloc: bool = True  # glibc: keep freed memory for the next step instead of faulting it back in
     cpus_per_worker: float = Field(0.5, gt=0)  # logical CPUs per worker; leave some for Ray Data
     checkpoint_every: int = Field(0, ge=0)  # also checkpoint every N steps (0 = per epoch only)
-    max_failures: int = Field(0, ge=0)  # Ray Train FailureConfig(max_failures)
+    # Ray Train FailureConfig(max_failures): restarts of the worker group from the last checkpoint after a
+    # failure; null = ELASTIC_RETRIES for an elastic run (train.min_workers set: it survives node loss by
+    # default), 0 for a fixed-size run (see failure_retries)
+    max_failures: int | None = Field(None, ge=0)
     keep_checkpoints: int = Field(2, ge=1)
     log_every: int = Field(10, ge=1)  # steps between progress lines
     tensorboard: bool = True  # TensorBoard event files in the run folder (rank 0)
@@ -562,6 +565,17 @@ def validate(cfg: Config) -> None:
         problems.append(f"eval.recall_at={cfg.eval.recall_at}: need one or more K >= 1")
     if problems:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
+
+
+ELASTIC_RETRIES = 3  # an elastic run's restarts after a lost node when train.max_failures is null
+
+
+def failure_retries(train: TrainSection) -> int:
+    """Restarts from the last checkpoint a run gets after a failure: ``train.max_failures``, or when null
+    :data:`ELASTIC_RETRIES` for an elastic run (``train.min_workers`` set) and 0 for a fixed-size one."""
+    if train.max_failures is not None:
+        return train.max_failures
+    return ELASTIC_RETRIES if train.min_workers is not None else 0
 
 
 def worker_counts(train: TrainSection) -> range:

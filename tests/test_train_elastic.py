@@ -213,3 +213,30 @@ def test_the_v1_monitor_of_a_plain_head_is_not_an_autoscaler():
     configured = {"autoscaler_report": {"node_type_mapping": {fake_head: "ray.head.default"}, "legacy": True}}
     assert not v1_autoscaling(plain) and not v1_autoscaling({})
     assert v1_autoscaling(configured)
+
+
+def test_an_elastic_run_retries_by_default_and_says_so(tiny_dataset):
+    from raydist.config import ELASTIC_RETRIES, failure_retries
+    from raydist.train.trainer import resolve_schedule
+
+    elastic = {"train.num_workers": 2, "train.min_workers": 1, "train.batch_size": 32}
+    cfg = load_config("tiny", overrides=elastic)
+    assert cfg.train.max_failures is None and failure_retries(cfg.train) == ELASTIC_RETRIES > 0
+    _, note = resolve_schedule(cfg, tiny_dataset)
+    assert f"elastic: up to {ELASTIC_RETRIES} restarts from the last checkpoint" in note
+    told = load_config("tiny", overrides={**elastic, "train.max_failures": 0})
+    assert failure_retries(told.train) == 0 and "restarts" not in resolve_schedule(told, tiny_dataset)[1]
+    fixed = load_config("tiny", overrides={"train.num_workers": 2})
+    assert failure_retries(fixed.train) == 0 and "restarts" not in resolve_schedule(fixed, tiny_dataset)[1]
+
+
+def test_a_run_without_retries_names_the_key_that_would_have_kept_it_going():
+    fixed = load_config("tiny", overrides={"train.num_workers": 2})
+    lost = ControllerError(RuntimeError("gloo: Connection closed by peer"))
+    message = str(training_failure(lost, fixed, "/x/r1"))
+    assert "Connection closed by peer" in message and "train.max_failures=3 would have restarted" in message
+    assert "train.min_workers" in message
+    retried = load_config("tiny", overrides={"train.num_workers": 2, "train.max_failures": 2})
+    assert "would have restarted" not in str(training_failure(lost, retried, "/x/r1"))
+    in_process = load_config("tiny", overrides={"train.num_workers": 0})
+    assert "would have restarted" not in str(training_failure(lost, in_process))

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raydist.checkpoint import change_lines, format_changes, load_checkpoint, newest_checkpoint
-from raydist.config import Config, ConfigError
+from raydist.config import Config, ConfigError, failure_retries
 from raydist.console import route_ray_output
 from raydist.data import check_split_size, ensure_default_dataset, load_manifest, validate_dataset
 from raydist.data.stream import fits_in_memory, train_streams
@@ -134,6 +134,11 @@ def resolve_schedule(cfg: Config, data_dir: Path) -> tuple[Config, str]:
             if warmup != lo.warmup_sh_epochs
             else ""
         )
+    if t.num_workers and t.min_workers is not None and (retries := failure_retries(t)):
+        note += (
+            f"; elastic: up to {retries} restarts from the last checkpoint after a lost worker "
+            f"(train.max_failures{'' if t.max_failures is not None else ' default for elastic runs'})"
+        )
     if patience and t.early_stop_patience is None:
         note += (
             f"; early stop after {patience} epochs without a better val metric (data.label_noise="
@@ -210,7 +215,7 @@ def build_trainer(
             name=name,
             storage_path=storage,
             failure_config=FailureConfig(
-                max_failures=cfg.train.max_failures, controller_failure_limit=CONTROLLER_RETRIES
+                max_failures=failure_retries(cfg.train), controller_failure_limit=CONTROLLER_RETRIES
             ),
             checkpoint_config=CheckpointConfig(
                 num_to_keep=cfg.train.keep_checkpoints,
@@ -467,6 +472,13 @@ def training_failure(error: Exception, cfg: Config | None = None, run_dir: str |
         )
     if isinstance(cause, (ConfigError, RaydistDataError)):
         return ConfigError(message)
+    timed_out = type(cause).__name__ == "WorkerGroupStartupTimeoutError"
+    if cfg is not None and cfg.train.num_workers and not failure_retries(cfg.train) and not timed_out:
+        message += "; train.max_failures=3 would have restarted the run from its last checkpoint" + (
+            ""
+            if cfg.train.min_workers is not None
+            else " (with train.min_workers set it also shrinks to the workers left)"
+        )
     return RuntimeError(f"training failed: {message}")
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from raydist.config import Config, ConfigError, dump_yaml, from_dict
+from raydist.config import Config, ConfigError, dump_yaml, failure_retries, from_dict
 from raydist.console import is_verbose, route_ray_output, say
 from raydist.runfiles import BEST_CONFIG_FILE, LOG_FILE, SWEEP_FILE
 from raydist.runtime import (
@@ -327,7 +327,7 @@ def run_sweep(
         run_config=tune.RunConfig(
             name=name,
             storage_path=storage,
-            failure_config=tune.FailureConfig(max_failures=cfg.train.max_failures),
+            failure_config=tune.FailureConfig(max_failures=failure_retries(cfg.train)),
             callbacks=[trial_lines_callback(space)],
             verbose=tune_verbosity(),
         ),
