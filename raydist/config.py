@@ -163,6 +163,10 @@ class TrainSection(_Section):
         0, ge=0
     )  # backbone frozen for the first N epochs, then trained (fine-tuning)
     grad_clip: float = Field(2.0, ge=0)  # max grad norm; 0 disables
+    # gradient caching (raydist.train.grad_cache): the encoders embed each worker's batch without a graph, the
+    # loss (cross-worker negatives, miners, nesting) gives the gradients of the embeddings, then the encoders
+    # re-run N rows at a time with those gradients: exact gradients, activation memory of N rows (0 = off)
+    grad_cache_chunk: int = Field(0, ge=0)
     seed: int = 0
     num_workers: int = Field(2, ge=0)  # Ray Train workers; 0 = in-process local mode
     # elastic: train with any count from min_workers to num_workers, shrinking when nodes go and growing back
@@ -559,6 +563,12 @@ def validate(cfg: Config) -> None:
             "transformer text encoders, not hf: models (they run layers on inputs shared by the "
             "batch, e.g. BERT's position embeddings on [1, L] ids, and layers the caption path never "
             "uses, e.g. the pooler)"
+        )
+    if t.grad_cache_chunk and (cfg.gc.measure or cfg.gc.sample):
+        problems.append(
+            f"train.grad_cache_chunk={t.grad_cache_chunk} with gc.measure/gc.sample: gradient clustering records "
+            "each row's gradient from one forward and backward over the batch; gradient caching runs the backward "
+            "chunk by chunk on cached embedding gradients (use one or the other)"
         )
     problems += _backbone_problems(cfg)
     if not cfg.eval.recall_at or any(k < 1 for k in cfg.eval.recall_at):

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from raydist.checkpoint import (
     StateRegistry,
@@ -32,8 +32,9 @@ from raydist.distributed import StepPlan, gather_step, step_generator
 from raydist.distributed.reduce import all_reduce_sum
 from raydist.inference import check_resume
 from raydist.models import unwrap_model
-from raydist.tasks import StepContext, Task, to_tensors
+from raydist.tasks import Encoded, StepContext, Task, to_tensors
 from raydist.tasks.base import PROBE_LOSS
+from raydist.train.grad_cache import cached_step_backward, check_model
 from raydist.train.hooks import Hook
 from raydist.train.malloc import tune_malloc
 from raydist.train.optim import BackboneFreeze, EpochStepLR, WarmupDecay, build_optimizer, build_schedule
@@ -78,6 +79,11 @@ def autocast(amp: str, device: torch.device) -> torch.autocast:
     """Autocast context for ``train.amp`` ("none" disables it)."""
     dtype = torch.float16 if amp == "fp16" else torch.bfloat16
     return torch.autocast(device.type, dtype=dtype, enabled=amp != "none")
+
+
+def at_least_fp32(x: Tensor) -> Tensor:
+    """``x`` in float32 when autocast made it half precision (fp16, bf16); float32 and float64 as they are."""
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
 def step_rate(step_ends: Sequence[float]) -> float:
@@ -345,19 +351,37 @@ def train_step(
     model, optimizer, scaler = parts.model, parts.optimizer, parts.scaler
     tensors = to_tensors(batch, device)
     ctx = dataclasses.replace(ctx, batch=tensors)
-    with autocast(cfg.train.amp, device), ExitStack() as around_forward:
-        for hook in hooks:
-            around_forward.enter_context(hook.forward_context(ctx))
-        encoded = task.encode(model, tensors)
-    # the loss and its hinge arithmetic stay in fp32
-    encoded.embeddings = {k: v.float() for k, v in encoded.embeddings.items()}
-    if "weight" in tensors:  # gradient-clustering batches: row i's contribution counts w_i times
-        encoded = encoded.weighted(tensors["weight"])
-    gathered = gather_step(encoded.embeddings, encoded.ids, enabled=cfg.loss.gather and task.gathers)
-    negative_set = plan.draw(ctx.rank, step_generator(cfg.train.seed, ctx.global_step))
-    loss = task.loss(encoded, gathered, negative_set, ctx, stats)
+
+    def loss_of(encoded: Encoded) -> Tensor:
+        # the loss and its hinge arithmetic stay in fp32 (or fp64: a float64 model's loss is not rounded)
+        encoded.embeddings = {k: at_least_fp32(v) for k, v in encoded.embeddings.items()}
+        if "weight" in tensors:  # gradient-clustering batches: row i's contribution counts w_i times
+            encoded = encoded.weighted(tensors["weight"])
+        gathered = gather_step(encoded.embeddings, encoded.ids, enabled=cfg.loss.gather and task.gathers)
+        negative_set = plan.draw(ctx.rank, step_generator(cfg.train.seed, ctx.global_step))
+        return task.loss(encoded, gathered, negative_set, ctx, stats)
+
     optimizer.zero_grad(set_to_none=True)
-    scaler.scale(loss).backward()
+    # gradient caching: the encoders run twice, chunk rows at a time (raydist/train/grad_cache.py)
+    if chunk := cfg.train.grad_cache_chunk:
+        check_model(model, hooks, chunk)
+        loss = cached_step_backward(
+            model,
+            task,
+            tensors,
+            loss_of,
+            chunk=chunk,
+            device=device,
+            autocast=lambda: autocast(cfg.train.amp, device),
+            backward=lambda value: scaler.scale(value).backward(),
+        )
+    else:
+        with autocast(cfg.train.amp, device), ExitStack() as around_forward:
+            for hook in hooks:
+                around_forward.enter_context(hook.forward_context(ctx))
+            encoded = task.encode(model, tensors)
+        loss = loss_of(encoded)
+        scaler.scale(loss).backward()
     parts.freeze.discard_grads(ctx.epoch)
     for hook in hooks:
         hook.after_backward(ctx, model)

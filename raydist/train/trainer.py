@@ -33,6 +33,7 @@ from raydist.runtime import (
 )
 from raydist.tasks import DataInfo, build_task, check_task_config, get_task, task_names
 from raydist.tasks.images import augmentation, check_image_config
+from raydist.train.grad_cache import check_grad_cache
 from raydist.train.malloc import worker_env
 from raydist.train.stopping import stop_on_signals
 
@@ -92,6 +93,7 @@ def checked_data_dir(cfg: Config, configs: Iterable[Config] = ()) -> Path:
         check_task_config(c, info, any_loss_kind=True)
     for c in (cfg, *configs):  # an image encoder that fits the data's image format, memory for encoded images
         check_image_config(c, info)
+        check_grad_cache(c, info)  # train.grad_cache_chunk: no BatchNorm in the image encoder
     check_split_size(data_dir, "train", max(StepPlan.from_config(c).rows_per_step for c in (cfg, *configs)))
     return data_dir
 
