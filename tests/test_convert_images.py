@@ -136,15 +136,15 @@ def _karpathy_case(src, root, case):
         blob = bytearray(path.read_bytes())
         blob[60:90] = bytes(30)
         path.write_bytes(bytes(blob))
-        return f"corrupt.*from {path}"
+        return f"{path}: corrupt"
     if case == "truncated jpeg":
         path = root / "train2014" / "a.jpg"
         path.write_bytes(path.read_bytes()[:300])
-        return f"truncated.*from {path}"
+        return f"{path}: truncated"
     if case == "gif":
         path = root / "train2014" / "c.png"
         Image.new("RGB", (8, 8)).save(path, format="GIF")
-        return f"unsupported image format GIF.*from {path}"
+        return f"{path}: unsupported image format GIF"
     if case == "no split":
         del doc["images"][3]["split"]
         src.write_text(json.dumps(doc))
@@ -351,7 +351,7 @@ def test_image_folder_split_by_class_is_disjoint(tmp_path):
 @pytest.mark.parametrize("case", ["empty class", "partial splits", "corrupt"])
 def test_image_folder_bad_inputs_name_the_folder_or_file(tmp_path, case):
     src = tmp_path / "src"
-    files = _folder(src, {"a": 4, "b": 4})
+    files = _folder(src, {"a": 10, "b": 10})  # every split gets images: the planted defect is the only one
     if case == "empty class":
         (src / "c").mkdir()
         (src / "c" / "list.txt").write_text("x")
@@ -362,10 +362,46 @@ def test_image_folder_bad_inputs_name_the_folder_or_file(tmp_path, case):
     else:
         path = next(iter(files))
         path.write_bytes(path.read_bytes()[:40])
-        expected = f"from {path}"
+        expected = f"split 'train': {path}: corrupt"
     with pytest.raises(RaydistDataError, match=expected):
         convert_image_folder(src, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_converter_names_every_bad_file_in_one_pass(tmp_path):
+    """Zero-byte files are named by their path (not a staging shard's row), and every missing, empty or
+    undecodable file of every split is reported at once (counted past the cap); nothing is written."""
+    from raydist.data.shards import PROBLEMS_SHOWN
+
+    src = tmp_path / "src"
+    files = sorted(_folder(src, {"a": 10, "b": 10}))
+    empty = files[:2]
+    for path in empty:
+        path.write_bytes(b"")
+    with pytest.raises(RaydistDataError) as info:
+        convert_image_folder(src, tmp_path / "out")
+    message = str(info.value)
+    assert all(f"{path} is empty (0 bytes)" in message for path in empty)
+    assert "part-" not in message and not (tmp_path / "out").exists()
+    for path in empty:
+        path.write_bytes(b"not an image")
+    broken = {p for p in files if p.stem in ("img3", "img7", "img9")} | set(empty)
+    for path in broken:
+        path.write_bytes(b"not an image")
+    with pytest.raises(RaydistDataError) as info:
+        convert_image_folder(src, tmp_path / "out")
+    named = {p for p in files if f"{p}: corrupt" in str(info.value)}
+    assert named == broken and f"{len(broken)} problems" in str(info.value)
+    splits = {line.split("'")[1] for line in str(info.value).splitlines()[1:]}
+    assert len(splits) > 1  # the bad files of later splits are found in the same pass
+    many = tmp_path / "many"
+    for path in _folder(many, {"a": 20, "b": 20}):
+        path.write_bytes(b"")
+    with pytest.raises(RaydistDataError) as info:
+        convert_image_folder(many, tmp_path / "out")
+    lines = str(info.value).splitlines()
+    assert "40 problems" in lines[0] and len(lines) == 1 + PROBLEMS_SHOWN + 1
+    assert lines[-1].strip() == f"... and {40 - PROBLEMS_SHOWN} more"
 
 
 def test_cli_converts_an_image_folder(tmp_path, capsys):

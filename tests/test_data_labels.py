@@ -6,12 +6,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from raydist.data import RaydistDataError, feature_matrix, load_manifest, read_split, validate_dataset
 from raydist.data.labels_io import convert_npz, corrupt_labels
+from raydist.data.shards import DatasetWriter
 from raydist.data.standardize import STANDARDIZATION_NAME, load_standardization, standardize_features
 from raydist.data.synthetic_labels import make_synthetic_labels
 
@@ -405,3 +407,39 @@ def test_standardizing_wine_helps_nearest_neighbour_retrieval(tmp_path):
     raw = one_nn_accuracy(convert_npz(src, tmp_path / "raw", seed=0))
     scaled = one_nn_accuracy(convert_npz(src, tmp_path / "scaled", seed=0, standardize=True))
     assert scaled > raw + 0.1, (raw, scaled)
+
+
+def _labels_dataset(out: Path, labels_per_split: dict[str, list[int]], num_classes: int) -> Path:
+    with DatasetWriter(out, task="labels", num_classes=num_classes) as writer:
+        first = 0
+        for split, labels in labels_per_split.items():
+            ids = np.arange(first, first + len(labels))
+            feats = np.random.default_rng(first).normal(size=(len(ids), 4)).astype(np.float32)
+            writer.add_split(split, ids, ids, feats, labels=np.array(labels))
+            first += len(labels)
+    return out
+
+
+def test_a_split_missing_a_class_the_others_share_is_warned_with_counts(tmp_path):
+    from raydist.config import load_config
+    from raydist.data.labels_io import missing_class_notes, split_class_counts
+    from raydist.tasks import DataInfo, build_task
+
+    shared = {"train": [0] * 5 + [1] * 4 + [2] * 3 + [3] * 2, "val": [0, 1, 1, 3], "test": [0, 1, 2, 3, 3]}
+    data = _labels_dataset(tmp_path / "shared", shared, 4)
+    counts = split_class_counts(data)
+    for split, labels in shared.items():  # against a count by hand
+        assert counts[split].tolist() == [labels.count(c) for c in range(4)]
+    notes = missing_class_notes(counts)
+    assert len(notes) == 1 and "split 'val' has no rows of 1 of the 4 classes" in notes[0]
+    assert "class 2: train 3, test 1" in notes[0] and "val metrics leave those classes out" in notes[0]
+    task = build_task(load_config("tiny", overrides={"data.path": str(data)}), DataInfo.from_dataset(data))
+    assert task.data_notes() == notes
+    # train lacking a class that val and test have: never trained on
+    untrained = missing_class_notes(
+        {"train": np.array([4, 0]), "val": np.array([1, 2]), "test": np.array([1, 1])}
+    )
+    assert len(untrained) == 1 and "'train'" in untrained[0] and "never trained on" in untrained[0]
+    # disjoint classes per split (the CUB/SOP protocol) are by design: no note
+    disjoint = {"train": [0, 0, 1, 1], "val": [2, 2], "test": [3, 3, 3]}
+    assert missing_class_notes(split_class_counts(_labels_dataset(tmp_path / "disjoint", disjoint, 4))) == []

@@ -76,3 +76,68 @@ def test_image_without_caption_is_an_error():
     img = np.eye(3)
     with pytest.raises(ValueError, match="images without captions"):
         retrieval_metrics(img, np.eye(3)[:2], np.array([0, 1]))
+
+
+def _caption_level_brute_force(img, cap, owner, texts):
+    """Caption-level R@K by sorting: a hit is any image owning a caption with the same text (case and
+    spacing ignored); the rank is the position of the first hit in the sorted list (scores are distinct)."""
+    norm = [" ".join(t.lower().split()) for t in texts]
+    out = {}
+    for name, n_q, n_k in (("i2t", len(img), len(cap)), ("t2i", len(cap), len(img))):
+        ranks = []
+        for q in range(n_q):
+            if name == "t2i":
+                scores = [float(cap[q] @ img[i]) for i in range(n_k)]
+                hits = {int(owner[j]) for j in range(len(cap)) if norm[j] == norm[q]}
+            else:
+                scores = [float(img[q] @ cap[j]) for j in range(n_k)]
+                own = {norm[j] for j in range(len(cap)) if owner[j] == q}
+                hits = {j for j in range(n_k) if norm[j] in own}
+            order = sorted(range(n_k), key=lambda k: -scores[k])
+            ranks.append(min(order.index(k) for k in hits))
+        for k in (1, 5, 10):
+            out[f"{name}_cap_r{k}"] = 100.0 * sum(r < k for r in ranks) / len(ranks)
+    out["cap_rsum"] = sum(out[f"{d}_cap_r{k}"] for d in ("i2t", "t2i") for k in (1, 5, 10))
+    return out
+
+
+def _exact_ceiling_by_enumeration(owner, texts, n_img):
+    """The best exact-protocol rsum when captions of one text share one image ranking: try every ranking
+    per text (tiny sets only) and keep the one with the most t2i hits at each K."""
+    import itertools
+
+    best = 300.0
+    for k in (1, 5, 10):
+        hits = 0
+        for text in sorted(set(texts)):
+            queries = [owner[j] for j in range(len(texts)) if texts[j] == text]
+            hits += max(
+                sum(o in order[:k] for o in queries) for order in itertools.permutations(range(n_img))
+            )
+        best += 100.0 * hits / len(texts)
+    return best
+
+
+def test_caption_level_recall_and_the_exact_ceiling_when_captions_repeat():
+    from raydist.eval.metrics import format_metrics
+
+    rng = np.random.default_rng(5)
+    n_img = 6
+    owner = np.array([0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5])
+    texts = ["a dog", "A  dog", "a dog", "red car", "a dog", "tree", "red car", "sky", "x", "y", "sky", "z"]
+    img = rng.standard_normal((n_img, 8))
+    cap = img[owner] + 1.5 * rng.standard_normal((len(owner), 8))
+    norm = [" ".join(t.lower().split()) for t in texts]
+    for j in range(len(cap)):  # one text embeds one way, as a text encoder does
+        cap[j] = cap[norm.index(norm[j])]
+    got = retrieval_metrics(img, cap, owner, captions=texts)
+    want = _caption_level_brute_force(img, cap, owner, texts)
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value), key
+    for key, value in brute_force(img, cap, owner).items():  # the exact protocol is unchanged
+        assert got[key] == pytest.approx(value), key
+    assert got["rsum_ceiling"] == pytest.approx(_exact_ceiling_by_enumeration(owner, norm, n_img))
+    assert got["rsum_ceiling"] < 600 and got["rsum"] <= got["rsum_ceiling"] + 1e-9
+    assert got["t2i_cap_r1"] >= got["t2i_r1"] and "can reach at most" in format_metrics(got)
+    unique = [f"caption {j}" for j in range(len(owner))]  # no text on two images: the VSE++ keys alone
+    assert set(retrieval_metrics(img, cap, owner, captions=unique)) == set(METRIC_KEYS)

@@ -18,7 +18,7 @@ from raydist.data.convert import KARPATHY_SPLITS, _assign_splits, _coco_images
 from raydist.data.image_bytes import ImageFiles
 from raydist.data.labels_io import _stratified_split
 from raydist.data.schema import DEFAULT_IMAGES_PER_SHARD, SPLITS, RaydistDataError
-from raydist.data.shards import DatasetWriter
+from raydist.data.shards import DatasetWriter, WriteRefused
 from raydist.data.vocab import Vocab
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")  # ImageFolder: files with these suffixes (any case) are images
@@ -42,18 +42,19 @@ def _read_json(path: Path) -> Any:
         raise RaydistDataError(f"{path}: cannot read JSON: {e}") from e
 
 
-def _check_files(images: list[tuple[Path, str]]) -> None:
-    """Every ``(path, where it is named)`` is an existing, non-empty file; else an error naming the first bad
-    one and how many others there are (decoding comes later, in the writer)."""
+def _check_files(images: list[tuple[Path, str | None]], src: str | Path) -> None:
+    """Every ``(path, where it is named or None)`` is an existing, non-empty file; else one error that lists
+    every missing or empty file (up to :data:`PROBLEMS_SHOWN`, then a count), found in one pass before any
+    decoding (which comes later, in the writer)."""
     bad = []
     for path, where in images:
+        named = f"{where}: image file {path}" if where else str(path)
         if not path.is_file():
-            bad.append(f"{where}: image file {path} is missing")
+            bad.append(f"{named} is missing")
         elif path.stat().st_size == 0:
-            bad.append(f"{where}: image file {path} is empty (0 bytes)")
+            bad.append(f"{named} is empty (0 bytes)")
     if bad:
-        more = f" (and {len(bad) - 1} more missing or empty image files)" if len(bad) > 1 else ""
-        raise RaydistDataError(bad[0] + more)
+        raise WriteRefused(f"missing or empty image files of {src}", bad)
 
 
 def _write_pairs(
@@ -70,7 +71,7 @@ def _write_pairs(
     for split in SPLITS:
         if not members[split]:
             raise RaydistDataError(f"{source['src']}: split {split!r} gets no images")
-    _check_files([(m.path, m.where) for split in SPLITS for m in members[split]])
+    _check_files([(m.path, m.where) for split in SPLITS for m in members[split]], source["src"])
     with DatasetWriter(out, rows_per_shard=rows_per_shard, source=source, overwrite=overwrite) as writer:
         writer.vocab = Vocab.build((c for m in members["train"] for c in m.captions), min_count)
         first_sample = 0
@@ -361,6 +362,10 @@ def convert_image_folder(
         "split_rule": split_rule,
         "ignored_files": dict(sorted(ignored.items())),
     }
+    for split in SPLITS:
+        if not any(row[0] == split for row in rows):
+            raise RaydistDataError(f"{src}: split {split!r} gets no images ({split_rule})")
+    _check_files([(path, None) for _, path, _ in rows], src)
     with DatasetWriter(
         out,
         task="labels",
@@ -371,8 +376,6 @@ def convert_image_folder(
     ) as writer:
         for split in SPLITS:
             ids = np.array([r for r, row in enumerate(rows) if row[0] == split], dtype=np.int64)
-            if not len(ids):
-                raise RaydistDataError(f"{src}: split {split!r} gets no images ({split_rule})")
             paths = [rows[r][1] for r in ids]
             writer.add_split(
                 split,

@@ -44,6 +44,62 @@ SPLIT_NAMES = {
 SPLIT_CODES = {0: "train", 1: "val", 2: "test"}
 
 
+CLASSES_NAMED = 5  # a missing-class note names this many classes, then counts the rest
+
+
+def split_class_counts(data_dir: str | Path) -> dict[str, np.ndarray]:
+    """Rows per class (``bincount`` over ``num_classes``) of every split of a labels dataset; only the
+    ``label`` column is read."""
+    import pyarrow.parquet as pq
+
+    from raydist.data.shards import split_files
+
+    manifest = load_manifest(data_dir)
+    k = manifest.num_classes or 0
+    counts = {}
+    for split in manifest.splits:
+        labels = [
+            pq.read_table(f, columns=[LABEL]).column(LABEL).to_numpy() for f in split_files(data_dir, split)
+        ]
+        counts[split] = np.bincount(np.concatenate(labels).astype(np.int64), minlength=k)
+    return counts
+
+
+def missing_class_notes(counts: dict[str, np.ndarray], class_names: list[str] | None = None) -> list[str]:
+    """Warnings for splits that lack a class another split has, where the two splits share classes (a split
+    into disjoint classes -- the CUB/Cars/SOP retrieval protocol -- is by design and gets none): the missing
+    classes with their row counts in the other splits, the first :data:`CLASSES_NAMED` by name."""
+    present = {split: set(np.flatnonzero(c).tolist()) for split, c in counts.items()}
+    notes = []
+    for split, classes in present.items():
+        missing = sorted(
+            {
+                c
+                for other, theirs in present.items()
+                if other != split and theirs & classes
+                for c in theirs - classes
+            }
+        )
+        if not missing:
+            continue
+        named = []
+        for c in missing[:CLASSES_NAMED]:
+            name = f"{c} ({class_names[c]})" if class_names and c < len(class_names) else str(c)
+            rows = ", ".join(f"{o} {int(counts[o][c])}" for o in counts if o != split and counts[o][c])
+            named.append(f"class {name}: {rows}")
+        more = f"; and {len(missing) - CLASSES_NAMED} more" if len(missing) > CLASSES_NAMED else ""
+        notes.append(
+            f"warning: split {split!r} has no rows of {len(missing)} of the {len(set().union(*present.values()))} "
+            f"classes ({'; '.join(named)}{more}): "
+            + (
+                "those classes are never trained on"
+                if split == "train"
+                else f"{split} metrics leave those classes out"
+            )
+        )
+    return notes
+
+
 def flip_labels(
     labels: np.ndarray, sample_ids: np.ndarray, *, p: float, num_classes: int, seed: int
 ) -> np.ndarray:

@@ -41,6 +41,7 @@ from raydist.data.schema import (
 )
 from raydist.data.standardize import STANDARDIZATION_NAME, FeatureStandardization, write_standardization
 from raydist.data.validate import (
+    Problem,
     SampleIdTracker,
     SplitTracker,
     decode_problems,
@@ -48,6 +49,31 @@ from raydist.data.validate import (
     table_problems,
 )
 from raydist.data.vocab import Vocab
+
+PROBLEMS_SHOWN = 20  # a refused write lists this many problems one by one, then a count of the rest
+
+
+class WriteRefused(RaydistDataError):
+    """A write found problems in its input: every one of them (``problems``; the message lists the first
+    :data:`PROBLEMS_SHOWN`), all found in one pass so a user fixes them in one go."""
+
+    def __init__(self, what: str, problems: list[str]) -> None:
+        self.what, self.problems = what, problems
+        if len(problems) == 1:
+            text = f"{what}: {problems[0]}"
+        else:
+            more = len(problems) - PROBLEMS_SHOWN
+            text = f"{what}: {len(problems)} problems:\n  " + "\n  ".join(problems[:PROBLEMS_SHOWN])
+            text += f"\n  ... and {more} more" if more > 0 else ""
+        super().__init__(text)
+
+
+def _named(problem: Problem, sources: Sequence[str] | None) -> str:
+    """A problem of a row that came from a file (a converter's image) names that file first: the shard it
+    was about to be written to is a staging file the user never sees."""
+    if sources is None or problem.row is None:
+        return str(problem)
+    return f"{sources[problem.row]}: {problem.message}"
 
 
 def _shard_bounds(image_ids: np.ndarray, rows_per_shard: int) -> list[int]:
@@ -113,7 +139,7 @@ def write_split(
     they are in a binary ``image`` column; every row is one image, and task ``pairs`` rows hold the list of
     the image's captions (``captions[r]``: a list of strings). Each image is decoded in full before its shard
     is written; ``image_infos`` receives what each decode found, and ``image_sources`` (per row: where the
-    image came from) is named in a refusal.
+    image came from) is named in a refusal (:class:`WriteRefused`, which lists every problem of the split).
 
     Rows of one image must be consecutive; every shard is checked (ids, finite features or decodable images,
     non-empty captions, label range) before it is written, and a failed call removes the shards it wrote.
@@ -164,6 +190,7 @@ def write_split(
     if any(split_dir.glob("part-*.parquet")):
         raise RaydistDataError(f"{split_dir} already holds shards; write each split into a fresh folder")
     tracker, sample_tracker, written = SplitTracker(task, one_row_per_image=encoded), SampleIdTracker(), []
+    found: list[str] = []
     bounds = _shard_bounds(image_ids, rows_per_shard)
     try:
         for k, (a, b) in enumerate(itertools.pairwise(bounds)):
@@ -192,21 +219,19 @@ def write_split(
                 image_format=image_format,
             )
             if encoded:
-                problems += decode_problems(
-                    table,
-                    file,
-                    infos=image_infos,
-                    sources=None if image_sources is None else image_sources[a:b],
-                )
+                problems += decode_problems(table, file, infos=image_infos, shown=PROBLEMS_SHOWN)
             problems += tracker.add(table, file)
             sample_tracker.add(table, file)
             problems += tracker.finish() if b == n else []
             problems += sample_tracker.finish() if b == n else []
-            if problems:
-                raise RaydistDataError(f"refusing to write split {split!r} under {out_dir}: {problems[0]}")
+            found += [_named(p, None if image_sources is None else image_sources[a:b]) for p in problems]
+            if found:  # nothing more is written, but the rest is still checked: every problem in one pass
+                continue
             path = Path(out_dir) / file
             pq.write_table(table, path)
             written.append(ShardInfo(file, table.num_rows, sha256_file(path)))
+        if found:
+            raise WriteRefused(f"refusing to write split {split!r}", found)
     except BaseException:
         for shard in written:
             (Path(out_dir) / shard.file).unlink(missing_ok=True)
@@ -248,6 +273,7 @@ class DatasetWriter:
         self.feature_dtype: str | None = None
         self.image_format: str | None = None
         self.image_infos: dict[str, list[ImageInfo]] = {}  # encoded images: per split, what each decode found
+        self.refusals: list[str] = []  # problems of the splits refused so far (see add_split)
         if task == "labels" and num_classes is None:
             raise RaydistDataError("task 'labels' needs num_classes")
         self._check_target()
@@ -284,9 +310,10 @@ class DatasetWriter:
         *,
         feature_index: np.ndarray | None = None,
         image_sources: Sequence[str] | None = None,
-    ) -> SplitInfo:
+    ) -> SplitInfo | None:
         """Write one split (arguments as :func:`write_split`); the image format, and feature dim and dtype,
-        must match across splits."""
+        must match across splits. A split whose rows have problems is not written (None) and the next splits
+        are still checked: :meth:`commit` then refuses the whole dataset, naming every problem."""
         if split in self.splits:
             raise RaydistDataError(f"split {split!r} was already written")
         if (captions is None) != (self.task == "labels"):
@@ -309,21 +336,25 @@ class DatasetWriter:
                     f"splits are {self.feature_dtype}[{self.feature_dim}]"
                 )
         infos: list[ImageInfo] = []
-        shards = write_split(
-            self.staging,
-            split,
-            image_ids,
-            sample_ids,
-            features,
-            captions,
-            labels,
-            clean_labels,
-            self.rows_per_shard,
-            feature_index=feature_index,
-            num_classes=self.num_classes,
-            image_infos=infos,
-            image_sources=image_sources,
-        )
+        try:
+            shards = write_split(
+                self.staging,
+                split,
+                image_ids,
+                sample_ids,
+                features,
+                captions,
+                labels,
+                clean_labels,
+                self.rows_per_shard,
+                feature_index=feature_index,
+                num_classes=self.num_classes,
+                image_infos=infos,
+                image_sources=image_sources,
+            )
+        except WriteRefused as e:  # the next splits are still checked: commit() refuses with every problem
+            self.refusals += [f"split {split!r}: {p}" for p in e.problems]
+            return None
         self.image_format = image_format
         if image_format == "features":
             self.feature_dim, self.feature_dtype = features.shape[-1], dtype
@@ -335,6 +366,8 @@ class DatasetWriter:
 
     def commit(self) -> Manifest:
         """Write vocab + manifest, then atomically move the staging folder to ``out_dir``."""
+        if self.refusals:
+            raise WriteRefused(f"refusing to write {self.out_dir}", self.refusals)
         missing = [s for s in SPLITS if s not in self.splits]
         if missing:
             raise RaydistDataError(f"cannot commit {self.out_dir}: split(s) {missing} were not written")

@@ -8,7 +8,7 @@ Row numbers are 0-based positions within the named Parquet file.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -188,14 +188,14 @@ def decode_problems(
     rows: np.ndarray | None = None,
     *,
     infos: list[ImageInfo] | None = None,
-    sources: Sequence[str] | None = None,
+    shown: int = ROWS_SHOWN,
 ) -> list[Problem]:
     """Decode the ``image`` bytes of ``rows`` (default: every row) in full with Pillow
     (:func:`raydist.data.image_bytes.check_image`): one Problem per image that is not a complete PNG or JPEG,
     saying why (truncated, corrupt, unsupported format). Null and zero-size images are
     :func:`table_problems`' to report and are skipped; so is a shard whose ``image`` is not binary. The
-    :class:`ImageInfo` of each good image is appended to ``infos``; ``sources`` (per row: where the image came
-    from) is named in the messages when given."""
+    :class:`ImageInfo` of each good image is appended to ``infos``; ``shown`` bad rows are named one by one,
+    the rest counted."""
     if IMAGE not in table.column_names or table.schema.field(IMAGE).type not in (
         pa.binary(),
         pa.large_binary(),
@@ -212,15 +212,14 @@ def decode_problems(
             info = check_image(data)
         except RaydistDataError as e:
             bad += 1
-            if bad <= ROWS_SHOWN:
+            if bad <= shown:
                 sid = f" (sample_id {sample_ids[int(r)].as_py()})" if sample_ids is not None else ""
-                origin = f" (from {sources[int(r)]})" if sources is not None else ""
-                problems.append(Problem(file, IMAGE, f"{e}{sid}{origin}", int(r)))
+                problems.append(Problem(file, IMAGE, f"{e}{sid}", int(r)))
             continue
         if infos is not None:
             infos.append(info)
-    if bad > ROWS_SHOWN:
-        problems.append(Problem(file, IMAGE, f"... and {bad - ROWS_SHOWN} more rows: image does not decode"))
+    if bad > shown:
+        problems.append(Problem(file, IMAGE, f"... and {bad - shown} more rows: image does not decode"))
     return problems
 
 

@@ -22,6 +22,7 @@ class SplitEmbeddings:
     images: torch.Tensor
     captions: torch.Tensor
     cap_to_img: np.ndarray
+    texts: list[str] | None = None  # the caption texts, one per caption row (caption-level metrics)
 
 
 def image_rows(image_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -49,7 +50,7 @@ def embed_split(
     first, cap_to_img = image_rows(image_ids)
     images = embed_images(model, features[first], batch_size=batch_size, device=device)
     texts = embed_captions(model, tokenizer, captions, max_len=max_len, batch_size=batch_size, device=device)
-    return SplitEmbeddings(images, texts, cap_to_img)
+    return SplitEmbeddings(images, texts, cap_to_img, list(captions))
 
 
 @torch.no_grad()
@@ -105,7 +106,7 @@ def evaluate_arrays(
     emb = embed_split(
         model, tokenizer, features, captions, image_ids, max_len=max_len, batch_size=batch_size, device=device
     )
-    metrics = retrieval_metrics(emb.images, emb.captions, emb.cap_to_img, folds=folds)
+    metrics = retrieval_metrics(emb.images, emb.captions, emb.cap_to_img, folds=folds, captions=emb.texts)
     if prefix_dim:
         low = retrieval_metrics(
             l2_normalize(emb.images[:, :prefix_dim]),

@@ -16,6 +16,8 @@ from torch import Tensor, nn
 
 from raydist.config import ConfigError
 from raydist.data import feature_matrix, read_split
+from raydist.data.labels_io import missing_class_notes, split_class_counts
+from raydist.data.manifest import load_manifest
 from raydist.data.schema import CLEAN_LABEL, IMAGE, LABEL, SAMPLE_ID
 from raydist.data.stream import split_columns
 from raydist.data.transforms import DecodeImages, EpochViews, ImageViews, LabelTransform
@@ -89,6 +91,15 @@ class LabelsTask(Task):
         self.per_example_losses = self.kind == "cross_entropy"
         self.primary_metric = "top1" if self.kind == "cross_entropy" else "r1"
         self._eval_images: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    def data_notes(self) -> list[str]:
+        """A warning for each split that lacks classes another split shares (with the rows per split)."""
+        if self.info.data_dir is None:
+            return []
+        manifest = load_manifest(self.info.data_dir)
+        source = manifest.source or {}
+        names = manifest.class_names or source.get("classes")
+        return missing_class_notes(split_class_counts(self.info.data_dir), names)
 
     def transform(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Features as float32; train labels with ``data.label_noise`` applied (:func:`flip_labels`). Encoded

@@ -186,7 +186,9 @@ class PairsTask(Task):
         folds = 1 if split == "val" else self.cfg.eval.folds
         if self.info.encoded:
             emb = self.encoded_embeddings(model, split, device)[0]
-            metrics = retrieval_metrics(emb.images, emb.captions, emb.cap_to_img, folds=folds)
+            metrics = retrieval_metrics(
+                emb.images, emb.captions, emb.cap_to_img, folds=folds, captions=emb.texts
+            )
             low = smallest_prefix(self.cfg)
             if low:
                 small = retrieval_metrics(
@@ -295,7 +297,8 @@ class PairsTask(Task):
             device=device,
         )
         cap_to_img = np.repeat(np.arange(len(counts)), counts)
-        return SplitEmbeddings(images, texts, cap_to_img), cols[IMAGE_ID], np.repeat(cols[SAMPLE_ID], counts)
+        embedded = SplitEmbeddings(images, texts, cap_to_img, captions)
+        return embedded, cols[IMAGE_ID], np.repeat(cols[SAMPLE_ID], counts)
 
     def _arrays(self, split: str) -> tuple:
         """``(image_ids, sample_ids, features, captions)`` of a split, read once."""
