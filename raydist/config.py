@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from raydist.choices import DISTANCES, MINER_STRATEGIES, REDUCTIONS, SIMILARITIES
 from raydist.dataset_task import dataset_task
 from raydist.nesting import check_embedding_dim, check_nesting, check_weights
+from raydist.uris import is_uri
 
 AMP_MODES = ("none", "bf16", "fp16")
 DEFAULT_PRESET = "default"  # what `raydist train` and `raydist tune` start from
@@ -422,13 +423,13 @@ def run_overrides(
     name: str | None = None,
     storage_shared: bool = False,
 ) -> dict[str, Any]:
-    """Command-line ``key=value`` words plus the ``--data`` (made absolute), ``--storage``, ``--name`` and
+    """Command-line ``key=value`` words plus the ``--data`` (absolute, or a URI), ``--storage``, ``--name`` and
     ``--storage-shared`` options as the dotted keys they set."""
     out: dict[str, Any] = parse_overrides(list(items))
     if storage_shared:
         out["train.storage_shared"] = True
-    if data:
-        out["data.path"] = str(Path(data).expanduser().resolve())
+    if data:  # a URI (s3://, gs://) as it is
+        out["data.path"] = str(data) if is_uri(data) else str(Path(data).expanduser().resolve())
     if storage:
         out["train.storage_path"] = storage
     if name:

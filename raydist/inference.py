@@ -20,6 +20,7 @@ from raydist.checkpoint import (
     find_checkpoint,
     load_checkpoint,
     load_task_info,
+    local_folder,
     newest_checkpoint,
     read_config,
     recorded_dataset,
@@ -118,8 +119,9 @@ def choose_checkpoint(path: str | Path, *, latest: bool = False) -> ChosenCheckp
     newest. The best is read from the run's ``best_checkpoint.json`` (written when a run finishes) or, when that
     is missing or stale, chosen by each checkpoint's own val metric (:func:`checkpoint_score`; ties go to the
     older); a run with no scored checkpoint gives its newest."""
-    folder = find_checkpoint(path)  # a checkpoint folder, or the run folder's newest (clear errors otherwise)
-    if folder == Path(path).expanduser().resolve():
+    given = local_folder(path)  # a URI's local copy
+    folder = find_checkpoint(given)  # a checkpoint folder, or the run folder's newest (clear errors if not)
+    if folder == given:
         return ChosenCheckpoint(folder, "the checkpoint given")
     if latest:
         return ChosenCheckpoint(folder, "latest")

@@ -12,9 +12,11 @@ from typing import Any
 
 from raydist.config import Config, chosen_preset, load_config
 from raydist.data import dataset_task, load_manifest
+from raydist.data.remote import local_dataset
 from raydist.data.shape import dataset_shape
 from raydist.models.image_encoders import import_problem
 from raydist.presets import image_encoder_for_data, preset_for_data
+from raydist.uris import is_uri
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,7 @@ def data_preset(
     shape picks (:func:`raydist.presets.preset_for_data`); else the default."""
     if preset or preset_file or not data:
         return chosen_preset(preset, preset_file), ""
-    choice = preset_for_data(dataset_shape(data))
+    choice = preset_for_data(dataset_shape(local_dataset(data)))
     return choice.name, choice.line()
 
 
@@ -51,7 +53,7 @@ def image_rules(cfg: Config, overrides: Mapping[str, Any]) -> tuple[dict[str, An
     data = cfg.data.path
     if not data:
         return {}, ""
-    manifest = load_manifest(data)
+    manifest = load_manifest(local_dataset(data))
     if manifest.image_format != "encoded":
         return {}, ""
     named = cfg.model.image_encoder != "linear"
@@ -87,7 +89,7 @@ def run_recipe(
     keys as :func:`raydist.config.run_overrides` gives them (``data.path`` included when ``data`` is set)."""
     overrides = dict(overrides or {})
     if data and "data.path" not in overrides:
-        overrides["data.path"] = str(Path(data).expanduser().resolve())
+        overrides["data.path"] = str(data) if is_uri(data) else str(Path(data).expanduser().resolve())
     name, preset_line = data_preset(data, preset, preset_file)
     lines = [preset_line] if preset_line else []
     cfg = load_config(preset=name, preset_file=preset_file, overrides=overrides, task_of=dataset_task)

@@ -15,6 +15,7 @@ from typing import Any
 
 from raydist.config import Config, ConfigError
 from raydist.console import quiet_ray_data_console, say
+from raydist.uris import is_uri
 
 # Logical CPUs that Ray Data needs beside the train workers, or the streaming pipeline waits forever.
 DATA_CPUS = 1.0
@@ -220,11 +221,6 @@ def check_storage_reachable(storage: str, shared: bool, capacity: Capacity) -> N
         "other nodes cannot see: pass --storage s3://BUCKET/PATH or gs://BUCKET/PATH, or --storage on a folder "
         "that every node mounts (NFS) together with --storage-shared (train.storage_shared=true)"
     )
-
-
-def is_uri(path: str) -> bool:
-    """``s3://``, ``gs://`` ... rather than a local path."""
-    return "://" in path
 
 
 def storage_root(cfg: Config, override: str | None = None) -> str:

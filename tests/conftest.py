@@ -32,7 +32,7 @@ from contextlib import contextmanager
 
 import pytest
 
-pytest_plugins = ("pytester",)  # tests/test_markers.py runs this conftest on small tests
+pytest_plugins = ("pytester", "object_store")  # test_markers runs this conftest; object_store: s3_server
 
 RAY_FIXTURES = frozenset({"ray_cluster"})  # fixtures that start (or hand out) the session's Ray
 

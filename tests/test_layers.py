@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "raydist.choices",
             "raydist.nesting",
             "raydist.presets",
+            "raydist.uris",
         ),
     ),
     (

@@ -20,12 +20,11 @@ import torch
 import yaml
 from torch import nn
 
+from raydist.checkpoint.names import CHECKPOINT_GLOB, CONFIG_FILE, STATE_FILE, TASK_FILE
+from raydist.checkpoint.remote import fetch_run_or_checkpoint
 from raydist.config import Config, ConfigError, apply_overrides, from_dict, validate
+from raydist.uris import is_uri
 
-STATE_FILE = "state.pt"
-CONFIG_FILE = "config.yaml"
-TASK_FILE = "task.json"
-CHECKPOINT_GLOB = "checkpoint_*"
 SHOWN_PARAMETERS = 3  # differing parameters a refusal names
 
 
@@ -94,9 +93,18 @@ def newest_checkpoint(run_dir: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
+def local_folder(path: str | Path) -> Path:
+    """A checkpoint or run folder as a local path: a URI's up-to-date local copy
+    (:func:`raydist.checkpoint.remote.fetch_run_or_checkpoint`), a local path made absolute."""
+    if is_uri(path):
+        return fetch_run_or_checkpoint(str(path))
+    return Path(path).expanduser().resolve()
+
+
 def find_checkpoint(path: str | Path) -> Path:
-    """Resolve a checkpoint folder, or a run folder's :func:`newest_checkpoint`."""
-    path = Path(path).expanduser().resolve()
+    """Resolve a checkpoint folder, or a run folder's :func:`newest_checkpoint` (either may be a URI:
+    :func:`local_folder`)."""
+    path = local_folder(path)
     if (path / STATE_FILE).is_file():
         return path
     if not path.exists():

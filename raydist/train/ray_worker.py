@@ -17,6 +17,7 @@ from torch import nn
 from raydist.config import Config, from_dict
 from raydist.data import load_manifest
 from raydist.data.epoch_board import EpochBoard
+from raydist.data.remote import local_dataset
 from raydist.data.stream import InMemoryBatches, StreamedEpochs, train_arrays, train_splits
 from raydist.data.transforms import PassViews
 from raydist.distributed import StepPlan
@@ -110,17 +111,18 @@ class RayRuntime:
 def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any] | None:
     """Ray Train entry point. ``loop_config``: ``cfg`` (nested dict), ``data_dir``, ``source`` ("memory" or
     "stream"), ``epoch_boards`` (see :class:`RayRuntime`), optional ``resume_from`` (checkpoint folder) and
-    ``run_dir`` (the local run folder: tracking files, fault-injection markers; None on remote storage). Rank 0 returns :func:`run_loop`'s dict plus
+    ``run_dir`` (the local run folder: tracking files, fault-injection markers; None on remote storage) and
+    ``stop_file`` (the driver's stop file, a path or a URI; ``data_dir`` may be a URI too: each node copies it). Rank 0 returns :func:`run_loop`'s dict plus
     ``startup``: the wall-clock times (``time.time()``) this attempt's train function started
     (``workers_started``: Ray Train's worker group is up) and its train split was ready (``data_ready``)."""
     workers_started = time.time()
     cfg = from_dict(loop_config["cfg"])
-    task = build_task(cfg, DataInfo.from_dataset(Path(loop_config["data_dir"])))
+    task = build_task(cfg, DataInfo.from_dataset(local_dataset(loop_config["data_dir"])))
     world = ray.train.get_context().get_world_size()
     plan = StepPlan(cfg.train.batch_size, cfg.loss.negative_set_size, world)
     runtime = RayRuntime(cfg, task, plan, loop_config["source"], loop_config.get("epoch_boards"))
     data_ready = time.time()
-    hooks = build_hooks(cfg, task, runtime, loop_config.get("run_dir"))
+    hooks = build_hooks(cfg, task, runtime, loop_config.get("run_dir"), loop_config.get("stop_file"))
     result = run_loop(cfg, task, runtime, plan, hooks=hooks, resume_from=loop_config.get("resume_from"))
     if result is not None:
         result["startup"] = {"workers_started": workers_started, "data_ready": data_ready}

@@ -1,11 +1,13 @@
 """Stopping a run from outside at a step boundary: the driver turns SIGINT/SIGTERM into a stop file in the
-run folder (:func:`stop_on_signals`); every worker's :class:`StopFileHook` looks for it after each step."""
+run folder (:func:`stop_on_signals`; a local folder or object storage, ``s3://…``); every worker's
+:class:`StopFileHook` looks for it after each step."""
 
 from __future__ import annotations
 
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,19 +19,35 @@ import torch
 from raydist.distributed.reduce import all_reduce_sum
 from raydist.tasks import StepContext
 from raydist.train.hooks import Hook
+from raydist.uris import delete, file_type, is_uri, write_bytes
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+REMOTE_CHECK_S = 1.0  # at most one request per second per worker for a stop file on object storage
 
 
 class StopFileHook(Hook):
     """Asks the loop to stop when ``path`` exists. Every rank looks, and one all-reduce per step makes the
-    answer the same on all ranks (any rank that sees the file stops them all at the same step)."""
+    answer the same on all ranks (any rank that sees the file stops them all at the same step). A stop file on
+    object storage is looked for at most every :data:`REMOTE_CHECK_S` seconds (a failed look counts as not
+    there), a local one after every step."""
 
     def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
+        self.path = path if is_uri(path) else Path(path)
+        self._seen, self._looked = False, float("-inf")
+
+    def _exists(self) -> bool:
+        if isinstance(self.path, Path):
+            return self.path.exists()
+        if not self._seen and time.monotonic() - self._looked >= REMOTE_CHECK_S:
+            self._looked = time.monotonic()
+            try:
+                self._seen = file_type(self.path) != "missing"
+            except ValueError:  # the store did not answer this time: look again later
+                self._seen = False
+        return self._seen
 
     def stop_requested(self, ctx: StepContext) -> bool:
-        seen = torch.tensor([float(self.path.exists())], dtype=torch.float64)
+        seen = torch.tensor([float(self._exists())], dtype=torch.float64)
         return bool(all_reduce_sum(seen).item() > 0)
 
 
@@ -37,7 +55,7 @@ class StopFileHook(Hook):
 class StopSignals:
     """What :func:`stop_on_signals` saw: ``count`` signals so far."""
 
-    stop_file: Path | None
+    stop_file: str | Path | None
     count: int = 0
 
     @property
@@ -52,16 +70,15 @@ def _write_console(text: str) -> None:
 
 
 @contextmanager
-def stop_on_signals(stop_file: Path | None) -> Iterator[StopSignals]:
-    """While inside: the first SIGINT/SIGTERM writes ``stop_file`` (the workers then checkpoint at the next
-    step boundary and end) and says so; a second one raises KeyboardInterrupt (quit at once). Without a
-    stop file (the run folder is on remote storage, which the workers cannot be signalled through) the first
-    signal already raises KeyboardInterrupt. A stale stop file is removed on entry and the stop file on exit,
-    so a resumed run does not stop at once. Off the main thread (signals cannot be caught there) nothing is
-    installed."""
+def stop_on_signals(stop_file: str | Path | None) -> Iterator[StopSignals]:
+    """While inside: the first SIGINT/SIGTERM writes ``stop_file`` (a local path or a URI: the workers then
+    checkpoint at the next step boundary and end) and says so; a second one raises KeyboardInterrupt (quit at
+    once). Without a stop file the first signal already raises KeyboardInterrupt. A stale stop file is removed
+    on entry and the stop file on exit, so a resumed run does not stop at once. Off the main thread (signals
+    cannot be caught there) nothing is installed."""
     signals = StopSignals(stop_file)
     if stop_file is not None:
-        stop_file.unlink(missing_ok=True)
+        delete(stop_file)
     if threading.current_thread() is not threading.main_thread():
         yield signals
         return
@@ -74,12 +91,10 @@ def stop_on_signals(stop_file: Path | None) -> Iterator[StopSignals]:
             raise KeyboardInterrupt
         if stop_file is None:
             _write_console(
-                f"\n[raydist] {name}: the run folder is on remote storage, so the workers cannot be "
-                "told to stop at a step boundary: quitting now\n"
+                f"\n[raydist] {name}: the workers cannot be told to stop at a step boundary: quitting now\n"
             )
             raise KeyboardInterrupt
-        stop_file.parent.mkdir(parents=True, exist_ok=True)
-        stop_file.touch()
+        write_bytes(stop_file, b"")
         _write_console(
             f"\n[raydist] {name}: stopping at the next step boundary and saving a checkpoint "
             "(press Ctrl-C again to quit at once)\n"
@@ -92,4 +107,4 @@ def stop_on_signals(stop_file: Path | None) -> Iterator[StopSignals]:
         for s, old in previous.items():
             signal.signal(s, old)
         if stop_file is not None:
-            stop_file.unlink(missing_ok=True)
+            delete(stop_file)

@@ -13,10 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from raydist.checkpoint import change_lines, format_changes, load_checkpoint, newest_checkpoint
+from raydist.checkpoint import change_lines, format_changes, load_checkpoint, local_folder, newest_checkpoint
+from raydist.checkpoint.remote import remote_checkpoints
 from raydist.config import Config, ConfigError, failure_retries
 from raydist.console import route_ray_output
 from raydist.data import check_split_size, ensure_default_dataset, load_manifest, validate_dataset
+from raydist.data.remote import local_dataset
 from raydist.data.stream import fits_in_memory, train_streams
 from raydist.distributed import StepPlan
 from raydist.runfiles import HISTORY_FILE, LOG_FILE, STOP_FILE
@@ -36,6 +38,7 @@ from raydist.tasks.images import augmentation, check_image_config
 from raydist.train.grad_cache import check_grad_cache
 from raydist.train.malloc import worker_env
 from raydist.train.stopping import stop_on_signals
+from raydist.uris import cache_path, check_bucket, delete, join, location_of, write_bytes
 
 if TYPE_CHECKING:
     from raydist.train.local import ReportListener, SharedSplit
@@ -74,9 +77,10 @@ class TrainOutcome:
 
 
 def resolve_data_dir(cfg: Config) -> Path:
-    """The configured dataset folder (absolute), or the embedded default dataset (generated once)."""
+    """The configured dataset folder (absolute; a URI's local copy: :func:`raydist.data.remote.local_dataset`),
+    or the embedded default dataset (generated once)."""
     if cfg.data.path:
-        return Path(cfg.data.path).expanduser().resolve()
+        return local_dataset(cfg.data.path)
     return ensure_default_dataset()
 
 
@@ -193,11 +197,12 @@ def build_trainer(
     name = run_name(cfg, run_name_override)
     loop_config = {
         "cfg": cfg.to_dict(),
-        "data_dir": str(data_dir),
+        "data_dir": cfg.data.path if is_uri(cfg.data.path or "") else str(data_dir),  # a URI: copied per node
         "source": source,
         "epoch_boards": None if views is None else {split: v.board.token for split, v in views.items()},
         "resume_from": str(resume_from) if resume_from else None,
         "run_dir": None if is_uri(storage) else str(Path(storage) / name),
+        "stop_file": join(storage, name, STOP_FILE),
     }
     # Ray Train reads the start timeout from the environment of the process that calls fit(); a start that
     # times out is a controller failure, retried CONTROLLER_RETRIES times: together about capacity_wait_s
@@ -280,9 +285,12 @@ def run_training(
     for note in build_task(cfg, DataInfo.from_dataset(data_dir)).data_notes():
         print(f"[raydist] {note}", flush=True)
     if resume_from:
-        resume_from = str(resume_checkpoint(resume_from, cfg, data_dir))
+        checked = str(resume_checkpoint(resume_from, cfg, data_dir))
+        resume_from = resume_from if is_uri(resume_from) else checked  # a URI: the workers copy it
     else:
         _continue_or_start_named_run(cfg, data_dir, force=force)
+    if is_uri(storage_root(cfg)):
+        check_bucket(storage_root(cfg))
     if cfg.train.num_workers == 0:
         outcome = train_in_process(cfg, data_dir, resume_from=resume_from)
         return _finish(outcome, data_dir, evaluate_test)
@@ -306,11 +314,11 @@ def run_training(
         f"[raydist] Ray ready in {time.perf_counter() - started:.1f} s; starting {describe_workers(cfg)} …",
         flush=True,
     )
-    if not is_uri(storage):
-        route_ray_output(Path(storage) / name / LOG_FILE)
+    local_run = cache_path(join(storage, name)) if is_uri(storage) else Path(storage) / name  # a URI: a copy
+    route_ray_output(local_run / LOG_FILE)
     trainer = build_trainer(cfg, data_dir, resume_from=resume_from, run_name_override=name)
     try:
-        with stop_on_signals(None if is_uri(storage) else Path(storage) / name / STOP_FILE):
+        with stop_on_signals(join(storage, name, STOP_FILE)):
             result = _fit_off_main_thread(trainer)
     except TrainingFailedError as e:
         raise training_failure(e, cfg, None if is_uri(storage) else str(Path(storage) / name)) from e
@@ -326,10 +334,12 @@ def run_training(
     ):  # no validated checkpoint yet
         best_ckpt = best_metrics = None
     outcome = TrainOutcome(
-        run_dir=str(result.path),
-        best_checkpoint=best_ckpt.path if best_ckpt else None,
+        run_dir=location_of(result.filesystem, str(result.path)),
+        best_checkpoint=location_of(best_ckpt.filesystem, best_ckpt.path) if best_ckpt else None,
         best_metrics=best_metrics,
-        latest_checkpoint=result.checkpoint.path if result.checkpoint else None,
+        latest_checkpoint=location_of(result.checkpoint.filesystem, result.checkpoint.path)
+        if result.checkpoint
+        else None,
         history=returned.get("history", []),
         resumed_at=returned.get("resumed_at", []),
         columns=task.history_columns(),
@@ -367,8 +377,8 @@ def _fit_off_main_thread(trainer: Any) -> Any:
 class ExistingRun:
     """A run folder that a new run's ``train.run_name`` names, as its newest checkpoint describes it."""
 
-    run_dir: Path
-    checkpoint: Path  # the newest checkpoint
+    run_dir: Path | str  # a local folder, or its URI on object storage
+    checkpoint: Path  # the newest checkpoint (a remote run's: its local copy)
     epoch: int  # epochs done
     step: int  # global steps done
     finished: bool  # its last epoch (or its early stop) is done
@@ -376,14 +386,21 @@ class ExistingRun:
 
 
 def existing_run(cfg: Config) -> ExistingRun | None:
-    """The run that ``cfg``'s ``train.run_name`` names under local storage, compared with ``cfg`` (resolved,
-    as :func:`run_training` runs it); None for an unnamed run, remote storage (not read here) or a folder
-    without a checkpoint. ``train.storage_path`` is not compared: it is how the folder was found."""
+    """The run that ``cfg``'s ``train.run_name`` names under its storage, compared with ``cfg`` (resolved,
+    as :func:`run_training` runs it); None for an unnamed run or a folder without a checkpoint. On object
+    storage the run's checkpoints are copied first (:func:`raydist.checkpoint.local_folder`).
+    ``train.storage_path`` is not compared: it is how the folder was found."""
     storage = storage_root(cfg)
-    if not cfg.train.run_name or is_uri(storage):
+    if not cfg.train.run_name:
         return None
-    run_dir = Path(storage) / cfg.train.run_name
-    checkpoint = newest_checkpoint(run_dir)
+    run_dir: Path | str = Path(storage) / cfg.train.run_name
+    local = run_dir
+    if is_uri(storage):
+        run_dir = join(storage, cfg.train.run_name)
+        if not remote_checkpoints(run_dir):
+            return None
+        local = local_folder(run_dir)
+    checkpoint = newest_checkpoint(local)
     if checkpoint is None:
         return None
     state, saved, folder = load_checkpoint(checkpoint)
@@ -436,6 +453,11 @@ def _continue_or_start_named_run(cfg: Config, data_dir: Path, *, force: bool) ->
             f"[raydist] resuming {name} at epoch {run.epoch + 1} (step {run.step}) from {run.checkpoint}",
             flush=True,
         )
+        return
+    if isinstance(run.run_dir, str):  # on object storage: the stored folder and its local copy
+        delete(run.run_dir)
+        shutil.rmtree(cache_path(run.run_dir), ignore_errors=True)
+        print(f"[raydist] --force: starting {name} over (removed {run.run_dir})", flush=True)
         return
     storage = Path(storage_root(cfg)).resolve()
     if storage not in run.run_dir.resolve().parents:
@@ -565,7 +587,17 @@ def _finish(outcome: TrainOutcome, data_dir: Path, evaluate_test: bool) -> Train
         and "test" in load_manifest(data_dir).splits
     ):
         outcome.test_metrics = evaluate_checkpoint(outcome.best_checkpoint, data_dir, "test")
-    if not is_uri(outcome.run_dir):  # per-epoch metrics next to the checkpoints
+    if is_uri(outcome.run_dir):  # the same records, on object storage (no plots there)
+        write_bytes(join(outcome.run_dir, HISTORY_FILE), json.dumps(outcome.history, indent=1).encode())
+        if outcome.best_checkpoint and outcome.best_by:
+            record = record_best_checkpoint(
+                local_folder(outcome.run_dir),
+                outcome.best_checkpoint,
+                outcome.best_by,
+                (outcome.best_metrics or {}).get(outcome.best_by),
+            )
+            write_bytes(join(outcome.run_dir, record.name), record.read_bytes())
+    else:  # per-epoch metrics next to the checkpoints
         Path(outcome.run_dir, HISTORY_FILE).write_text(json.dumps(outcome.history, indent=1))
         if outcome.best_checkpoint and outcome.best_by:
             record_best_checkpoint(

@@ -17,12 +17,15 @@ from raydist.train.stopping import StopFileHook
 from raydist.train.tracking import TrackingHook
 
 
-def build_hooks(cfg: Config, task: Task, runtime: Any, run_dir: str | None) -> list[Hook]:
+def build_hooks(
+    cfg: Config, task: Task, runtime: Any, run_dir: str | None, stop_file: str | None = None
+) -> list[Hook]:
     """The hooks of a run: gradient clustering (``gc.measure`` / ``gc.sample``), validation, fault injection
     when ``debug.fail_at_step`` / ``debug.step_delay_s`` ask for it, tracking (after the others: it logs the
     metrics they add) and, with a local run folder, the stop file the driver writes on SIGINT/SIGTERM.
     ``runtime``: the loop's runtime (device, rank, world, in-memory ``arrays`` or None, ``plan``);
-    ``run_dir``: the local run folder, None on remote storage."""
+    ``run_dir``: the local run folder, None on remote storage; ``stop_file``: where the driver writes its stop
+    file (default: in ``run_dir``; a URI for a run folder on object storage)."""
     hooks: list[Hook] = [ValidationHook(task, runtime.device)]
     if cfg.gc.measure or cfg.gc.sample:
         hooks.insert(
@@ -43,6 +46,8 @@ def build_hooks(cfg: Config, task: Task, runtime: Any, run_dir: str | None) -> l
     if cfg.debug.step_delay_s > 0:
         hooks.insert(0, SlowSteps(cfg.debug.step_delay_s))
     hooks.append(TrackingHook(cfg, run_dir))
-    if run_dir is not None:  # the driver writes this file on SIGINT/SIGTERM (raydist.train.stopping)
-        hooks.append(StopFileHook(Path(run_dir) / STOP_FILE))
+    if stop_file is None and run_dir is not None:
+        stop_file = str(Path(run_dir) / STOP_FILE)
+    if stop_file is not None:  # the driver writes this file on SIGINT/SIGTERM (raydist.train.stopping)
+        hooks.append(StopFileHook(stop_file))
     return hooks

@@ -1,0 +1,56 @@
+"""Datasets on object storage (``--data s3://bucket/prefix``, ``gs://…``): the local copy a run reads.
+
+:func:`local_dataset` reads the dataset's ``manifest.json`` from the store (checked as a local one is), then
+copies the folder into the local cache (:func:`raydist.uris.cache_path`), file by file through temporary
+names. A copy whose manifest is the stored one byte for byte is reused as it is (the manifest holds every
+shard's sha256, so a changed dataset has a changed manifest), and a stale copy is replaced. The driver copies
+before Ray starts; each Ray Train worker calls the same function, so every node makes its own copy once."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+from raydist.data.manifest import manifest_from_dict
+from raydist.data.schema import MANIFEST_NAME, RaydistDataError
+from raydist.uris import (
+    cache_path,
+    download,
+    file_sizes,
+    file_type,
+    is_uri,
+    join,
+    missing_location,
+    read_bytes,
+)
+
+
+def local_dataset(location: str | Path) -> Path:
+    """A dataset folder as a local path: a local one made absolute, a URI's up-to-date local copy (the module
+    docstring). A URI without a dataset (no bucket, no ``manifest.json``, an unreachable store) raises a
+    StorageError naming it before anything is copied."""
+    if not is_uri(location):
+        return Path(location).expanduser().resolve()
+    uri = str(location).rstrip("/")
+    manifest_uri = join(uri, MANIFEST_NAME)
+    if file_type(manifest_uri) != "file":
+        raise missing_location(uri, f"a dataset folder with {MANIFEST_NAME}")
+    text = read_bytes(manifest_uri)
+    try:
+        manifest_from_dict(json.loads(text), where=manifest_uri)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RaydistDataError(f"{manifest_uri}: not valid JSON: {e}") from e
+    dest = cache_path(uri)
+    copied = dest / MANIFEST_NAME  # written last: a copy with the stored manifest is whole
+    if copied.is_file() and copied.read_bytes() == text:
+        return dest
+    if dest.exists():  # another dataset was here: start over
+        shutil.rmtree(dest, ignore_errors=True)
+    download(uri, dest, [name for name in file_sizes(uri) if name != MANIFEST_NAME])
+    tmp = dest / f"{MANIFEST_NAME}.{uuid.uuid4().hex[:8]}.part"
+    tmp.write_bytes(text)
+    os.replace(tmp, copied)
+    return dest
