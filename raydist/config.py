@@ -262,14 +262,20 @@ def field_annotation(key: str) -> Any:
     return Config.model_fields[section].annotation.model_fields[name].annotation
 
 
-def _unknown_key(key: str) -> ConfigError:
-    """Name the closest valid keys, else the keys of the section, else the sections."""
+def key_suggestion(key: str) -> str:
+    """For a key that is not a config key: the closest valid keys, else the keys of its section, else the
+    sections (``did you mean: loss.margin?``)."""
     close = difflib.get_close_matches(key, valid_keys(), n=3, cutoff=0.6)
     section = key.partition(".")[0] + "."
     nearby = close or [k for k in valid_keys() if k.startswith(section)]
     if nearby:
-        return ConfigError(f"unknown config key {key!r}; did you mean: {', '.join(nearby)}?")
-    return ConfigError(f"unknown config key {key!r}; sections: {', '.join(Config.model_fields)}")
+        return f"did you mean: {', '.join(nearby)}?"
+    return f"sections: {', '.join(Config.model_fields)}"
+
+
+def _unknown_key(key: str) -> ConfigError:
+    """An unknown key's error, with :func:`key_suggestion`."""
+    return ConfigError(f"unknown config key {key!r}; {key_suggestion(key)}")
 
 
 def _parse_text(key: str, value: Any) -> Any:

@@ -149,8 +149,14 @@ def test_a_new_space_is_one_file(tmp_path):
         ),
         ({"metric": "val/rsum"}, "'space' must map"),
         ([1, 2], "expected a mapping"),
-        (space({"loss.margn": {"choice": [0.1]}}), "'loss.margn' is not a config key"),
-        (space({"optim": {"lr": {"choice": [0.1]}}}), "'optim.lr' is not a config key"),
+        (
+            space({"loss.margn": {"choice": [0.1]}}),
+            "'loss.margn' is not a config key; did you mean: loss.margin",
+        ),
+        (
+            space({"optim": {"lr": {"choice": [0.1]}}}),
+            "'optim.lr' is not a config key; did you mean: train.lr",
+        ),
         (space({"loss.margin": {"normal": [0, 1]}}), "unknown distribution 'normal'"),
         (space({"loss.margin": 0.2}), "needs exactly one distribution"),
         (space({"loss.margin": {"uniform": [0.1, 0.2], "choice": [0.3]}}), "needs exactly one distribution"),
@@ -290,3 +296,9 @@ def test_a_missing_shipped_package_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr("raydist.tune.space.SHIPPED_SPACES", "raydist.no_such_spaces")
     with pytest.raises(ConfigError, match=r"shipped spaces \(raydist.no_such_spaces\) are not installed"):
         load_space("margin")
+
+
+def test_a_typo_in_a_space_gets_suggestions_not_every_key():
+    with pytest.raises(ConfigError) as info:
+        parse_space(space({"train.lrr": {"loguniform": [1e-4, 1e-2]}}), name="typo")
+    assert len(str(info.value).splitlines()) == 1 and "did you mean: train.lr" in str(info.value)

@@ -32,6 +32,7 @@ from raydist.config import (
     field_annotation,
     flatten,
     is_finite_number,
+    key_suggestion,
     load_config,
     valid_keys,
     validate,
@@ -300,7 +301,7 @@ def _param_problem(key: str, spec: Any) -> str | None:
     """Why ``key: spec`` cannot be swept: not a sweepable config key, not one distribution with a
     non-empty list, or a range the field cannot hold (see ``_range_problem``)."""
     if key not in valid_keys():
-        return f"{key!r} is not a config key; valid keys are:\n  " + "\n  ".join(valid_keys())
+        return f"{key!r} is not a config key; {key_suggestion(key)}"
     if key in RESOURCE_FIELDS.values():
         return f"{key} sets trial resources and cannot be swept; set it under 'resources:'"
     if key in SWEEP_OWNED:
