@@ -14,6 +14,7 @@ chunk 16 vs off, log the same per-step losses."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -365,3 +366,49 @@ def test_batchnorm_gc_and_forward_hooks_are_refused_with_the_reason(tmp_path):
 
     with pytest.raises(ConfigError, match="hook Wraps wraps the forward pass"):
         check_model(nn.Linear(2, 2), [Wraps(), KeepGrads()], 3)
+
+
+@pytest.fixture(scope="module")
+def shape_pairs(tmp_path_factory):
+    """An encoded pairs dataset of 16×16 PNG shapes (tests/test_tasks_images.py): 180 train images."""
+    from test_tasks_images import write_shapes
+
+    from raydist.data.convert_images import convert_karpathy
+
+    root = tmp_path_factory.mktemp("grad-cache-shapes")
+    (root / "images").mkdir()
+    src = write_shapes(root / "images", per_class={"train": 20, "val": 3, "test": 3})
+    return convert_karpathy(src, root / "images", root / "data", min_count=1, rows_per_shard=60)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_ray_workers_log_the_same_losses_with_and_without_caching(ray_cluster, shape_pairs, tmp_path):
+    """2 Ray Train workers on PNG images (small CNN, random crops and flips, MH across the workers),
+    global batch 48 (24 rows per worker: chunks of 16 and 8): the same seeded run with train.grad_cache_chunk=16
+    and off logs the same loss at every step."""
+    from raydist.runfiles import STEPS_FILE
+    from raydist.train.trainer import run_training
+
+    losses = {}
+    for chunk in (0, 16):
+        cfg = load_config(
+            "tiny",
+            overrides={
+                "data.path": str(shape_pairs),
+                "model.image_encoder": "small-cnn",
+                "model.cnn_width": 8,
+                "train.batch_size": 48,
+                "train.epochs": 1,
+                "loss.warmup_sh_epochs": 0,
+                "train.log_every": 1,
+                "train.grad_cache_chunk": chunk,
+                "train.storage_path": str(tmp_path / f"chunk{chunk}"),
+            },
+        )
+        outcome = run_training(cfg, evaluate_test=False)
+        lines = (Path(outcome.run_dir) / STEPS_FILE).read_text().splitlines()
+        losses[chunk] = [json.loads(line)["loss"] for line in lines]
+    assert len(losses[0]) == 3, losses  # 180 // 48 steps
+    print(f"per-step losses, off: {losses[0]}\nchunk 16: {losses[16]}")
+    assert losses[16] == pytest.approx(losses[0], rel=1e-5, abs=1e-6)
