@@ -74,7 +74,7 @@ def test_signals_write_the_stop_file_then_quit(tmp_path):
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.5)
     assert not stop_file.exists() and signal.getsignal(signal.SIGINT) is before
-    with pytest.raises(KeyboardInterrupt), stop_on_signals(None):  # remote storage: no stop file to write
+    with pytest.raises(KeyboardInterrupt), stop_on_signals(None):  # no stop file: the first signal quits
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.5)
 
