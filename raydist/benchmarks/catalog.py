@@ -11,6 +11,7 @@ from typing import Any, Protocol
 from raydist.benchmarks.data import data_rate
 from raydist.benchmarks.gather import gather_share
 from raydist.benchmarks.gc import gc_cost
+from raydist.benchmarks.grad_cache import grad_cache_memory
 from raydist.benchmarks.images import images_rate
 from raydist.benchmarks.loss import loss_memory, loss_time
 from raydist.benchmarks.pixels_vs_vectors import pixels_vs_vectors
@@ -60,6 +61,7 @@ BENCHMARKS: dict[str, Benchmark] = {
         Benchmark("tokenize", tokenize_rate),
         Benchmark("images", images_rate),
         Benchmark("pixels-vs-vectors", pixels_vs_vectors, options=("data", "in_process"), repeated=False),
+        Benchmark("grad-cache", grad_cache_memory),
     )
 }
 
