@@ -261,6 +261,32 @@ def cmd_search(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from raydist.serving.deployment import serve_until_stopped
+    from raydist.serving.service import ServeOptions
+
+    options = ServeOptions(
+        max_items=args.max_items,
+        max_body_bytes=round(args.max_body_mb * 2**20),
+        max_batch=args.max_batch,
+        batch_wait_s=args.batch_wait_ms / 1e3,
+        shortlist=args.shortlist,
+    )
+    return serve_until_stopped(
+        checkpoint=args.checkpoint,
+        index=args.index,
+        data_dir=args.data,
+        latest=args.latest,
+        host=args.host,
+        port=args.port,
+        replicas=args.replicas,
+        replica_cpus=args.replica_cpus,
+        options=options,
+        address=args.address,
+        log_level="INFO" if args.verbose else "WARNING",
+    )
+
+
 def cmd_retrieve(args: argparse.Namespace) -> int:
     from raydist.inference import checkpoint_retrieval_report, choose_checkpoint
 
@@ -458,6 +484,14 @@ def cmd_embed(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_presets(args: argparse.Namespace) -> int:
+    from raydist.data import ensure_default_dataset
+    from raydist.train.preset_table import preset_table
+
+    print(preset_table(Path(args.data) if args.data else ensure_default_dataset()))
+    return 0
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from raydist.data import validate_dataset
     from raydist.tasks import task_names
@@ -596,7 +630,7 @@ def build_parser() -> argparse.ArgumentParser:
         "names",
         nargs="*",
         help="benchmarks to run: loss, loss-memory, data, step, gather, gc, startup, "
-        "retrieval, real-cross-view, text-encoders, tokenize, images, pixels-vs-vectors (default: all)",
+        "retrieval, real-cross-view, text-encoders, tokenize, images, pixels-vs-vectors, serve (default: all)",
     )
     p.add_argument("--smoke", action="store_true", help="tiny sizes, one repetition (what the tests run)")
     p.add_argument("--repeats", type=int, default=5, help="repetitions per measurement (median and spread)")
@@ -661,6 +695,39 @@ def build_parser() -> argparse.ArgumentParser:
         "--checkpoint", help="embed the queries with this checkpoint (default: the one the index records)"
     )
     p.set_defaults(func=cmd_search)
+
+    p = sub.add_parser(
+        "serve",
+        help="serve a trained model and its FAISS index over HTTP with Ray Serve: /embed, /search, /health",
+    )
+    p.add_argument(
+        "checkpoint", metavar="RUN_OR_CHECKPOINT", help="run folder (its best checkpoint) or checkpoint"
+    )
+    p.add_argument(
+        "--index",
+        default="all",
+        help="what /search searches: a split of the checkpoint's dataset (train, val, test), all (default), "
+        "or a folder `raydist index` wrote",
+    )
+    p.add_argument(
+        "--data", help="dataset folder of --index SPLIT (default: the one the checkpoint was trained on)"
+    )
+    p.add_argument(
+        "--latest", action="store_true", help="a run folder means its newest checkpoint, not its best"
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--replicas", type=int, default=1, help="model replicas (scale out on a cluster)")
+    p.add_argument("--replica-cpus", type=float, default=0.5, help="logical CPUs reserved per replica")
+    p.add_argument("--max-items", type=int, default=256, help="most inputs in one request")
+    p.add_argument("--max-body-mb", type=float, default=8.0, help="largest request body, MiB")
+    p.add_argument("--max-batch", type=int, default=16, help="most requests answered in one batch")
+    p.add_argument("--batch-wait-ms", type=float, default=5.0, help="longest wait for a batch to fill")
+    p.add_argument("--shortlist", type=int, default=200, help="adaptive/funnel search: first shortlist size")
+    p.add_argument(
+        "--address", help="deploy on this Ray cluster (default: RAY_ADDRESS, else a private local Ray)"
+    )
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("retrieve", help="retrieval per dim, adaptive and funnel retrieval, cost, baselines")
     p.add_argument(
@@ -809,6 +876,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=128, help="images per forward pass")
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
     p.set_defaults(func=cmd_embed)
+
+    p = sub.add_parser("presets", help="the shipped presets: what each is for, its steps and its measured time")
+    p.add_argument("--data", help="a dataset to resolve each schedule on (default: the embedded one)")
+    p.set_defaults(func=cmd_presets)
 
     p = sub.add_parser("validate", help="run every data check without training and print a summary")
     p.add_argument("dir")

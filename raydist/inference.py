@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from PIL import Image
 from torch import nn
 
 from raydist.checkpoint import (
@@ -27,9 +28,10 @@ from raydist.checkpoint import (
     run_checkpoints,
 )
 from raydist.config import Config, ConfigError, apply_overrides, validate
+from raydist.data.image_transforms import decode_image, image_pixels
 from raydist.data.schema import SPLITS
 from raydist.data.standardize import STANDARDIZATION_NAME, standardize_features
-from raydist.eval.faiss_index import unit_rows
+from raydist.eval.faiss_index import FaissIndex, unit_rows
 from raydist.eval.retrieve import (
     INDEX_META,
     RetrievalSet,
@@ -295,7 +297,7 @@ def write_checkpoint_indexes(
 
 
 class Embedder:
-    """A trained model for new inputs: texts and feature vectors → embeddings (float32 numpy rows), computed as
+    """A trained model for new inputs: texts, feature vectors and images → embeddings (float32 numpy rows), computed as
     evaluation embeds a split (:meth:`raydist.tasks.Task.embed_texts` / ``embed_features``). With ``dim`` the
     Matryoshka prefix ``normalize(z[:, :dim])``, re-normalised as retrieval does."""
 
@@ -350,6 +352,33 @@ class Embedder:
         x = standardize_features(x, stats) if stats is not None else x.astype(np.float32)
         return self._cut(self.trained.task.embed_features(self.trained.model, x, self.trained.device))
 
+    def embed_images(self, images: Sequence[bytes | Image.Image]) -> np.ndarray:
+        """Embeddings [N, dim] of images (encoded PNG/JPEG bytes, or Pillow images) for a model trained on
+        encoded images: decoded to the dataset's channels and made into the eval view evaluation uses (resize +
+        centre crop, normalise; :func:`raydist.tasks.images.pixel_views`). Bytes that do not decode raise a
+        ValueError naming the item."""
+        if isinstance(images, (bytes, Image.Image)) or not len(images):
+            raise ValueError(
+                "embed_images: expected a non-empty list of images (wrap a single image in a list)"
+            )
+        channels = self.trained.data_info.image_channels or 3
+        pixels = []
+        for i, image in enumerate(images):
+            if isinstance(image, Image.Image):
+                pixels.append(image_pixels(image, channels))
+            elif isinstance(image, (bytes, bytearray, memoryview)):
+                try:
+                    pixels.append(decode_image(bytes(image), channels))
+                except (OSError, ValueError, Image.DecompressionBombError) as e:
+                    raise ValueError(f"images[{i}]: not a decodable PNG/JPEG image ({e})") from e
+            else:
+                raise TypeError(f"images[{i}]: expected bytes or a PIL image, got {type(image).__name__}")
+        try:
+            emb = self.trained.task.embed_images(self.trained.model, pixels, self.trained.device)
+        except NotImplementedError as e:  # a model trained on feature vectors: bad input, not a failure
+            raise ValueError(str(e)) from e
+        return self._cut(emb)
+
     def _cut(self, emb: torch.Tensor) -> np.ndarray:
         z = emb.numpy().astype(np.float32, copy=False)
         return z if self.dim is None else unit_rows(z[:, : self.dim])
@@ -385,6 +414,28 @@ def read_queries(path: str | Path) -> list[str] | np.ndarray:
     return texts
 
 
+def open_index(
+    index_dir: str | Path, checkpoint: str | Path | None = None
+) -> tuple[dict[int, FaissIndex], dict[str, Any], Embedder]:
+    """An index folder written by ``raydist index`` (:func:`write_checkpoint_indexes`): its indexes by dim, its
+    ``indexes.json`` (with ``database_ids``) and the Embedder of the checkpoint it records (or
+    ``checkpoint``), refused when that model's task is not the index's."""
+    index_dir = Path(index_dir)
+    if not (index_dir / INDEX_META).is_file():
+        raise FileNotFoundError(
+            f"{index_dir}: no {INDEX_META}; build an index with "
+            f"`raydist index --checkpoint RUN --out {index_dir}`"
+        )
+    indexes, meta = load_indexes(index_dir)
+    embedder = Embedder.from_checkpoint(checkpoint or meta["checkpoint"])
+    if embedder.trained.task.name != meta["task"]:
+        raise ValueError(
+            f"checkpoint {embedder.trained.checkpoint_path} is a {embedder.trained.task.name!r} model; "
+            f"the index at {index_dir} holds {meta['task']!r} embeddings"
+        )
+    return indexes, meta, embedder
+
+
 def search_index(
     index_dir: str | Path,
     queries: Sequence[str] | np.ndarray,
@@ -393,27 +444,15 @@ def search_index(
     dim: int | None = None,
     checkpoint: str | Path | None = None,
 ) -> SearchResult:
-    """Search an index folder written by ``raydist index`` (:func:`write_checkpoint_indexes`) with texts or
-    feature vectors, embedded by the checkpoint the index records (or ``checkpoint``): top-``k`` dataset ids
-    at ``dim`` (default: the index's largest dim), best first."""
-    index_dir = Path(index_dir)
-    if not (index_dir / INDEX_META).is_file():
-        raise FileNotFoundError(
-            f"{index_dir}: no {INDEX_META}; build an index with "
-            f"`raydist index --checkpoint RUN --out {index_dir}`"
-        )
+    """Search an index folder written by ``raydist index`` (:func:`open_index`) with texts or feature vectors,
+    embedded by the checkpoint the index records (or ``checkpoint``): top-``k`` dataset ids at ``dim``
+    (default: the index's largest dim), best first."""
     if k < 1:
         raise ValueError(f"--k {k}: expected k >= 1")
-    indexes, meta = load_indexes(index_dir)
+    indexes, meta, embedder = open_index(index_dir, checkpoint)
     dim = max(indexes) if dim is None else dim
     if dim not in indexes:
-        raise ValueError(f"--dim {dim}: {index_dir / INDEX_META} has indexes at dims {sorted(indexes)}")
-    embedder = Embedder.from_checkpoint(checkpoint or meta["checkpoint"])
-    if embedder.trained.task.name != meta["task"]:
-        raise ValueError(
-            f"checkpoint {embedder.trained.checkpoint_path} is a {embedder.trained.task.name!r} model; "
-            f"the index at {index_dir} holds {meta['task']!r} embeddings"
-        )
+        raise ValueError(f"--dim {dim}: {Path(index_dir) / INDEX_META} has indexes at dims {sorted(indexes)}")
     texts = not isinstance(queries, np.ndarray)
     vectors = embedder.embed_texts(list(queries)) if texts else embedder.embed_features(queries)
     scores, rows = indexes[dim].search(vectors[:, :dim], min(k, indexes[dim].ntotal))

@@ -28,6 +28,7 @@ NAMES = [
     "images",
     "pixels-vs-vectors",
     "grad-cache",
+    "serve",
 ]
 NEEDS_SKLEARN = {
     "real-cross-view",
@@ -37,7 +38,7 @@ NEEDS_SKLEARN = {
 
 # the benchmarks that run on Ray (data, step, …, pixels-vs-vectors without --in-process) or spawn two gloo processes
 # (gather, gc), even in smoke mode; grad-cache measures each cell in a fresh process (4 in smoke mode)
-SLOW = {"data", "step", "gather", "gc", "tokenize", "images", "pixels-vs-vectors", "grad-cache"}
+SLOW = {"data", "step", "gather", "gc", "tokenize", "images", "pixels-vs-vectors", "serve", "grad-cache"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in NAMES])

@@ -44,6 +44,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("metrics and statistics", ("raydist.eval", "raydist.gradclust", "raydist.plots")),
     ("tasks", ("raydist.tasks", "raydist.recipe")),
     ("trained models", ("raydist.inference", "raydist.extract", ROOT)),
+    ("serving", ("raydist.serving",)),
     ("loop and hooks", ("raydist.train", "raydist.train.hooks", "raydist.gradclust.hook")),
     (
         "wiring and Ray Train",

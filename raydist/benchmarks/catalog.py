@@ -17,6 +17,7 @@ from raydist.benchmarks.loss import loss_memory, loss_time
 from raydist.benchmarks.pixels_vs_vectors import pixels_vs_vectors
 from raydist.benchmarks.real_cross_view import real_cross_view
 from raydist.benchmarks.retrieval import retrieval
+from raydist.benchmarks.serve import serve_rate
 from raydist.benchmarks.startup import startup
 from raydist.benchmarks.step import step_rate
 from raydist.benchmarks.text import text_encoders, tokenize_rate
@@ -62,6 +63,7 @@ BENCHMARKS: dict[str, Benchmark] = {
         Benchmark("images", images_rate),
         Benchmark("pixels-vs-vectors", pixels_vs_vectors, options=("data", "in_process"), repeated=False),
         Benchmark("grad-cache", grad_cache_memory),
+        Benchmark("serve", serve_rate),
     )
 }
 

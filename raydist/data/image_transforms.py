@@ -28,12 +28,17 @@ def _mode(channels: int) -> str:
     return _MODES[channels]
 
 
-def decode_image(data: bytes, channels: int) -> np.ndarray:
-    """The H×W×C uint8 pixels of an encoded image, converted to RGB (``channels=3``) or L (``channels=1``)."""
-    mode = _mode(channels)
-    with Image.open(io.BytesIO(data)) as img:
-        pixels = np.asarray(img.convert(mode))
+def image_pixels(img: Image.Image, channels: int) -> np.ndarray:
+    """The H×W×C uint8 pixels of a Pillow image, converted to RGB (``channels=3``) or L (``channels=1``)."""
+    pixels = np.asarray(img.convert(_mode(channels)))
     return pixels.reshape(pixels.shape[0], pixels.shape[1], channels)
+
+
+def decode_image(data: bytes, channels: int) -> np.ndarray:
+    """The :func:`image_pixels` of an encoded image (PNG/JPEG bytes)."""
+    _mode(channels)
+    with Image.open(io.BytesIO(data)) as img:
+        return image_pixels(img, channels)
 
 
 def decode_images(column: Sequence[bytes], channels: int) -> np.ndarray:

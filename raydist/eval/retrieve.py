@@ -255,12 +255,29 @@ def cascade_ids(
             f"shortlists={cascade.shortlists}, k={k}: every shortlist and N={n} must hold "
             f"{keep} rows (k, plus the query itself when it is in the database)"
         )
-    sizes = [min(s, n) for s in cascade.shortlists]
     index = build_index(rset.database[:, : cascade.dims[0]], kind) if index is None else index
-    _, candidates = index.search(rset.queries[:, : cascade.dims[0]], sizes[0])
-    for dim, size in zip(cascade.dims[1:], [*sizes[1:], keep]):
-        _, candidates = rerank(rset.database, rset.queries, candidates, dim, size)
+    _, candidates = cascade_search(rset.database, rset.queries, cascade, keep, index)
     return drop_self(candidates, k) if rset.exclude_self else candidates
+
+
+def cascade_search(
+    database: np.ndarray,
+    queries: np.ndarray,
+    cascade: Cascade,
+    keep: int,
+    index: FaissIndex | PrefixIVFIndex,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The funnel ``cascade`` over ``database`` [N, ≥ dims[-1]] (raw or unit rows; every prefix is
+    re-normalised): the first shortlist from ``index`` (over ``dims[0]``), then each re-rank
+    (:func:`raydist.eval.adaptive.rerank`), the last keeping ``keep``: (scores, rows) [Q, keep], best first.
+    Shortlists larger than N are cut to N."""
+    n = len(database)
+    sizes = [min(s, n) for s in cascade.shortlists]
+    _, candidates = index.search(queries[:, : cascade.dims[0]], sizes[0])
+    scores = np.empty((len(queries), 0), dtype=np.float32)
+    for dim, size in zip(cascade.dims[1:], [*sizes[1:], keep]):
+        scores, candidates = rerank(database, queries, candidates, dim, size)
+    return scores, candidates
 
 
 def cascade_mflops(num_database: int, cascade: Cascade) -> float:

@@ -272,6 +272,13 @@ class Task(ABC):
         """Embeddings [N, embed_dim] (on the CPU) of raw texts, tokenised as the task's data path does."""
         raise NotImplementedError(f"task {self.name!r} has no text side: embed feature vectors instead")
 
+    def embed_images(
+        self, model: nn.Module, pixels: Sequence[np.ndarray], device: torch.device | str = "cpu"
+    ) -> Tensor:
+        """Embeddings [N, embed_dim] (on the CPU) of decoded images (uint8 H×W×C, the dataset's channels), each
+        made into its eval view (resize + centre crop, normalise) as :meth:`embed` makes a split's images."""
+        raise NotImplementedError(f"task {self.name!r} does not embed images")
+
     def local_loss(
         self, model: nn.Module, batch: dict[str, Tensor], ctx: StepContext, row_weights: Tensor | None = None
     ) -> Tensor:

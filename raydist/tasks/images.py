@@ -3,6 +3,7 @@ asks for, the refusal of an image encoder that does not fit the data, and a spli
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -220,3 +221,18 @@ def eval_images(cfg: Config, info: DataInfo, split: str, images: np.ndarray) -> 
     if info.data_dir is not None and fits_in_memory(info.data_dir, split, cfg.data.in_memory_max_mb):
         return decode_images(images, info.image_channels or 3)
     return images
+
+
+def pixel_views(cfg: Config, info: DataInfo, pixels: Sequence[np.ndarray]) -> ImageViews:
+    """The eval views (:func:`image_transform`, ``train=False``) of decoded images, made a batch at a time: what
+    a model trained on encoded images embeds new images with. A model trained on feature vectors has no image
+    encoder to take them (NotImplementedError)."""
+    if not info.encoded:
+        raise NotImplementedError(
+            f"this {info.task!r} model was trained on feature vectors, not encoded images: embed feature "
+            "vectors instead"
+        )
+    column = np.empty(len(pixels), dtype=object)
+    for i, p in enumerate(pixels):
+        column[i] = p
+    return ImageViews(column, image_transform(cfg, info, train=False))

@@ -6,6 +6,7 @@ of the head, and Recall@K, P@k, mAP@k, NMI and 1-NN of the embeddings."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
 from typing import Any, ClassVar
 
@@ -39,7 +40,7 @@ from raydist.models.matryoshka import nested_cross_entropy
 from raydist.models.mlp import LabelsModel
 from raydist.models.wrapped import unwrap_model
 from raydist.tasks.base import PROBE_LOSS, Encoded, StepContext, Task, nested_sum, smallest_prefix
-from raydist.tasks.images import crop_size, eval_images, image_transform
+from raydist.tasks.images import crop_size, eval_images, image_transform, pixel_views
 
 
 def mining_stats(
@@ -262,6 +263,12 @@ class LabelsTask(Task):
     ) -> Tensor:
         """Feature vectors [N, feature_dim] → the encoder's unit embeddings (the head is not used)."""
         return self._forward(model, features, device)[0]
+
+    def embed_images(
+        self, model: nn.Module, pixels: Sequence[np.ndarray], device: torch.device | str = "cpu"
+    ) -> Tensor:
+        """Decoded images of a model trained on encoded images → their eval views' unit embeddings."""
+        return self._forward(model, pixel_views(self.cfg, self.info, pixels), device)[0]
 
     def evaluate(self, model: nn.Module, split: str, device: torch.device | str = "cpu") -> dict[str, float]:
         """``top1`` (% of the head's argmax equal to the clean label) and the embedding metrics."""

@@ -37,7 +37,7 @@ from raydist.eval.retrieve import RetrievalSet
 from raydist.losses import l2_normalize, mh_collapse_value
 from raydist.models import build_model
 from raydist.tasks.base import DataInfo, Encoded, StepContext, Task, nested_sum, smallest_prefix
-from raydist.tasks.images import crop_size, embed_views, eval_images, image_transform
+from raydist.tasks.images import crop_size, embed_views, eval_images, image_transform, pixel_views
 
 
 class PairsTask(Task):
@@ -272,6 +272,13 @@ class PairsTask(Task):
             batch_size=self.cfg.eval.batch_size,
             device=device,
         )
+
+    def embed_images(
+        self, model: nn.Module, pixels: Sequence[np.ndarray], device: torch.device | str = "cpu"
+    ) -> Tensor:
+        """The image side of a model trained on encoded images: eval views → image embeddings."""
+        views = pixel_views(self.cfg, self.info, pixels)
+        return embed_views(model.image, views, batch_size=self.cfg.eval.batch_size, device=device)
 
     def encoded_embeddings(
         self, model: nn.Module, split: str, device: torch.device | str = "cpu"

@@ -1,0 +1,207 @@
+"""``raydist serve``: a :class:`raydist.serving.service.Retriever` behind HTTP with Ray Serve -- FastAPI routes
+(``/health``, ``/embed``, ``/search``, OpenAPI docs at ``/docs``) through Serve's ingress, requests batched with
+``@serve.batch``, on a private local Ray or a cluster, stopped cleanly by SIGINT/SIGTERM."""
+
+# No `from __future__ import annotations`: FastAPI reads the routes' annotations (``Request``) as objects.
+import asyncio
+import logging
+import os
+import signal
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from ray import serve
+
+from raydist.checkpoint import read_config
+from raydist.data.schema import SPLITS
+from raydist.inference import ALL_SPLITS, choose_checkpoint
+from raydist.runtime import init_ray
+from raydist.serving.service import (
+    EmbedRequest,
+    Job,
+    RequestError,
+    SearchRequest,
+    ServeOptions,
+    load_retriever,
+)
+from raydist.uris import is_uri
+
+APP_NAME = "raydist"
+
+api = FastAPI(
+    title="raydist serve",
+    description="Embeddings and nearest-neighbour search of a trained raydist model (Matryoshka dims: flat, "
+    "adaptive and funnel search).",
+)
+
+
+def _body(model: type) -> dict[str, Any]:
+    """The OpenAPI request body of a route that reads its JSON itself (to name the field of every error)."""
+    schema = model.model_json_schema()
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+@serve.deployment(name="Retriever", max_constructor_retry_count=1)
+@serve.ingress(api)
+class RetrieverDeployment:
+    """One replica: the model and its index (:func:`raydist.serving.service.load_retriever`) and the routes."""
+
+    def __init__(
+        self, checkpoint: str, index: str, data_dir: str | None, latest: bool, options: ServeOptions
+    ) -> None:
+        self.retriever = load_retriever(checkpoint, index, data_dir=data_dir, latest=latest, options=options)
+        self.answer.set_max_batch_size(options.max_batch)
+        self.answer.set_batch_wait_timeout_s(options.batch_wait_s)
+
+    @api.get("/health")
+    def health(self) -> dict[str, Any]:
+        """200 once the model and its index are loaded: the checkpoint, task, dims and index size."""
+        return self.retriever.health()
+
+    @api.post("/embed", openapi_extra=_body(EmbedRequest))
+    async def embed(self, request: Request) -> Any:
+        """``{"texts"|"images"|"features": [...], "dim"?: D}`` → ``{"embeddings": [[...], ...], "dim": D}``."""
+        return await self._respond(request, search=False)
+
+    @api.post("/search", openapi_extra=_body(SearchRequest))
+    async def search(self, request: Request) -> Any:
+        """``{"texts"|"images"|"features": [...], "k": K, "dim"?: D, "mode"?: "flat"|"adaptive"|"funnel"}``
+        → ``{"results": [[{"id": ..., "score": ...}, ...], ...]}``, best first, ids as the dataset's."""
+        return await self._respond(request, search=True)
+
+    async def _respond(self, request: Request, *, search: bool) -> Any:
+        limit = self.retriever.options.max_body_bytes
+        length = request.headers.get("content-length", "")
+        try:
+            if length.isdigit() and int(length) > limit:  # refused before the body is read
+                raise RequestError(413, "body", f"{length} bytes; at most {limit}")
+            job = self.retriever.parse(await request.body(), search=search)
+        except RequestError as e:
+            return JSONResponse(e.payload(), status_code=e.status)
+        return await self.answer(job)
+
+    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
+    async def answer(self, jobs: list[Job]) -> list[dict[str, Any]]:
+        """A batch of checked requests answered in one pass (off the event loop, so /health stays live)."""
+        return await asyncio.to_thread(self.retriever.run, jobs)
+
+
+@dataclass(frozen=True)
+class Served:
+    """A running deployment: its URL, whether this process started the Ray instance it runs on, and whether
+    that instance is a cluster joined by address (whose Serve may hold other applications)."""
+
+    url: str
+    private_ray: bool
+    cluster: bool
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on now (the OS's pick), for a server started next."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def check_index_arg(index: str) -> None:
+    """``--index``: a split, ``all``, or an existing folder (checked before Ray starts)."""
+    if index not in (*SPLITS, ALL_SPLITS) and not Path(index).is_dir():
+        raise FileNotFoundError(
+            f"--index {index}: expected a split ({', '.join(SPLITS)}), {ALL_SPLITS!r} or an index folder "
+            "written by `raydist index`"
+        )
+
+
+def deploy(
+    checkpoint: str | Path,
+    *,
+    index: str = ALL_SPLITS,
+    data_dir: str | Path | None = None,
+    latest: bool = False,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    replicas: int = 1,
+    replica_cpus: float = 0.5,
+    options: ServeOptions | None = None,
+    address: str | None = None,
+    log_level: str = "WARNING",
+) -> Served:
+    """Deploy the model and its index with Ray Serve on ``host:port`` (``replicas`` replicas of
+    ``replica_cpus`` logical CPUs each) and return once every replica has loaded them. Joins the cluster at
+    ``address`` (or ``RAY_ADDRESS``), or the Ray this process already runs; else starts a private local one.
+    Serve's own logs (and each request's access line, at INFO) show from ``log_level`` up."""
+    import ray
+
+    if replicas < 1 or replica_cpus < 0:
+        raise ValueError(f"--replicas {replicas}, --replica-cpus {replica_cpus}: expected >= 1 and >= 0")
+    check_index_arg(index)
+    read_config(
+        choose_checkpoint(checkpoint, latest=latest).path
+    )  # a clear error now, not in a replica's log
+    cluster = bool(address or os.environ.get("RAY_ADDRESS"))
+    private = not ray.is_initialized() and not cluster
+    init_ray(replicas * replica_cpus, address, dashboard=False)
+
+    def absolute(path: str | Path | None) -> str | None:  # replicas run in Ray's session folder
+        if path is None or is_uri(str(path)):
+            return None if path is None else str(path)
+        return str(Path(path).expanduser().resolve())
+
+    index_arg = index if index in (*SPLITS, ALL_SPLITS) else absolute(index)
+    logging.getLogger("ray.serve").setLevel(log_level)  # this process's Serve lines ("Started Serve", ...)
+    serve_logs = {"log_level": log_level, "enable_access_log": log_level in ("DEBUG", "INFO")}
+    serve.start(http_options={"host": host, "port": port}, logging_config=serve_logs)
+    options = options or ServeOptions()
+    app = RetrieverDeployment.options(
+        num_replicas=replicas,
+        ray_actor_options={"num_cpus": replica_cpus},
+        max_ongoing_requests=2 * options.max_batch,  # room for a full batch while the last one runs
+    ).bind(absolute(checkpoint), index_arg, absolute(data_dir), latest, options)
+    serve.run(app, name=APP_NAME, route_prefix="/", blocking=False, logging_config=serve_logs)
+    return Served(f"http://{host}:{port}", private, cluster)
+
+
+def stop(served: Served) -> None:
+    """Take the application down: on a cluster only this application; on this machine's Ray, Serve itself
+    (its proxy lets go of the port), and the Ray instance too when :func:`deploy` started it."""
+    import ray
+
+    if served.cluster:
+        serve.delete(APP_NAME)
+        return
+    serve.shutdown()
+    if served.private_ray:
+        ray.shutdown()
+
+
+def serve_until_stopped(say: Callable[[str], None] = print, **deploy_args: Any) -> int:
+    """:func:`deploy`, say where it listens, then wait for SIGINT or SIGTERM and :func:`stop`."""
+    stopping = threading.Event()
+    received: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        received.append(signum)
+        stopping.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        served = deploy(**deploy_args)
+        if not stopping.is_set():
+            say(
+                f"serving on {served.url} (docs {served.url}/docs): GET /health, POST /embed, POST /search; "
+                "Ctrl-C stops"
+            )
+        stopping.wait()
+        say(f"stopping on {signal.Signals(received[0]).name}")
+        stop(served)
+        say("stopped")
+        return 0
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)

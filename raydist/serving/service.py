@@ -1,0 +1,325 @@
+"""What a served model does, without HTTP or Ray: load a checkpoint and its index, check a request body field by
+field (a :class:`RequestError` names the field), and answer a batch of embed and search requests at once.
+
+The HTTP routes and the Ray Serve deployment around it live in :mod:`raydist.serving.deployment`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from PIL import Image
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from raydist.data.schema import SPLITS
+from raydist.eval.faiss_index import FaissIndex, unit_rows
+from raydist.eval.retrieve import Cascade, build_indexes, cascade_search, default_funnel
+from raydist.inference import ALL_SPLITS, Embedder, load_trained, open_index
+
+MODES = ("flat", "adaptive", "funnel")
+INPUT_FIELDS = ("texts", "images", "features")
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """The server's limits and batching: at most ``max_items`` inputs per request and ``max_body_bytes`` per
+    body; Ray Serve's ``@serve.batch`` groups up to ``max_batch`` requests, waiting at most ``batch_wait_s``
+    for more; adaptive and funnel search shortlist ``shortlist`` rows (at least k) at their first dim."""
+
+    max_items: int = 256
+    max_body_bytes: int = 8 << 20
+    max_batch: int = 16
+    batch_wait_s: float = 0.005
+    shortlist: int = 200
+
+    def __post_init__(self) -> None:
+        for name in ("max_items", "max_body_bytes", "max_batch", "shortlist"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"serving option {name}={getattr(self, name)}: expected >= 1")
+        if self.batch_wait_s < 0:
+            raise ValueError(f"serving option batch_wait_s={self.batch_wait_s}: expected >= 0 seconds")
+
+
+class RequestError(Exception):
+    """A request the server refuses: the HTTP ``status`` (4xx), the ``field`` to blame and what was expected."""
+
+    def __init__(self, status: int, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.status, self.field, self.message = status, field, message
+
+    def payload(self) -> dict[str, str]:
+        """The JSON body of the error response."""
+        return {"error": f"{self.field}: {self.message}", "field": self.field}
+
+
+class _Inputs(BaseModel):
+    """One of ``texts`` (strings), ``images`` (base64 PNG/JPEG) or ``features`` (vectors)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    texts: list[str] | None = None
+    images: list[str] | None = None
+    features: list[list[float]] | None = None
+    dim: int | None = None
+
+
+class EmbedRequest(_Inputs):
+    """``POST /embed``: one input list; ``dim`` cuts a Matryoshka prefix (re-normalised)."""
+
+
+class SearchRequest(_Inputs):
+    """``POST /search``: one input list, ``k`` results per query at ``dim`` (default: the index's largest) by
+    ``mode``: flat (the index at dim), adaptive (shortlist at the smallest dim, re-rank at dim) or funnel."""
+
+    k: int = 10
+    mode: Literal["flat", "adaptive", "funnel"] = "flat"
+
+
+@dataclass(frozen=True)
+class Job:
+    """A checked request: its input kind and inputs, the dim, and for a search ``k`` and ``mode``."""
+
+    kind: str  # texts | images | features
+    inputs: list[Any] | np.ndarray
+    dim: int
+    search: bool = False
+    k: int = 0
+    mode: str = "flat"
+
+
+class Retriever:
+    """A trained model (:class:`raydist.inference.Embedder`, full-dim outputs) and a FAISS index per dim over a
+    database whose rows carry dataset ids; ``database`` holds the unit rows at the largest indexed dim, which
+    the adaptive and funnel re-ranks re-normalise prefix by prefix."""
+
+    def __init__(
+        self,
+        embedder: Embedder,
+        indexes: dict[int, FaissIndex],
+        database: np.ndarray,
+        ids: np.ndarray,
+        source: str,
+        options: ServeOptions,
+    ) -> None:
+        self.embedder, self.indexes, self.ids, self.source, self.options = (
+            embedder,
+            indexes,
+            ids,
+            source,
+            options,
+        )
+        self.database = unit_rows(database)
+        self.full_dim = embedder.trained.config.model.embed_dim
+        self.dims = embedder.trained.trained_dims() or [self.full_dim]
+
+    def health(self) -> dict[str, Any]:
+        """What ``GET /health`` reports: the checkpoint, the task, the dims and the index."""
+        return {
+            "status": "ok",
+            "checkpoint": str(self.embedder.trained.checkpoint_path),
+            "task": self.embedder.trained.task.name,
+            "embed_dims": self.dims,
+            "index": self.source,
+            "index_dims": sorted(self.indexes),
+            "num_database": len(self.ids),
+        }
+
+    # ---- requests -------------------------------------------------------------------------------------------
+
+    def parse(self, body: bytes, *, search: bool) -> Job:
+        """A request body checked against the limits, the model and the index: a :class:`Job`, or a
+        :class:`RequestError` naming the field (400 invalid JSON, 413 too large, 422 a bad field)."""
+        if len(body) > self.options.max_body_bytes:
+            raise RequestError(413, "body", f"{len(body)} bytes; at most {self.options.max_body_bytes}")
+        try:
+            raw = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise RequestError(400, "body", f"invalid JSON ({e})") from e
+        model = SearchRequest if search else EmbedRequest
+        try:
+            request = model.model_validate(raw)
+        except ValidationError as e:
+            error = e.errors()[0]
+            field = ".".join(str(part) for part in error["loc"]) or "body"
+            raise RequestError(422, field, error["msg"]) from e
+        given = [name for name in INPUT_FIELDS if getattr(request, name) is not None]
+        if len(given) != 1:
+            raise RequestError(
+                422, "/".join(given) or "texts", f"give exactly one of {', '.join(INPUT_FIELDS)}"
+            )
+        kind = given[0]
+        items = getattr(request, kind)
+        if not 1 <= len(items) <= self.options.max_items:
+            raise RequestError(
+                422,
+                kind,
+                f"{len(items)} items; expected 1 to {self.options.max_items} (the server's max items)",
+            )
+        inputs = self._inputs(kind, items)
+        if not search:
+            return Job(kind, inputs, self._embed_dim(request.dim))
+        dim = self._search_dim(request.dim)
+        if not 1 <= request.k <= len(self.ids):
+            raise RequestError(422, "k", f"{request.k}; expected 1 <= k <= {len(self.ids)} (the index size)")
+        if request.mode != "flat" and not [d for d in self.indexes if d < dim]:
+            raise RequestError(
+                422,
+                "mode",
+                f"{request.mode} search needs an index dim below dim={dim}; the index has "
+                f"{sorted(self.indexes)}",
+            )
+        return Job(kind, inputs, dim, True, request.k, request.mode)
+
+    def _inputs(self, kind: str, items: list[Any]) -> list[Any] | np.ndarray:
+        task = self.embedder.trained.task.name
+        info = self.embedder.trained.data_info
+        if kind == "texts" and task != "pairs":
+            raise RequestError(422, kind, f"a {task!r} model has no text side; send features or images")
+        if kind == "features":
+            x = np.asarray(items, dtype=np.float64)
+            if x.ndim != 2 or x.shape[1] != info.feature_dim:
+                raise RequestError(
+                    422, kind, f"expected vectors of {info.feature_dim} numbers (the model's feature_dim)"
+                )
+            return x
+        if kind == "images":
+            if not info.encoded:
+                raise RequestError(422, kind, "this model was trained on feature vectors; send features")
+            return [_decode_image(i, item) for i, item in enumerate(items)]
+        return items
+
+    def _embed_dim(self, dim: int | None) -> int:
+        if dim is None:
+            return self.full_dim
+        if dim not in self.dims:
+            raise RequestError(422, "dim", f"{dim}; the model nests dims {self.dims}")
+        return dim
+
+    def _search_dim(self, dim: int | None) -> int:
+        if dim is None:
+            return max(self.indexes)
+        if dim not in self.indexes:
+            raise RequestError(422, "dim", f"{dim}; the index has dims {sorted(self.indexes)}")
+        return dim
+
+    # ---- answers --------------------------------------------------------------------------------------------
+
+    def run(self, jobs: Sequence[Job]) -> list[dict[str, Any]]:
+        """The answers of a batch of checked requests, in order: each input kind embedded in one call, each
+        (mode, dim, k) searched in one call."""
+        vectors = self._embed_all(jobs)
+        answers: list[dict[str, Any]] = [{} for _ in jobs]
+        searches: dict[tuple[str, int, int], list[int]] = defaultdict(list)
+        for j, job in enumerate(jobs):
+            if job.search:
+                searches[(job.mode, job.dim, job.k)].append(j)
+            else:
+                z = vectors[j] if job.dim == self.full_dim else unit_rows(vectors[j][:, : job.dim])
+                answers[j] = {"embeddings": z.tolist(), "dim": job.dim}
+        for (mode, dim, k), members in searches.items():
+            queries = np.concatenate([vectors[j] for j in members])
+            scores, rows = self.search(queries, k=k, dim=dim, mode=mode)
+            start = 0
+            for j in members:
+                n = len(vectors[j])
+                answers[j] = {"results": self._results(scores[start : start + n], rows[start : start + n])}
+                start += n
+        return answers
+
+    def search(self, queries: np.ndarray, *, k: int, dim: int, mode: str) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k database rows [Q, k] and their cosines at ``dim``: ``flat`` searches the index at dim (what
+        ``raydist search`` does); ``adaptive`` shortlists at the smallest indexed dim and re-ranks at dim;
+        ``funnel`` re-ranks through up to four indexed dims below dim
+        (:func:`raydist.eval.retrieve.default_funnel`)."""
+        if mode == "flat":
+            return self.indexes[dim].search(queries[:, :dim], k)
+        below = sorted(d for d in self.indexes if d < dim)
+        shortlist = max(self.options.shortlist, k)
+        if mode == "adaptive":
+            cascade = Cascade((below[0], dim), (shortlist,))
+        else:
+            cascade = default_funnel(below, dim, shortlist, k)
+        return cascade_search(self.database, queries, cascade, k, self.indexes[cascade.dims[0]])
+
+    def _embed_all(self, jobs: Sequence[Job]) -> list[np.ndarray]:
+        """Every job's full-dim embeddings, one model call per input kind."""
+        out: list[np.ndarray] = [np.empty(0)] * len(jobs)
+        for kind in INPUT_FIELDS:
+            members = [j for j, job in enumerate(jobs) if job.kind == kind]
+            if not members:
+                continue
+            if kind == "features":
+                z = self.embedder.embed_features(np.concatenate([jobs[j].inputs for j in members]))
+            else:
+                joined = [x for j in members for x in jobs[j].inputs]
+                z = (
+                    self.embedder.embed_texts(joined)
+                    if kind == "texts"
+                    else self.embedder.embed_images(joined)
+                )
+            start = 0
+            for j in members:
+                out[j] = z[start : start + len(jobs[j].inputs)]
+                start += len(jobs[j].inputs)
+        return out
+
+    def _results(self, scores: np.ndarray, rows: np.ndarray) -> list[list[dict[str, Any]]]:
+        return [
+            [{"id": int(self.ids[r]), "score": float(s)} for s, r in zip(qs, qr) if r >= 0]
+            for qs, qr in zip(scores, rows)
+        ]
+
+
+def _decode_image(i: int, item: str) -> Image.Image:
+    """``images[i]``: base64 of PNG/JPEG bytes → a loaded Pillow image (RequestError otherwise)."""
+    try:
+        data = base64.b64decode(item, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise RequestError(422, f"images.{i}", f"not base64 ({e})") from e
+    try:
+        image = Image.open(io.BytesIO(data))
+        image.load()
+    except (OSError, ValueError, Image.DecompressionBombError) as e:
+        raise RequestError(422, f"images.{i}", f"not a decodable PNG/JPEG image ({e})") from e
+    return image
+
+
+def load_retriever(
+    checkpoint: str | Path,
+    index: str = ALL_SPLITS,
+    *,
+    data_dir: str | Path | None = None,
+    latest: bool = False,
+    options: ServeOptions | None = None,
+) -> Retriever:
+    """A checkpoint (or run folder: its best checkpoint) and what it searches: ``index`` a split name or
+    ``all`` (that split of the dataset embedded now, a flat index at each dim the model nests, or at its full
+    dim), or an index folder written by ``raydist index`` (its vectors, dims and ids; the checkpoint given
+    embeds the queries)."""
+    options = options or ServeOptions()
+    if index in (*SPLITS, ALL_SPLITS):
+        trained = load_trained(checkpoint, data_dir, latest=latest)
+        rset = trained.embed(index)
+        dims = trained.trained_dims() or [trained.config.model.embed_dim]  # a plain model: its full dim
+        indexes = build_indexes(rset, dims, "flat")
+        database = rset.database[:, : max(indexes)]
+        return Retriever(Embedder(trained), indexes, database, rset.database_ids, index, options)
+    folder = Path(index)
+    if not folder.is_dir():
+        raise FileNotFoundError(
+            f"--index {index}: expected a split ({', '.join(SPLITS)}), {ALL_SPLITS!r} or an index folder "
+            "written by `raydist index`"
+        )
+    indexes, meta, embedder = open_index(folder, checkpoint)
+    top = indexes[max(indexes)].index
+    database = top.reconstruct_n(0, top.ntotal)
+    return Retriever(embedder, indexes, database, meta["database_ids"], str(folder), options)
