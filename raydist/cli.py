@@ -484,6 +484,14 @@ def cmd_embed(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_presets(args: argparse.Namespace) -> int:
+    from raydist.data import ensure_default_dataset
+    from raydist.train.preset_table import preset_table
+
+    print(preset_table(Path(args.data) if args.data else ensure_default_dataset()))
+    return 0
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from raydist.data import validate_dataset
     from raydist.tasks import task_names
@@ -868,6 +876,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=128, help="images per forward pass")
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
     p.set_defaults(func=cmd_embed)
+
+    p = sub.add_parser("presets", help="the shipped presets: what each is for, its steps and its measured time")
+    p.add_argument("--data", help="a dataset to resolve each schedule on (default: the embedded one)")
+    p.set_defaults(func=cmd_presets)
 
     p = sub.add_parser("validate", help="run every data check without training and print a summary")
     p.add_argument("dir")

@@ -141,6 +141,9 @@ class TrainSection(_Section):
 
     epochs: int = Field(30, ge=1)
     min_steps: int = Field(0, ge=0)  # raise train.epochs until the run has at least this many optimizer steps
+    # cut every epoch to at most this many optimizer steps (0 = whole epochs): a run whose length does not grow
+    # with the dataset (the tiny preset); each epoch still draws its batches from a fresh shuffle of the split
+    epoch_steps: int = Field(0, ge=0)
     # stop after N epochs without a better val metric (0 = off); null = the task's default (labels trained on
     # injected data.label_noise: 3; otherwise off)
     early_stop_patience: int | None = Field(None, ge=0)
@@ -582,6 +585,11 @@ def validate(cfg: Config) -> None:
         problems.append(f"eval.recall_at={cfg.eval.recall_at}: need one or more K >= 1")
     if problems:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems))
+
+
+def epoch_steps(train: TrainSection, full: int) -> int:
+    """The steps an epoch trains: its ``full`` steps, or ``train.epoch_steps`` when that is fewer."""
+    return min(full, train.epoch_steps) if train.epoch_steps else full
 
 
 ELASTIC_RETRIES = 3  # an elastic run's restarts after a lost node when train.max_failures is null

@@ -70,6 +70,29 @@ def emit(lines: list[str]) -> None:
         out.flush()
 
 
+def status(line: str) -> None:
+    """A live status line: on a terminal redrawn in place (the next other line starts below it), elsewhere
+    printed as a line."""
+    out = sys.stdout
+    with _lock:
+        if out.isatty():
+            out.write("\r\033[K" + line)
+            _bar_open["value"] = True
+        else:
+            out.write(line + "\n")
+        out.flush()
+
+
+def quiet_ray_logger_console(level: int = logging.ERROR) -> None:
+    """Without ``-v``: Ray's own console handler (on the ``ray`` logger) shows only records of ``level`` and
+    above; the run's log file (:func:`route_ray_output`) still gets every record."""
+    if is_verbose():
+        return
+    for handler in logging.getLogger("ray").handlers:
+        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+            handler.setLevel(level)
+
+
 def say(*parts: Any) -> None:
     """Print a progress line once. (Train V2 patches ``print`` in workers to also copy each line to its
     logger, which prints every line twice on the driver; writing to the stream does not.) In-process, a
@@ -107,11 +130,11 @@ def quiet_ray_data_console() -> None:
             handler.setLevel(logging.WARNING)
 
 
-def route_ray_output(log_file: str | Path) -> None:
+def route_ray_output(log_file: str | Path, *, show_ours: bool = True) -> None:
     """Send every line that Ray forwards from workers and actors, and the raylet's warnings, to ``log_file``; on
-    the console keep only lines starting with ``[raydist]`` (everything with ``-v``). Call after Ray is
-    initialised; a later call moves the output to its own file. Lines of :data:`STATE_API_UNREACHABLE` are
-    dropped."""
+    the console keep only lines starting with ``[raydist]`` (none with ``show_ours=False``: a sweep, whose
+    driver prints one line per trial event; everything with ``-v``). Call after Ray is initialised; a later
+    call moves the output to its own file. Lines of :data:`STATE_API_UNREACHABLE` are dropped."""
     from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
     from ray._private.worker import print_to_stdstream
 
@@ -131,7 +154,7 @@ def route_ray_output(log_file: str | Path) -> None:
         if verbose:
             ray_print(data, ignore_prefix=False)
             return
-        ours = [line for line in data.get("lines", []) if line.startswith(PREFIX)]
+        ours = [line for line in data.get("lines", []) if show_ours and line.startswith(PREFIX)]
         if ours:
             emit(ours)
 

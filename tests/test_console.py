@@ -135,6 +135,46 @@ def test_the_cleaners_state_api_warning_is_left_out_of_the_log(monkeypatch, tmp_
     assert capsys.readouterr().out == "[raydist] epoch 1/1 done\n"
 
 
+def test_a_sweeps_console_gets_no_trial_progress_only_its_log_does(monkeypatch, tmp_path, capsys):
+    """A sweep routes with show_ours=False: the trials' own [raydist] lines (per-step progress of every trial)
+    go to the sweep's raydist.log only; the driver prints one line per trial event itself."""
+    import ray._private.worker as ray_worker
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+    monkeypatch.setattr(
+        ray_worker, "print_to_stdstream", console._ray_print.get("original", ray_worker.print_to_stdstream)
+    )
+    monkeypatch.setattr(console, "_ray_print", {})
+    monkeypatch.setattr(dispatcher, "handlers", list(dispatcher.handlers))
+    monkeypatch.setitem(console._state, "verbose", False)
+    console.route_ray_output(tmp_path / "raydist.log", show_ours=False)
+    progress = [
+        "[raydist] epoch 1/3 step 5/64 (8%) samples/s 900 ETA 10s loss 0.4",
+        "[raydist] epoch 1/3 done",
+    ]
+    dispatcher.emit({"actor_name": "ImplicitFunc", "pid": 3, "lines": progress})
+    assert (tmp_path / "raydist.log").read_text() == "".join(f"(ImplicitFunc) {line}\n" for line in progress)
+    assert capsys.readouterr().out == ""
+
+
+def test_the_sweep_status_line_counts_trials_and_names_the_best():
+    from types import SimpleNamespace
+
+    from raydist.tune.space import parse_space
+    from raydist.tune.sweep import TrialLines
+
+    space = parse_space({"metric": "val/rsum", "space": {"loss.margin": {"choice": [0.1, 0.2]}}}, name="m")
+    lines = TrialLines(space)
+    trials = [
+        SimpleNamespace(trial_id=str(k), status=s) for k, s in enumerate(["RUNNING", "TERMINATED", "PENDING"])
+    ]
+    lines.result(trials[0], {"val/rsum": 120.5})
+    lines.result(trials[1], {"val/rsum": 130.25})
+    lines.result(trials[1], {"val/rsum": 99.0})  # a later, worse epoch: the trial's best stays
+    line = lines.summary(trials)
+    assert "1 running, 1 done, 0 failed, 1 pending; best val/rsum 130.2 (trial_1)" in line
+
+
 @pytest.mark.parametrize("verbose", [False, True])
 def test_ray_datas_planning_lines_stay_off_the_console_without_v(verbose, monkeypatch):
     """Ray Data's own console handler (INFO, set up when ray.data is imported: the driver printed the parquet

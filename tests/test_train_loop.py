@@ -279,3 +279,45 @@ def test_reported_training_loss_leaves_out_the_probe(labels_dataset, tmp_path):
     reported = train_step(parts, task, batch, cfg, plan, ctx, torch.device("cpu"), stats)
     assert stats[PROBE_LOSS] == pytest.approx(probe, rel=1e-5)
     assert reported == pytest.approx(total - probe, rel=1e-5, abs=1e-6) and reported != pytest.approx(total)
+
+
+def test_epoch_steps_cuts_every_epoch_and_each_draws_a_fresh_shuffle(tiny_dataset, tmp_path):
+    """train.epoch_steps=5 over 2 epochs: 5 optimizer steps each (counted by a hook), the schedule line says so,
+    and the two epochs' batches are different rows (each epoch a fresh shuffle, not the same first 5 batches)."""
+    from raydist.train.trainer import resolve_schedule
+
+    cfg, task, plan, runtime = _setup(tiny_dataset, tmp_path, **{"train.epochs": 2, "train.epoch_steps": 5})
+    full = 2000 // cfg.train.batch_size
+    note = resolve_schedule(cfg, tiny_dataset)[1]
+    assert f"2 epochs × 5 steps = 10 steps (epochs cut from {full} steps by train.epoch_steps=5)" in note
+    seen: list[list[int]] = [[], []]
+
+    class Rows(Hook):
+        def wrap_batches(self, epoch, batches):
+            for batch in batches:
+                seen[epoch].extend(int(i) for i in batch["sample_id"])
+                yield batch
+
+    hook = GradientNorms()
+    out = run_loop(cfg, task, runtime, plan, hooks=[hook, Rows()])
+    assert hook.count == out["global_step"] == 10
+    assert [m["step"] for m in out["history"]] == [5, 10]
+    assert len(seen[0]) >= 5 * cfg.train.batch_size and seen[0][:160] != seen[1][:160]
+
+
+def test_the_tiny_preset_is_the_quickest_run_and_presets_say_their_steps(capsys):
+    from raydist.cli import main
+    from raydist.data import ensure_default_dataset
+    from raydist.train.preset_table import schedule_of
+
+    embedded = ensure_default_dataset()
+
+    def steps(name: str) -> int:
+        return int(schedule_of(name, embedded).split(" = ")[1].split(" steps")[0])
+
+    assert steps("tiny") <= 3 * 64 < steps("default") <= steps("small")
+    assert main(["presets"]) == 0
+    shown = capsys.readouterr().out
+    assert "tiny: The quickest real run" in shown and f"= {steps('tiny')} steps" in shown
+    assert "vsepp-finetune" in shown and "not for this dataset: model.image_encoder=torchvision" in shown
+    assert shown.count("time:") >= 2  # tiny and default state their measured time

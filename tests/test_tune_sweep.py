@@ -207,6 +207,7 @@ def test_failed_trial_is_reported_and_the_sweep_goes_on(failing_sweep, capsys):
     assert ended.endswith(f", 1 epochs, val/rsum {ok.metric:.4g} (best {ok.metric:.4g})")
     (error,) = [line for line in lines if line.startswith(f"[raydist] trial {failed.trial} failed:")]
     assert len(error) > len(f"[raydist] trial {failed.trial} failed: ")
+    assert "traceback: " in error and ": error (" not in error  # the error's own line, and where the rest is
 
     best = load_config(preset_file=outcome.best_config_path)
     assert best.loss.margin == pytest.approx(ok.values["loss.margin"])

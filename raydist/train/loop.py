@@ -26,7 +26,7 @@ from raydist.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from raydist.config import Config
+from raydist.config import Config, epoch_steps
 from raydist.console import say
 from raydist.distributed import StepPlan, gather_step, step_generator
 from raydist.distributed.reduce import all_reduce_sum
@@ -189,7 +189,7 @@ def run_loop(
     if cfg.train.tune_malloc:
         tune_malloc()
     torch.manual_seed(cfg.train.seed)
-    steps = runtime.steps_per_epoch()
+    steps = epoch_steps(cfg.train, runtime.steps_per_epoch())
     parts = Trainables.build(cfg, task.build_model(), device, steps)
     registry = StateRegistry()
     parts.register(registry)
@@ -220,6 +220,8 @@ def run_loop(
         for hook in hooks:  # a hook may replace the epoch's batches (gradient-clustering sampling)
             batches = hook.wrap_batches(epoch, batches)
         for i, batch in enumerate(batches):
+            if i >= steps:  # train.epoch_steps cut the epoch short
+                break
             if i < state.step_in_epoch:  # resumed mid-epoch: these steps were done before
                 continue
             ctx = StepContext(epoch, state.global_step, rank, runtime.world)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from raydist.checkpoint import change_lines, format_changes, load_checkpoint, local_folder, newest_checkpoint
 from raydist.checkpoint.remote import remote_checkpoints
-from raydist.config import Config, ConfigError, failure_retries
+from raydist.config import Config, ConfigError, epoch_steps, failure_retries
 from raydist.console import route_ray_output
 from raydist.data import check_split_size, ensure_default_dataset, load_manifest, validate_dataset
 from raydist.data.remote import local_dataset
@@ -115,8 +115,9 @@ def resolve_schedule(cfg: Config, data_dir: Path) -> tuple[Config, str]:
     manifest = load_manifest(data_dir)
     task = get_task(manifest.task)
     rows = manifest.splits["train"].rows * cfg.data.train_fraction
-    steps = max(int(rows) // StepPlan.from_config(cfg).rows_per_step, 1)
+    full = max(int(rows) // StepPlan.from_config(cfg).rows_per_step, 1)
     t, lo = cfg.train, cfg.loss
+    steps = epoch_steps(t, full)
     epochs = max(t.epochs, math.ceil(t.min_steps / steps))
     has_warmup = lo.hardest and task.reads("loss.warmup_sh_epochs", task.loss_kind(cfg))
     warmup = max(lo.warmup_sh_epochs, math.ceil(lo.warmup_sh_steps / steps)) if has_warmup else 0
@@ -127,6 +128,8 @@ def resolve_schedule(cfg: Config, data_dir: Path) -> tuple[Config, str]:
 
     decay, freeze = scaled(t.lr_decay_epoch), scaled(t.freeze_backbone_epochs)
     note = f"schedule: {epochs} epochs × {steps} steps = {epochs * steps} steps"
+    if steps < full:
+        note += f" (epochs cut from {full} steps by train.epoch_steps={t.epoch_steps})"
     if epochs != t.epochs:
         note += f" (train.epochs {t.epochs} raised for train.min_steps={t.min_steps}"
         if t.lr_decay_factor != 1.0 and t.lr_decay_epoch <= t.epochs:

@@ -8,6 +8,7 @@ import importlib.util
 import json
 import math
 import os
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from raydist.config import Config, ConfigError, dump_yaml, failure_retries, from_dict
-from raydist.console import is_verbose, route_ray_output, say
+from raydist.console import is_verbose, quiet_ray_logger_console, route_ray_output, say, status
 from raydist.runfiles import BEST_CONFIG_FILE, LOG_FILE, SWEEP_FILE
 from raydist.runtime import (
     DATA_CPUS,
@@ -197,19 +198,54 @@ def quiet_tune_console() -> Iterator[None]:
         yield
         return
     os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    # a failed trial's traceback goes to its error.txt, not the console
+    os.environ["TUNE_PRINT_ALL_TRIAL_ERRORS"] = "0"
+    quiet_ray_logger_console()  # Tune's slow-callback and trial warnings go to the sweep's raydist.log
     try:
         yield
     finally:
         os.environ.pop("RAY_AIR_NEW_OUTPUT", None)
+        os.environ.pop("TUNE_PRINT_ALL_TRIAL_ERRORS", None)
+
+
+# the live status line: redrawn each second on a terminal (True), else a line a minute
+STATUS_EVERY_S = {True: 1.0, False: 60.0}
 
 
 class TrialLines:
     """Our console lines of a sweep, one per trial event: started (its swept values), finished (epochs, last and
-    best ``metric``), failed (the error's last line). :func:`trial_lines_callback` calls it from Tune."""
+    best ``metric``), failed (the error's last line), and a live status line of the running trials (:meth:`tick`).
+    The trials' own progress goes to the sweep's raydist.log, not the console. :func:`trial_lines_callback` calls
+    it from Tune."""
 
     def __init__(self, space: SweepSpace) -> None:
         self.keys, self.metric, self.mode = space.keys, space.metric, space.mode
         self.best: dict[str, float] = {}
+        self.started_at = time.monotonic()
+        self.shown_at = self.started_at
+
+    def summary(self, trials: list) -> str:
+        """``[raydist] sweep 1m05s: 2 running, 1 done, 0 failed, 3 pending; best val/rsum 130.2 (trial_ab12)``."""
+        counts = {"RUNNING": 0, "TERMINATED": 0, "ERROR": 0, "PENDING": 0}
+        for trial in trials:
+            counts[trial.status] = counts.get(trial.status, 0) + 1
+        elapsed = int(time.monotonic() - self.started_at)
+        line = (
+            f"[raydist] sweep {elapsed // 60}m{elapsed % 60:02d}s: {counts['RUNNING']} running, "
+            f"{counts['TERMINATED']} done, {counts['ERROR']} failed, {counts['PENDING']} pending"
+        )
+        scored = [(v, t) for t in trials if (v := self.best.get(t.trial_id)) is not None]
+        if scored:
+            value, trial = (max if self.mode == "max" else min)(scored, key=lambda p: p[0])
+            line += f"; best {self.metric} {_fmt(value)} ({trial_dirname(trial)})"
+        return line
+
+    def tick(self, trials: list, tty: bool) -> None:
+        """The status line, at most every :data:`STATUS_EVERY_S` seconds while trials run."""
+        now = time.monotonic()
+        if now - self.shown_at >= STATUS_EVERY_S[tty] and any(t.status == "RUNNING" for t in trials):
+            self.shown_at = now
+            status(self.summary(trials))
 
     def _values(self, trial: Any) -> str:
         config = trial.config or {}
@@ -243,7 +279,7 @@ class TrialLines:
         """``[raydist] trial trial_ab12 failed: loss.margin=0.2: <the error's last line>``."""
         say(
             f"[raydist] trial {trial_dirname(trial)} failed: {self._values(trial)}: "
-            f"{_error_line(trial.get_error()) or 'error'}"
+            f"{_error_line(_trial_error(trial)) or 'error'} (traceback: {getattr(trial, 'error_file', None) or trial.path})"
         )
 
 
@@ -267,6 +303,9 @@ def trial_lines_callback(space: SweepSpace) -> Any:
 
         def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
             lines.failed(trial)
+
+        def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+            lines.tick(trials, sys.stdout.isatty())
 
     return PrintTrialLines()
 
@@ -472,7 +511,7 @@ def _start_ray(space: SweepSpace, cfg: Config, address: str | None, experiment_p
     check_sweep_fits(space, cfg, capacity)
     check_storage_reachable(experiment_path, cfg.train.storage_shared, capacity)
     if "://" not in experiment_path:
-        route_ray_output(Path(experiment_path) / LOG_FILE)
+        route_ray_output(Path(experiment_path) / LOG_FILE, show_ours=False)
 
 
 def _trainable(
@@ -571,7 +610,16 @@ def _note(result: Any, epochs: int, max_epochs: int) -> str:
     return "all epochs" if epochs >= max_epochs else f"stopped early at epoch {epochs} (scheduler)"
 
 
-def _error_line(error: BaseException | None) -> str:
+def _trial_error(trial: Any) -> Any:
+    """The trial's error text: Tune's copy in the experiment storage, else the trial's local error file (the
+    copy is synced after the error callbacks run)."""
+    error = trial.get_error()
+    if error is None and getattr(trial, "error_file", None) and Path(trial.error_file).is_file():
+        error = Path(trial.error_file).read_text()
+    return error
+
+
+def _error_line(error: BaseException | str | None) -> str:
     """The last line of an error (the exception itself, not the traceback), kept short."""
     if error is None:
         return ""
