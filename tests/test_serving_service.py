@@ -189,11 +189,11 @@ def test_bad_requests_are_refused_with_the_field_named(strict, body, search, sta
 
 def test_mode_needs_a_smaller_indexed_dim_and_labels_models_take_no_texts(labels_dataset, tmp_path):
     ckpt = _checkpoint(tmp_path / "run" / "checkpoint_00000001", labels_dataset)
-    served = load_retriever(ckpt, "test")  # no nesting: one index, at the full dim
-    assert sorted(served.indexes) == [64]
+    served = load_retriever(ckpt, "test")  # no nesting: raydist index's dims, 8, 16, 32 and the full 64
+    assert sorted(served.indexes) == served.dims == [8, 16, 32, 64]
     with pytest.raises(RequestError) as e:
-        served.parse(_body(features=[[0.0] * 32], mode="funnel"), search=True)
-    assert e.value.field == "mode" and "index dim below" in e.value.message
+        served.parse(_body(features=[[0.0] * 32], mode="funnel", dim=8), search=True)
+    assert e.value.field == "mode" and "index dim below dim=8" in e.value.message
     with pytest.raises(RequestError) as e:
         served.parse(_body(texts=["a"]), search=True)
     assert e.value.field == "texts" and "no text side" in e.value.message

@@ -119,7 +119,7 @@ class Retriever:
         )
         self.database = unit_rows(database)
         self.full_dim = embedder.trained.config.model.embed_dim
-        self.dims = embedder.trained.trained_dims() or [self.full_dim]
+        self.dims = embedder.trained.retrieval_dims()  # the nested dims; a plain model's are raydist index's
 
     def health(self) -> dict[str, Any]:
         """What ``GET /health`` reports: the checkpoint, the task, the dims and the index."""
@@ -201,7 +201,7 @@ class Retriever:
         if dim is None:
             return self.full_dim
         if dim not in self.dims:
-            raise RequestError(422, "dim", f"{dim}; the model nests dims {self.dims}")
+            raise RequestError(422, "dim", f"{dim}; the model serves dims {self.dims}")
         return dim
 
     def _search_dim(self, dim: int | None) -> int:
@@ -302,15 +302,14 @@ def load_retriever(
     options: ServeOptions | None = None,
 ) -> Retriever:
     """A checkpoint (or run folder: its best checkpoint) and what it searches: ``index`` a split name or
-    ``all`` (that split of the dataset embedded now, a flat index at each dim the model nests, or at its full
-    dim), or an index folder written by ``raydist index`` (its vectors, dims and ids; the checkpoint given
-    embeds the queries)."""
+    ``all`` (that split of the dataset embedded now, a flat index at each of
+    :meth:`raydist.inference.Trained.retrieval_dims`, as ``raydist index`` builds them), or an index folder
+    written by ``raydist index`` (its vectors, dims and ids; the checkpoint given embeds the queries)."""
     options = options or ServeOptions()
     if index in (*SPLITS, ALL_SPLITS):
         trained = load_trained(checkpoint, data_dir, latest=latest)
         rset = trained.embed(index)
-        dims = trained.trained_dims() or [trained.config.model.embed_dim]  # a plain model: its full dim
-        indexes = build_indexes(rset, dims, "flat")
+        indexes = build_indexes(rset, trained.retrieval_dims(), "flat")  # as `raydist index` builds them
         database = rset.database[:, : max(indexes)]
         return Retriever(Embedder(trained), indexes, database, rset.database_ids, index, options)
     folder = Path(index)
