@@ -1,6 +1,7 @@
 """The GPU check (issue #26): one pass, in minutes, over what a GPU changes -- the suite's GPU tests, a
 `raydist train` run on nccl, faiss-gpu flat and IVF search, the tiled MH loss at 2^20 rows, images/s of the
-image encoder -- written as one markdown file; on a machine without a GPU it says why and exits 0.
+image encoder, gradient caching's memory and time -- written as one markdown file; on a machine without a GPU it
+says why and exits 0.
 
 Run ``bash bench/gpu_check.sh OUT_DIR`` (or ``python -m raydist.benchmarks.gpu OUT_DIR``). Every row runs in
 a subprocess of its own with a time limit (:func:`run_check`), so a hung or crashed row costs its limit and no
@@ -29,6 +30,7 @@ LOSS_STEPS = (1 << 16, 1 << 18, LOSS_ROWS)  # smaller sizes first: a row cut off
 LOSS_CHECK_ROWS = 4096  # tiled MH == the dense formulation on the GPU at this size
 FAISS_BASE, FAISS_DIM, FAISS_QUERIES, FAISS_K = 1_000_000, 128, 10_000, 10
 IMAGE_BATCH, IMAGE_STEPS = 128, 10
+GRAD_CACHE_BATCHES = (1024, 4096)  # the grad-cache row: small CNN at 32 px, train.grad_cache_chunk off vs 128
 TRAIN_PRESET_ARGS = ("train.use_gpu=true",)  # the default preset on the embedded dataset, on the GPU
 
 
@@ -192,7 +194,30 @@ def row_images() -> dict:
     return {"detail": "; ".join(parts)}
 
 
-ROW_FUNCTIONS: dict[str, Callable[[], dict]] = {"loss": row_loss, "faiss": row_faiss, "images": row_images}
+def row_grad_cache() -> dict:
+    """Gradient caching on the GPU: ``max_memory_allocated`` and step time of the pairs task's training step with
+    the small CNN at 32 px, batch 1024 and 4096, ``train.grad_cache_chunk`` off vs 128 (each cell in this
+    process: the peak statistics are reset before it, :func:`raydist.benchmarks.grad_cache.measure_cell`)."""
+    from raydist.benchmarks.grad_cache import Sizes, measure_cell
+
+    sizes = Sizes(batches=GRAD_CACHE_BATCHES, steps=2, device="cuda")
+    parts = []
+    for batch in sizes.batches:
+        off, on = (measure_cell(sizes, "small-cnn", batch, chunk) for chunk in (0, sizes.chunk))
+        step_off, step_on = (min(r["seconds"]) for r in (off, on))
+        parts.append(
+            f"batch {batch}: {off['peak_bytes'] / 2**20:,.0f} MiB off vs {on['peak_bytes'] / 2**20:,.0f} MiB with "
+            f"chunks of {sizes.chunk}, step {step_off * 1e3:.0f} vs {step_on * 1e3:.0f} ms ({step_on / step_off:.2f}×)"
+        )
+    return {"detail": "; ".join(parts)}
+
+
+ROW_FUNCTIONS: dict[str, Callable[[], dict]] = {
+    "loss": row_loss,
+    "faiss": row_faiss,
+    "images": row_images,
+    "grad-cache": row_grad_cache,
+}
 
 
 # --- the driver ---
@@ -311,11 +336,12 @@ def run_check(out_dir: Path) -> int:
     )
     plan: list[tuple[float, Callable[[float], Row]]] = [
         (60, lambda s: check_tests(root, s)),
-        (180, lambda s: check_train(root, out_dir, gpus, s)),
+        (165, lambda s: check_train(root, out_dir, gpus, s)),
         (75, lambda s: check_row("faiss", "faiss-gpu flat and IVF", root, s)),
         (90, lambda s: check_row("loss", f"tiled MH loss, {LOSS_ROWS:,} rows", root, s)),
         (45, lambda s: check_row("images", "image encoder images/s", root, s)),
-    ]  # limits sum to 450 s: the whole check stays under 8 minutes
+        (30, lambda s: check_row("grad-cache", "gradient caching, memory and step time", root, s)),
+    ]  # limits sum to 465 s: the whole check stays under 8 minutes
     rows = []
     for limit, check in plan:
         rows.append(check(limit))
