@@ -314,10 +314,33 @@ def cmd_retrieve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _wrote(out: str | Path, started: float) -> None:
+    """``wrote dataset OUT in 2.1 s`` and what it holds (:func:`raydist.data.summary.dataset_summary`)."""
+    from raydist.data.summary import dataset_summary
+
+    print(f"wrote dataset {out} in {time.perf_counter() - started:.1f} s")
+    print("\n".join(dataset_summary(out)))
+
+
 def cmd_make_data(args: argparse.Namespace) -> int:
-    from raydist.data import make_synthetic
+    from raydist.data import ensure_default_dataset, make_synthetic
     from raydist.data.synthetic_labels import make_synthetic_labels
 
+    started = time.perf_counter()
+    if args.kind is None:  # the embedded default dataset (what `raydist train` uses with no --data)
+        if args.out:
+            raise ValueError(
+                "make-data: --out goes with a kind (synthetic, synthetic-labels); without one the "
+                "embedded dataset is made in the cache (`raydist data path` prints where)"
+            )
+        from raydist.data.summary import dataset_summary
+
+        folder = ensure_default_dataset()
+        print(f"embedded dataset: {folder} (the default of `raydist train`, cached)")
+        print("\n".join(dataset_summary(folder)))
+        return 0
+    if not args.out:
+        raise ValueError(f"make-data {args.kind}: give --out DIR")
     if args.kind == "synthetic-labels":
         out = make_synthetic_labels(
             args.out,
@@ -331,7 +354,7 @@ def cmd_make_data(args: argparse.Namespace) -> int:
             seed=args.seed,
             overwrite=args.overwrite,
         )
-        print(f"wrote dataset {out}")
+        _wrote(out, started)
         return 0
     out = make_synthetic(
         args.out,
@@ -343,7 +366,7 @@ def cmd_make_data(args: argparse.Namespace) -> int:
         test_images=args.test_images,
         overwrite=args.overwrite,
     )
-    print(f"wrote dataset {out}")
+    _wrote(out, started)
     return 0
 
 
@@ -361,8 +384,10 @@ def _split_pairs(text: str | None) -> list[tuple[str, str]] | None:
 def cmd_corrupt_labels(args: argparse.Namespace) -> int:
     from raydist.data.labels_io import corrupt_labels
 
+    started = time.perf_counter()
     out = corrupt_labels(args.src, args.out, p=args.p, seed=args.seed, overwrite=args.overwrite)
-    print(f"wrote dataset {out} (train labels flipped with p={args.p}, seed {args.seed}; clean labels kept)")
+    print(f"train labels flipped with p={args.p}, seed {args.seed}; clean labels kept")
+    _wrote(out, started)
     return 0
 
 
@@ -384,6 +409,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     if args.format == "coco-json" and bool(args.images) == bool(args.features or args.feature_ids):
         raise ValueError("convert coco-json: give either --images DIR or --features and --feature-ids")
     split_pairs = _split_pairs(args.splits)
+    started = time.perf_counter()
     if args.format == "karpathy":
         out = convert_karpathy(
             args.src, args.images, args.out, min_count=args.min_count, overwrite=args.overwrite
@@ -440,7 +466,20 @@ def cmd_convert(args: argparse.Namespace) -> int:
             split_map={src: dst for dst, src in split_pairs} if split_pairs else None,
             overwrite=args.overwrite,
         )
-    print(f"wrote dataset {out}")
+    _wrote(out, started)
+    return 0
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    from raydist.data import ensure_default_dataset
+    from raydist.data.summary import dataset_summary
+
+    if args.action == "path":
+        print(ensure_default_dataset())
+        return 0
+    folder = args.dir or ensure_default_dataset()
+    print(folder)
+    print("\n".join(dataset_summary(folder)))
     return 0
 
 
@@ -502,13 +541,21 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_tokenizer(args: argparse.Namespace) -> int:
-    from raydist.data.tokenizer import set_dataset_tokenizer, train_dataset_tokenizer
+    from raydist.data.tokenizer import set_dataset_tokenizer, train_captions, train_tokenizer
 
     if args.action == "train":
         if not args.vocab_size:
             raise ValueError("tokenizer train: give --vocab-size N")
-        tokenizer = train_dataset_tokenizer(args.data, args.vocab_size, args.kind)
-        done = f"trained a {args.kind} tokenizer on the train captions"
+        out = Path(args.out)
+        if out.exists() and not args.overwrite:
+            raise ValueError(f"tokenizer train: {out} exists; give another --out or --overwrite")
+        tokenizer = train_tokenizer(train_captions(args.data), args.vocab_size, args.kind)
+        tokenizer.save(out)
+        print(
+            f"trained a {args.kind} tokenizer on the train captions of {args.data}: {len(tokenizer)} tokens, "
+            f"saved as {out}; to train with it: raydist tokenizer set --data {args.data} --tokenizer {out}"
+        )
+        return 0
     else:
         if not args.tokenizer:
             raise ValueError("tokenizer set: give --tokenizer FILE (a tokenizer.json)")
@@ -749,9 +796,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="folder for the table, JSON rows and PNG plots")
     p.set_defaults(func=cmd_retrieve)
 
-    p = sub.add_parser("make-data", help="write a synthetic dataset: image–caption pairs or labelled vectors")
-    p.add_argument("kind", choices=["synthetic", "synthetic-labels"])
-    p.add_argument("--out", required=True)
+    p = sub.add_parser(
+        "make-data",
+        help="write a synthetic dataset: image–caption pairs or labelled vectors (no kind: the embedded "
+        "dataset `raydist train` uses, in the cache)",
+    )
+    p.add_argument("kind", nargs="?", choices=["synthetic", "synthetic-labels"])
+    p.add_argument("--out", help="the dataset folder to write (with a kind)")
     p.add_argument("--images", type=int, default=3000, help="synthetic: train images")
     p.add_argument(
         "--val-images", type=int, default=None, help="synthetic: val images (default: images // 6)"
@@ -775,6 +826,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset folder")
     p.set_defaults(func=cmd_make_data)
+
+    p = sub.add_parser(
+        "data", help="`data path`: where the embedded dataset is; `data summary [DIR]`: what a dataset holds"
+    )
+    p.add_argument("action", choices=["path", "summary"])
+    p.add_argument("dir", nargs="?", help="summary: a dataset folder (default: the embedded one)")
+    p.set_defaults(func=cmd_data)
 
     p = sub.add_parser("convert", help="convert a public layout into a raydist dataset")
     p.add_argument("format", choices=["vsepp-precomp", "coco-json", "npz", "karpathy", "image-folder"])
@@ -877,7 +935,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
     p.set_defaults(func=cmd_embed)
 
-    p = sub.add_parser("presets", help="the shipped presets: what each is for, its steps and its measured time")
+    p = sub.add_parser(
+        "presets", help="the shipped presets: what each is for, its steps and its measured time"
+    )
     p.add_argument("--data", help="a dataset to resolve each schedule on (default: the embedded one)")
     p.set_defaults(func=cmd_presets)
 
@@ -903,6 +963,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--kind", choices=["wordpiece", "bpe"], default="wordpiece", help="train: the subword model"
     )
     p.add_argument("--tokenizer", help="set: a tokenizer.json file (e.g. a pretrained model folder's)")
+    p.add_argument(
+        "--out",
+        default="tokenizer.json",
+        help="train: the file to write (default ./tokenizer.json; the "
+        "dataset is not changed until `raydist tokenizer set`)",
+    )
+    p.add_argument("--overwrite", action="store_true", help="train: replace an existing --out file")
     p.set_defaults(func=cmd_tokenizer)
 
     p = sub.add_parser("tune", help="Ray Tune sweep: one training run per trial, results table, best config")

@@ -155,3 +155,32 @@ def test_every_help_shows_real_defaults_once_and_no_empty_ones():
         commands["tune"].format_help().split()
     )  # a help that states its default gets no second one
     assert "(default: the embedded synthetic dataset, cached) --preset" in tune
+
+
+def test_make_data_without_a_kind_makes_the_embedded_set_and_data_path_prints_it(capsys):
+    from raydist.data import ensure_default_dataset, load_manifest
+
+    embedded = ensure_default_dataset()
+    assert main(["make-data"]) == 0
+    shown = capsys.readouterr().out
+    assert f"embedded dataset: {embedded}" in shown
+    manifest = load_manifest(embedded)
+    train = manifest.splits["train"]  # features pairs: one row per caption
+    assert f"train{train.images:>9,} images{train.rows:>9,} captions".replace(" ", "") in shown.replace(
+        " ", ""
+    )
+    assert main(["data", "path"]) == 0 and capsys.readouterr().out.strip() == str(embedded)
+    assert main(["make-data", "synthetic"]) == 2 and "give --out DIR" in capsys.readouterr().err
+
+
+def test_make_data_says_what_it_wrote(tmp_path, capsys):
+    out = tmp_path / "syn"
+    argv = ["make-data", "synthetic", "--out", str(out), "--images", "40", "--val-images", "8"]
+    assert main([*argv, "--test-images", "12", "--captions-per-image", "3"]) == 0
+    shown = capsys.readouterr().out
+    assert f"wrote dataset {out} in " in shown
+    for split, images in (("train", 40), ("val", 8), ("test", 12)):
+        assert f"{split}{images:>9,} images{3 * images:>9,} captions".replace(" ", "") in shown.replace(
+            " ", ""
+        )
+    assert main(["data", "summary", str(out)]) == 0 and "task pairs" in capsys.readouterr().out

@@ -426,5 +426,13 @@ def test_cli_converts_an_image_folder(tmp_path, capsys):
         )
         == 0
     )
-    assert "wrote dataset" in capsys.readouterr().out
+    shown = capsys.readouterr().out
+    assert "wrote dataset" in shown
     assert [len(set(_rows(out, s)[1])) for s in ("train", "val", "test")] == [1, 1, 1]
+    # what it did, per split: images, rows and classes counted from the written rows here
+    for split in ("train", "val", "test"):
+        labels = _rows(out, split)[1]
+        n = len(labels)
+        want = f"  {split:<6}{n:>9,} images{n:>9,} rows  {len(set(labels)):>5} classes"
+        assert want.replace(" ", "") in shown.replace(" ", ""), (want, shown)
+    assert "task labels, encoded images" in shown

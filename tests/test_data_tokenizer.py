@@ -144,10 +144,27 @@ def test_vocab_counts_truncation_as_it_cuts():
         assert (vocab.encode_batch(CAPTIONS, max_len)[1] <= max_len).all()
 
 
-def test_cli_trains_the_dataset_tokenizer(tiny_dataset, tmp_path, capsys):
+def test_cli_trains_a_tokenizer_to_a_file_and_sets_it_on_the_dataset(tiny_dataset, tmp_path, capsys):
     data = shutil.copytree(tiny_dataset, tmp_path / "data")
     assert "tokenizer.json" not in DataInfo.from_dataset(data).files  # an old dataset stays valid
-    assert main(["tokenizer", "train", "--data", str(data), "--vocab-size", "150", "--kind", "bpe"]) == 0
+    out = tmp_path / "bpe.json"
+    argv = [
+        "tokenizer",
+        "train",
+        "--data",
+        str(data),
+        "--vocab-size",
+        "150",
+        "--kind",
+        "bpe",
+        "--out",
+        str(out),
+    ]
+    assert main(argv) == 0
+    assert "tokenizer" not in json.loads((data / "manifest.json").read_text())  # train writes --out only
+    assert f"raydist tokenizer set --data {data} --tokenizer {out}" in capsys.readouterr().out
+    assert main(argv) == 2 and "exists" in capsys.readouterr().err  # no silent overwrite
+    assert main(["tokenizer", "set", "--data", str(data), "--tokenizer", str(out)]) == 0
     assert json.loads((data / "manifest.json").read_text())["tokenizer"] == "tokenizer.json"
     assert DataInfo.from_dataset(data).files["tokenizer.json"] == data / "tokenizer.json"
     assert validate_dataset(data).problems == []
