@@ -533,9 +533,12 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from raydist.data import validate_dataset
+    from raydist.data.remote import local_dataset
     from raydist.tasks import task_names
 
-    report = validate_dataset(args.dir, tasks=task_names(), image_sample=args.image_sample)
+    # a URI: its local copy; a WebDataset folder: its index (whose build refuses bad samples by shard and key)
+    folder = local_dataset(args.dir)
+    report = validate_dataset(folder, tasks=task_names(), image_sample=args.image_sample)
     print(report.format())
     return 1 if report.problems else 0
 

@@ -165,8 +165,7 @@ def extract_features(
 
 def _has(data_dir: Path, split: str, column: str) -> bool:
     """Whether the split's shards hold ``column``."""
-    import pyarrow.parquet as pq
-
     from raydist.data.shards import split_files
+    from raydist.data.webdataset import shard_columns
 
-    return column in pq.read_schema(split_files(data_dir, split)[0]).names
+    return column in shard_columns(split_files(data_dir, split)[0])

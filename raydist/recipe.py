@@ -28,6 +28,12 @@ class RunRecipe:
     lines: list[str] = field(default_factory=list)
 
 
+def data_task(data: str | Path) -> str | None:
+    """The task of ``data`` (a dataset folder, a WebDataset folder or a URI of either: its local dataset,
+    :func:`raydist.data.remote.local_dataset`); None without data."""
+    return dataset_task(local_dataset(data)) if data else None
+
+
 def data_preset(
     data: str | Path | None, preset: str | None, preset_file: str | Path | None
 ) -> tuple[str | None, str]:
@@ -92,11 +98,11 @@ def run_recipe(
         overrides["data.path"] = str(data) if is_uri(data) else str(Path(data).expanduser().resolve())
     name, preset_line = data_preset(data, preset, preset_file)
     lines = [preset_line] if preset_line else []
-    cfg = load_config(preset=name, preset_file=preset_file, overrides=overrides, task_of=dataset_task)
+    cfg = load_config(preset=name, preset_file=preset_file, overrides=overrides, task_of=data_task)
     picked, line = image_rules(cfg, overrides)
     if picked:
         cfg = load_config(
-            preset=name, preset_file=preset_file, overrides={**picked, **overrides}, task_of=dataset_task
+            preset=name, preset_file=preset_file, overrides={**picked, **overrides}, task_of=data_task
         )
         lines.append(line)
     return RunRecipe(cfg, name, lines)

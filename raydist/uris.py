@@ -19,14 +19,34 @@ class StorageError(ValueError):
     """A location that is missing, unreachable or refused (bad input: the CLI exits 2 on it)."""
 
 
-CACHE_ENV = (
-    "RAYDIST_CACHE"  # where remote folders are copied (default: $XDG_CACHE_HOME/raydist or ~/.cache/raydist)
+# where remote folders are copied (default: $XDG_CACHE_HOME/raydist, else ~/.cache/raydist)
+CACHE_ENV = "RAYDIST_CACHE"
+# the standard variables that say where object storage is and who reads it (passed on to Ray Train's workers)
+STORAGE_ENV = (
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_PROFILE",
+    "AWS_CONFIG_FILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    CACHE_ENV,
 )
 
 
 def is_uri(path: str | Path) -> bool:
     """``s3://``, ``gs://`` … rather than a local path."""
     return "://" in str(path)
+
+
+def storage_env() -> dict[str, str]:
+    """The :data:`STORAGE_ENV` variables set in this process: what a worker on another node needs to read and
+    write the same locations (a local Ray's workers inherit them anyway)."""
+    return {name: os.environ[name] for name in STORAGE_ENV if os.environ.get(name)}
 
 
 def join(location: str | Path, *parts: str) -> str:

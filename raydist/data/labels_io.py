@@ -32,6 +32,7 @@ from raydist.data.standardize import (
     fit_standardization,
     load_standardization,
 )
+from raydist.data.webdataset import read_shard
 
 SPLIT_NAMES = {
     "train": "train",
@@ -50,7 +51,6 @@ CLASSES_NAMED = 5  # a missing-class note names this many classes, then counts t
 def split_class_counts(data_dir: str | Path) -> dict[str, np.ndarray]:
     """Rows per class (``bincount`` over ``num_classes``) of every split of a labels dataset; only the
     ``label`` column is read."""
-    import pyarrow.parquet as pq
 
     from raydist.data.shards import split_files
 
@@ -58,9 +58,7 @@ def split_class_counts(data_dir: str | Path) -> dict[str, np.ndarray]:
     k = manifest.num_classes or 0
     counts = {}
     for split in manifest.splits:
-        labels = [
-            pq.read_table(f, columns=[LABEL]).column(LABEL).to_numpy() for f in split_files(data_dir, split)
-        ]
+        labels = [read_shard(f, [LABEL]).column(LABEL).to_numpy() for f in split_files(data_dir, split)]
         counts[split] = np.bincount(np.concatenate(labels).astype(np.int64), minlength=k)
     return counts
 

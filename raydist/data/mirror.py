@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 from PIL import Image
 
 from raydist.data.image_transforms import decode_image
 from raydist.data.manifest import load_manifest
+from raydist.data.webdataset import read_shard
 
 CHECK_SIDE = 16  # images are compared as CHECK_SIDE² greyscale thumbnails
 MAX_REFERENCES = 2000  # train images the queries are compared with, at most
@@ -87,7 +87,7 @@ def _column(data_dir: Path, split: str, column: str) -> list:
     files = (
         [data_dir / shard.file for shard in manifest.splits[split].shards] if split in manifest.splits else []
     )
-    return [v for f in files for v in pq.read_table(f, columns=[column]).column(column).to_pylist()]
+    return [v for f in files for v in read_shard(f, [column]).column(column).to_pylist()]
 
 
 @functools.lru_cache(maxsize=16)

@@ -4,7 +4,10 @@
 copies the folder into the local cache (:func:`raydist.uris.cache_path`), file by file through temporary
 names. A copy whose manifest is the stored one byte for byte is reused as it is (the manifest holds every
 shard's sha256, so a changed dataset has a changed manifest), and a stale copy is replaced. The driver copies
-before Ray starts; each Ray Train worker calls the same function, so every node makes its own copy once."""
+before Ray starts; each Ray Train worker calls the same function, so every node makes its own copy once.
+
+A folder (local or a URI) without ``manifest.json`` whose ``train/`` holds ``*.tar`` files is a WebDataset:
+its tars are copied (from a URI) and indexed (:func:`raydist.data.webdataset.webdataset_index`)."""
 
 from __future__ import annotations
 
@@ -15,7 +18,8 @@ import uuid
 from pathlib import Path
 
 from raydist.data.manifest import manifest_from_dict
-from raydist.data.schema import MANIFEST_NAME, RaydistDataError
+from raydist.data.schema import MANIFEST_NAME, SPLITS, RaydistDataError
+from raydist.data.webdataset import TAR_SUFFIX, is_webdataset, webdataset_index
 from raydist.uris import (
     cache_path,
     download,
@@ -23,6 +27,7 @@ from raydist.uris import (
     file_type,
     is_uri,
     join,
+    list_folder,
     missing_location,
     read_bytes,
 )
@@ -33,11 +38,16 @@ def local_dataset(location: str | Path) -> Path:
     docstring). A URI without a dataset (no bucket, no ``manifest.json``, an unreachable store) raises a
     StorageError naming it before anything is copied."""
     if not is_uri(location):
-        return Path(location).expanduser().resolve()
+        folder = Path(location).expanduser().resolve()
+        return webdataset_index(folder) if is_webdataset(folder) else folder
     uri = str(location).rstrip("/")
     manifest_uri = join(uri, MANIFEST_NAME)
     if file_type(manifest_uri) != "file":
-        raise missing_location(uri, f"a dataset folder with {MANIFEST_NAME}")
+        if any(name.endswith(TAR_SUFFIX) for name in list_folder(join(uri, "train"))):
+            return webdataset_index(_copy_webdataset(uri))
+        raise missing_location(
+            uri, f"a dataset folder with {MANIFEST_NAME} (or train/, val/, test/ of *.tar)"
+        )
     text = read_bytes(manifest_uri)
     try:
         manifest_from_dict(json.loads(text), where=manifest_uri)
@@ -53,4 +63,13 @@ def local_dataset(location: str | Path) -> Path:
     tmp = dest / f"{MANIFEST_NAME}.{uuid.uuid4().hex[:8]}.part"
     tmp.write_bytes(text)
     os.replace(tmp, copied)
+    return dest
+
+
+def _copy_webdataset(uri: str) -> Path:
+    """The local copy of a WebDataset folder's tar shards (``<split>/*.tar``; files already copied with the
+    stored size are kept)."""
+    dest = cache_path(uri)
+    names = [n for n in file_sizes(uri) if n.endswith(TAR_SUFFIX) and n.split("/")[0] in SPLITS]
+    download(uri, dest, names)
     return dest

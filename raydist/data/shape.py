@@ -7,11 +7,10 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-import pyarrow.parquet as pq
-
 from raydist.data.manifest import load_manifest
 from raydist.data.schema import CAPTION, CAPTIONS, IMAGE_ID
 from raydist.data.vocab import tokenize
+from raydist.data.webdataset import read_shard, shard_columns
 from raydist.presets import SMALL_MAX_IMAGES, DataShape
 
 
@@ -43,10 +42,9 @@ def dataset_shape(dataset_dir: str | Path) -> DataShape:
     image_ids: list[int] = []
     captions: list[list[str]] = []
     for shard in train.shards:
-        schema = pq.read_schema(root / shard.file)
-        if column not in schema.names:
+        if column not in shard_columns(root / shard.file):
             continue
-        table = pq.read_table(root / shard.file, columns=[IMAGE_ID, column])
+        table = read_shard(root / shard.file, [IMAGE_ID, column])
         image_ids += table.column(IMAGE_ID).to_pylist()
         texts = table.column(column).to_pylist()
         captions += texts if column == CAPTIONS else [[t] for t in texts]

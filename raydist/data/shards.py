@@ -49,6 +49,7 @@ from raydist.data.validate import (
     table_problems,
 )
 from raydist.data.vocab import Vocab
+from raydist.data.webdataset import read_shard
 
 PROBLEMS_SHOWN = 20  # a refused write lists this many problems one by one, then a count of the rest
 
@@ -462,7 +463,7 @@ def read_split(path: str | Path, split: str, verify: bool = True) -> pa.Table:
     else:
         for shard in manifest.splits[split].shards:
             try:
-                tables.append(pq.read_table(path / shard.file))
+                tables.append(read_shard(path / shard.file))
             except (pa.ArrowException, OSError) as e:
                 raise RaydistDataError(f"{path / shard.file}: cannot read shard: {e}") from e
     types = {

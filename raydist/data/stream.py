@@ -20,6 +20,7 @@ from raydist.data.manifest import load_manifest
 from raydist.data.schema import IMAGE
 from raydist.data.shards import feature_matrix, read_split, split_files
 from raydist.data.transforms import EpochTransform, EpochViews, PassViews, train_transform
+from raydist.data.webdataset import is_tar_shard, webdataset_stream
 
 Batch = dict[str, np.ndarray]
 Transform = Callable[[Batch], Batch]
@@ -174,8 +175,12 @@ def train_dataset(
     # transform out of the read task (5× the tasks).
     v2 = getattr(ctx, "use_datasource_v2", False)
     ctx.use_datasource_v2 = False
+    blocks = train_blocks(data_dir, len(files))
     try:
-        ds = ray.data.read_parquet(files, override_num_blocks=train_blocks(data_dir, len(files)))
+        if is_tar_shard(files[0]):  # WebDataset shards: the same columns as Parquet shards of encoded images
+            ds = webdataset_stream(files, load_manifest(data_dir).task, "train", blocks=blocks)
+        else:
+            ds = ray.data.read_parquet(files, override_num_blocks=blocks)
     finally:
         ctx.use_datasource_v2 = v2
     resources: dict[str, Any] = {} if num_cpus is None else {"num_cpus": num_cpus}

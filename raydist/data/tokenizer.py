@@ -17,12 +17,12 @@ from typing import Literal, Protocol
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 from raydist.data.manifest import load_manifest, write_manifest
 from raydist.data.schema import CAPTION, CAPTIONS, RaydistDataError
 from raydist.data.vocab import PAD_ID, Vocab
+from raydist.data.webdataset import read_shard, shard_columns
 
 TOKENIZER_NAME = "tokenizer.json"
 SUBWORD_SPECIALS = (
@@ -31,6 +31,7 @@ SUBWORD_SPECIALS = (
     "[CLS]",
     "[SEP]",
 )  # ids 0-3 of the tokenizers :func:`train_tokenizer` makes
+
 UNLIMITED = 1 << 30  # a max_len that truncates nothing
 
 
@@ -235,9 +236,7 @@ def train_captions(data_dir: str | Path) -> Iterator[str]:
     """The train split's captions, shard by shard (a ``caption`` column, or every caption of a ``captions`` list)."""
     for shard in load_manifest(data_dir).splits["train"].shards:
         file = Path(data_dir) / shard.file
-        table = pq.read_table(
-            file, columns=[c for c in (CAPTION, CAPTIONS) if c in pq.read_schema(file).names]
-        )
+        table = read_shard(file, [c for c in (CAPTION, CAPTIONS) if c in shard_columns(file)])
         for name in table.column_names:
             column = table.column(name)
             yield from (column.combine_chunks().flatten() if name == CAPTIONS else column).to_pylist()

@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from raydist.data.image_bytes import ImageInfo, check_image
 from raydist.data.manifest import Manifest, ShardInfo, load_manifest, sha256_file
@@ -37,6 +36,7 @@ from raydist.data.schema import (
 from raydist.data.standardize import load_standardization
 from raydist.data.tokenizer import SubwordTokenizer
 from raydist.data.vocab import Vocab
+from raydist.data.webdataset import decode_sample_problems, is_tar_shard, read_shard
 
 ROWS_SHOWN = 5  # per file and check: rows reported one by one before a "... and N more" summary
 
@@ -75,7 +75,8 @@ def _row_problems(
 def open_shard(
     dataset_dir: Path, shard: ShardInfo, *, verify_hash: bool = True
 ) -> tuple[pa.Table | None, list[Problem]]:
-    """Read one shard; problems: file missing, sha256 mismatch, not a readable Parquet file."""
+    """Read one shard; problems: file missing, sha256 mismatch, not a readable Parquet file (or WebDataset tar:
+    :func:`raydist.data.webdataset.read_shard`)."""
     path = dataset_dir / shard.file
     if not path.is_file():
         return None, [Problem(shard.file, "file", f"shard listed in {MANIFEST_NAME} is missing ({path})")]
@@ -92,7 +93,10 @@ def open_shard(
                 )
             )
     try:
-        table = pq.read_table(path)
+        table = read_shard(path)
+    except RaydistDataError as e:  # a tar shard's sample that is not usable, named by its key
+        problems.append(Problem(shard.file, None, str(e).removeprefix(f"{path}: ")))
+        return None, problems
     except (pa.ArrowException, OSError) as e:
         problems.append(Problem(shard.file, None, f"not a readable Parquet file (truncated or corrupt): {e}"))
         return None, problems
@@ -411,7 +415,11 @@ def split_problems(
         )
         if manifest.image_format == "encoded":
             rows = None if decode_rows is None else decode_rows.get(shard.file, np.zeros(0, np.int64))
-            problems.extend(decode_problems(table, shard.file, rows))
+            if is_tar_shard(shard.file):  # named by the sample's key
+                bad = decode_sample_problems(dataset_dir / shard.file, rows)
+                problems.extend(Problem(shard.file, IMAGE, line) for line in bad)
+            else:
+                problems.extend(decode_problems(table, shard.file, rows))
         problems.extend(tracker.add(table, shard.file))
         sample_ids.add(table, shard.file)
         if tables is not None:

@@ -38,7 +38,7 @@ from raydist.tasks.images import augmentation, check_image_config
 from raydist.train.grad_cache import check_grad_cache
 from raydist.train.malloc import worker_env
 from raydist.train.stopping import stop_on_signals
-from raydist.uris import cache_path, check_bucket, delete, join, location_of, write_bytes
+from raydist.uris import cache_path, check_bucket, delete, join, location_of, storage_env, write_bytes
 
 if TYPE_CHECKING:
     from raydist.train.local import ReportListener, SharedSplit
@@ -212,6 +212,7 @@ def build_trainer(
     os.environ[START_TIMEOUT_ENV] = f"{cfg.train.capacity_wait_s / (CONTROLLER_RETRIES + 1):g}"
     os.environ.setdefault(POLL_INTERVAL_ENV, f"{POLL_INTERVAL_S:g}")
     elastic_callbacks = [FreshCapacityOnRestart()] if isinstance(worker_range(cfg), tuple) else []
+    remote_env = storage_env() if is_uri(storage) or is_uri(cfg.data.path or "") else {}  # object storage
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config=loop_config,
@@ -233,7 +234,7 @@ def build_trainer(
                 checkpoint_score_order="max",
             ),
             callbacks=[*(callbacks or []), *elastic_callbacks],
-            worker_runtime_env={"env_vars": worker_env(cfg.train.tune_malloc)},
+            worker_runtime_env={"env_vars": {**worker_env(cfg.train.tune_malloc), **remote_env}},
         ),
         datasets=datasets,
         dataset_config=DataConfig(datasets_to_split=list(datasets)),
