@@ -145,17 +145,8 @@ def test_raydist_serve_answers_then_stops_cleanly_on_sigint(tiny_dataset, tmp_pa
     ckpt = _checkpoint(tmp_path / "run" / "checkpoint_00000001", tiny_dataset, **{"model.nesting": [16, 32]})
     port = free_port()
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-    command = [
-        sys.executable,
-        "-m",
-        "raydist.cli",
-        "serve",
-        str(ckpt.parent),
-        "--index",
-        "test",
-        "--port",
-        str(port),
-    ]
+    serve = f"serve {ckpt.parent} --index test --port {port} --replicas 2 --replica-cpus 0.25"
+    command = [sys.executable, "-m", "raydist.cli", *serve.split()]
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
@@ -167,6 +158,8 @@ def test_raydist_serve_answers_then_stops_cleanly_on_sigint(tiny_dataset, tmp_pa
             time.sleep(0.5)
         status, health = request(f"http://127.0.0.1:{port}/health")
         assert status == 200 and health["index"] == "test"
+        replicas = {request(f"http://127.0.0.1:{port}/health")[1]["replica"] for _ in range(30)}
+        assert len(replicas) == 2  # --replicas 2: Serve spreads the requests over both
         body = json.dumps({"texts": QUERIES[:1], "k": 3}).encode()
         status, answer = request(f"http://127.0.0.1:{port}/search", body)
         assert status == 200 and len(answer["results"][0]) == 3

@@ -61,8 +61,9 @@ class RetrieverDeployment:
 
     @api.get("/health")
     def health(self) -> dict[str, Any]:
-        """200 once the model and its index are loaded: the checkpoint, task, dims and index size."""
-        return self.retriever.health()
+        """200 once the model and its index are loaded: the checkpoint, task, dims, index size and the replica
+        that answered."""
+        return {**self.retriever.health(), "replica": serve.get_replica_context().replica_id.unique_id}
 
     @api.post("/embed", openapi_extra=_body(EmbedRequest))
     async def embed(self, request: Request) -> Any:
@@ -172,12 +173,12 @@ def stop(served: Served) -> None:
     (its proxy lets go of the port), and the Ray instance too when :func:`deploy` started it."""
     import ray
 
-    if served.cluster:
-        serve.delete(APP_NAME)
+    if served.cluster or served.private_ray:
+        serve.delete(APP_NAME)  # the replicas stop gracefully
+        if served.private_ray:
+            ray.shutdown()  # Serve's controller and proxy go with it
         return
     serve.shutdown()
-    if served.private_ray:
-        ray.shutdown()
 
 
 def serve_until_stopped(say: Callable[[str], None] = print, **deploy_args: Any) -> int:
