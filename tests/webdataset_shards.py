@@ -1,5 +1,5 @@
 """WebDataset tar shards written with ``tarfile`` in img2dataset's layout, for the tests: per sample
-``KEY.jpg`` or ``KEY.png`` (or ``KEY.webp``), ``KEY.txt`` (its caption), ``KEY.json`` (metadata) and, for
+``KEY.jpg``, ``KEY.png`` or ``KEY.webp``, ``KEY.txt`` (its caption), ``KEY.json`` (metadata) and, for
 labelled shards, ``KEY.cls``. Images are small coloured shapes whose class (and caption) is the colour."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def write_shards(
     seed: int = 0,
 ) -> Path:
     """``root/{train,val,test}/NNNNN.tar`` with ``per_split`` samples each (keys numbered over the folder as
-    img2dataset numbers them), the image format alternating JPEG / PNG, plus img2dataset's ``NNNNN_stats.json``
+    img2dataset numbers them), the image format JPEG, PNG and WebP in turn, plus img2dataset's ``NNNNN_stats.json``
     and ``NNNNN.parquet`` beside each tar (which the reader must ignore)."""
     per_split = per_split or {"train": 96, "val": 24, "test": 24}
     rng = np.random.default_rng(seed)
@@ -53,7 +53,7 @@ def write_shards(
             with tarfile.open(folder / f"{shard:05d}.tar", "w") as tar:
                 for _ in range(start, min(start + per_shard, count)):
                     cls = int(rng.integers(len(names)))
-                    fmt, ext = ("JPEG", "jpg") if key % 2 == 0 else ("PNG", "png")
+                    fmt, ext = (("JPEG", "jpg"), ("PNG", "png"), ("WEBP", "webp"))[key % 3]
                     name = f"{key:09d}"
                     add_member(tar, f"{name}.{ext}", image_bytes(COLOURS[names[cls]], rng, fmt))
                     add_member(tar, f"{name}.txt", f"a {names[cls]} square on noise".encode())

@@ -16,6 +16,7 @@ SUPPORTED_FORMATS = {
     "PNG": "PNG",
     "JPEG": "JPEG",
     "MPO": "JPEG",
+    "WEBP": "WEBP",  # what img2dataset writes with --output_format webdataset --encode_format webp
 }  # Pillow's name -> ours (MPO: a camera JPEG)
 GREYSCALE_BANDS = frozenset({"1", "L", "I", "F"})  # Pillow bands of a single-channel grey image
 
@@ -33,7 +34,7 @@ class ImageInfo:
 
 def check_image(data: bytes) -> ImageInfo:
     """Decode ``data`` completely with Pillow (``Image.open(...).load()``); RaydistDataError saying why it is
-    not a usable image: zero-size, unsupported image format (PNG or JPEG only), truncated or corrupt."""
+    not a usable image: zero-size, unsupported image format (PNG, JPEG or WebP only), truncated or corrupt."""
     if len(data) == 0:
         raise RaydistDataError("zero-size image (0 bytes)")
     try:
@@ -48,7 +49,7 @@ def check_image(data: bytes) -> ImageInfo:
         kind = "truncated" if "truncat" in str(e).lower() else "corrupt"
         raise RaydistDataError(f"{kind}: {type(e).__name__}: {e}") from e
     if image.format not in SUPPORTED_FORMATS:
-        raise RaydistDataError(f"unsupported image format {image.format} (PNG or JPEG only)")
+        raise RaydistDataError(f"unsupported image format {image.format} (PNG, JPEG or WebP only)")
     bands = [b for b in image.getbands() if b not in ("A", "a")]
     channels = 1 if len(bands) == 1 and bands[0] in GREYSCALE_BANDS else 3
     return ImageInfo(SUPPORTED_FORMATS[image.format], image.height, image.width, channels)
