@@ -155,6 +155,9 @@ def test_a_run_on_the_server_loads_as_the_local_run_it_was_uploaded_from(
     local_out = capsys.readouterr().out.splitlines()
     assert main(["eval", "--checkpoint", uri, "--split", "test"]) == 0
     assert capsys.readouterr().out.splitlines()[1:] == local_out[1:]  # the same metrics table
+    data = upload(small_pairs, s3_server.create_bucket("eval-data") + "/pairs")
+    assert main(["eval", "--checkpoint", uri, "--data", data, "--split", "test"]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == local_out[1:]  # and on the dataset's URI
 
     kept = remote_checkpoints(uri)
     for key in _keys("runs", f"exp/local/{kept[0]}/"):  # the store prunes the older checkpoint

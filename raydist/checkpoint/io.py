@@ -23,6 +23,8 @@ from torch import nn
 from raydist.checkpoint.names import CHECKPOINT_GLOB, CONFIG_FILE, STATE_FILE, TASK_FILE
 from raydist.checkpoint.remote import fetch_run_or_checkpoint
 from raydist.config import Config, ConfigError, apply_overrides, from_dict, validate
+from raydist.data.remote import local_dataset
+from raydist.data.schema import MANIFEST_NAME
 from raydist.uris import is_uri
 
 SHOWN_PARAMETERS = 3  # differing parameters a refusal names
@@ -234,8 +236,11 @@ def format_changes(lines: list[str]) -> str:
 
 
 def recorded_dataset(checkpoint: str | Path, data_dir: str | Path | None = None) -> Path:
-    """``data_dir``, else the dataset folder the checkpoint was trained on, when it still exists."""
+    """``data_dir`` (a URI or a WebDataset folder: its local dataset, :func:`raydist.data.remote.local_dataset`),
+    else the dataset folder the checkpoint was trained on, when it still exists."""
     folder = find_checkpoint(checkpoint)
+    if data_dir is not None and (is_uri(data_dir) or not (Path(data_dir) / MANIFEST_NAME).exists()):
+        data_dir = local_dataset(data_dir)
     data_dir = data_dir or load_task_info(folder).get("data_dir")
     if not data_dir or not Path(data_dir).is_dir():
         raise ConfigError(
