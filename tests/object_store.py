@@ -1,25 +1,18 @@
 """A real S3-compatible server on loopback for the tests: moto's server mode (``moto[server]``), started once per
-test session on a free 127.0.0.1 port, with the standard AWS environment pointing at it (and raydist's cache of
+test session on a free 127.0.0.1 port (raydist.local_s3), with the standard AWS environment pointing at it (and raydist's cache of
 remote files in a temporary folder). Nothing reaches the internet. Loaded by tests/conftest.py as a plugin."""
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from raydist.local_s3 import free_port, local_s3_server
 
-def free_port() -> int:
-    """A TCP port nothing listens on now (the kernel's pick)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+__all__ = ["S3Server", "free_port", "s3_server", "upload"]
 
 
 @dataclass(frozen=True)
@@ -55,37 +48,14 @@ def upload(folder: Path, uri: str) -> str:
 def s3_server(tmp_path_factory) -> Iterator[S3Server]:
     """moto's S3 server for the whole session; the AWS environment (``AWS_ENDPOINT_URL``, keys, region) and
     ``RAYDIST_CACHE`` are set for this process and every subprocess it starts."""
-    port = free_port()
     log = tmp_path_factory.mktemp("moto") / "moto.log"
-    with open(log, "w") as out:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    deadline = time.time() + 30
-    while True:
+    with local_s3_server(log) as aws:
+        env = {**aws, "RAYDIST_CACHE": str(tmp_path_factory.mktemp("raydist-cache"))}
+        patch = pytest.MonkeyPatch()
+        for key, value in env.items():
+            patch.setenv(key, value)
+        patch.delenv("AWS_PROFILE", raising=False)
         try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            break
-        except OSError:
-            assert server.poll() is None and time.time() < deadline, log.read_text()
-            time.sleep(0.1)
-    env = {
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_EC2_METADATA_DISABLED": "true",
-        "RAYDIST_CACHE": str(tmp_path_factory.mktemp("raydist-cache")),
-    }
-    patch = pytest.MonkeyPatch()
-    for key, value in env.items():
-        patch.setenv(key, value)
-    patch.delenv("AWS_PROFILE", raising=False)
-    try:
-        yield S3Server(env["AWS_ENDPOINT_URL"], env)
-    finally:
-        patch.undo()
-        server.terminate()
-        server.wait(10)
+            yield S3Server(env["AWS_ENDPOINT_URL"], env)
+        finally:
+            patch.undo()

@@ -1,5 +1,5 @@
 """WebDataset shards read directly (raydist/data/webdataset.py), with tar files written here by ``tarfile`` in
-img2dataset's layout (tests/webdataset_shards.py): the index lists every sample once with the bytes, caption or
+img2dataset's layout (raydist/data/synthetic_webdataset.py): the index lists every sample once with the bytes, caption or
 class the tar holds (read back here with ``tarfile``, not raydist's reader); img2dataset's side files are
 ignored; the index is reused until a shard changes; every defect is refused naming the shard and the key; and
 image–caption and labelled shards train end to end with two Ray Train workers (streamed and in memory)."""
@@ -11,12 +11,12 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from webdataset_shards import add_member, write_shards
 
 from raydist.cli import main
 from raydist.data import load_manifest, validate_dataset
 from raydist.data.remote import local_dataset
 from raydist.data.shards import read_split
+from raydist.data.synthetic_webdataset import add_member, write_webdataset
 from raydist.data.webdataset import webdataset_index
 from raydist.recipe import run_recipe
 from raydist.train.trainer import run_training
@@ -43,7 +43,7 @@ def _own_cache(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("labels", [False, True], ids=["pairs", "labels"])
 def test_the_index_holds_every_sample_as_the_tar_does(tmp_path, labels):
-    source = write_shards(tmp_path / "wds", labels=labels, per_split={"train": 60, "val": 12, "test": 12})
+    source = write_webdataset(tmp_path / "wds", labels=labels, per_split={"train": 60, "val": 12, "test": 12})
     folder = local_dataset(source)
     manifest = load_manifest(folder)
     assert manifest.task == ("labels" if labels else "pairs") and manifest.image_format == "encoded"
@@ -75,7 +75,7 @@ def test_the_index_holds_every_sample_as_the_tar_does(tmp_path, labels):
 
 
 def test_the_index_is_reused_until_a_shard_changes(tmp_path):
-    source = write_shards(tmp_path / "wds", per_split={"train": 24, "val": 6, "test": 6})
+    source = write_webdataset(tmp_path / "wds", per_split={"train": 24, "val": 6, "test": 6})
     first = webdataset_index(source)
     stamp = (first / "manifest.json").stat().st_mtime_ns
     assert webdataset_index(source) == first and (first / "manifest.json").stat().st_mtime_ns == stamp
@@ -102,7 +102,7 @@ def _rewrite(shard: Path, drop: str | None = None, change: tuple[str, bytes] | N
 
 
 def test_defects_are_refused_naming_the_shard_and_the_key(tmp_path):
-    pairs = write_shards(tmp_path / "pairs", per_split={"train": 24, "val": 6, "test": 6})
+    pairs = write_webdataset(tmp_path / "pairs", per_split={"train": 24, "val": 6, "test": 6})
     _rewrite(pairs / "train" / "00000.tar", drop="000000003.jpg")
     _rewrite(pairs / "train" / "00000.tar", change=("000000004.txt", b"   "))
     _rewrite(pairs / "val" / "00000.tar", drop="000000026.txt")
@@ -114,24 +114,24 @@ def test_defects_are_refused_naming_the_shard_and_the_key(tmp_path):
     assert "train/00000.tar: key 000000004: no caption (000000004.txt missing or empty)" in refusal
     assert "val/00000.tar: key 000000026: no caption" in refusal
 
-    labels = write_shards(tmp_path / "labels", labels=True, per_split={"train": 24, "val": 6, "test": 6})
+    labels = write_webdataset(tmp_path / "labels", labels=True, per_split={"train": 24, "val": 6, "test": 6})
     _rewrite(labels / "test" / "00000.tar", change=("000000031.cls", b"red"))
     assert "test/00000.tar: key 000000031: no class (000000031.cls missing or not an integer >= 0)" in (
         _refusal(labels)
     )
 
-    twice = write_shards(tmp_path / "twice", per_split={"train": 24, "val": 6, "test": 6})
+    twice = write_webdataset(tmp_path / "twice", per_split={"train": 24, "val": 6, "test": 6})
     with tarfile.open(twice / "train" / "00000.tar", "a") as tar:
         data = _tar_members(twice / "train" / "00000.tar")["000000001"]
         for ext, raw in data.items():
             add_member(tar, f"000000001.{ext}", raw)
     assert "key 000000001: the key is in train/ twice" in _refusal(twice)
 
-    broken = write_shards(tmp_path / "broken", per_split={"train": 24, "val": 6, "test": 6})
+    broken = write_webdataset(tmp_path / "broken", per_split={"train": 24, "val": 6, "test": 6})
     (broken / "val" / "00000.tar").write_bytes(b"<html>not a tar</html>" * 40)
     assert "val/00000.tar: not a readable tar shard" in _refusal(broken)
 
-    empty = write_shards(tmp_path / "empty", per_split={"train": 24, "val": 6, "test": 6})
+    empty = write_webdataset(tmp_path / "empty", per_split={"train": 24, "val": 6, "test": 6})
     for path in (empty / "test").glob("*.tar"):
         path.unlink()
     assert "no *.tar shards in test/" in _refusal(empty)
@@ -139,7 +139,7 @@ def test_defects_are_refused_naming_the_shard_and_the_key(tmp_path):
 
 def test_validate_names_an_image_that_does_not_decode_by_shard_and_key(tmp_path, capsys):
     """The index decodes a sample of the train images; `raydist validate` decodes every image (or a sample)."""
-    source = write_shards(tmp_path / "wds", per_split={"train": 24, "val": 6, "test": 6})
+    source = write_webdataset(tmp_path / "wds", per_split={"train": 24, "val": 6, "test": 6})
     image = _tar_members(source / "test" / "00000.tar")["000000030"]["jpg"]
     _rewrite(source / "test" / "00000.tar", change=("000000030.jpg", image[: len(image) // 2]))
     assert main(["validate", str(source)]) == 1
@@ -156,7 +156,9 @@ def test_webdataset_shards_train_with_two_ray_workers(ray_cluster, tmp_path, lab
     """Two Ray Train workers from the tars: the image–caption shards streamed through Ray Data's
     read_webdataset (data.in_memory_max_mb=0), the labelled ones read into memory; each epoch runs every train
     row's steps, and the labelled model learns the colour (4 classes: chance is 25 %)."""
-    source = write_shards(tmp_path / "wds", labels=labels, per_split={"train": 192, "val": 32, "test": 32})
+    source = write_webdataset(
+        tmp_path / "wds", labels=labels, per_split={"train": 192, "val": 32, "test": 32}
+    )
     overrides = {
         "train.storage_path": str(tmp_path / "runs"),
         "train.epochs": 4,

@@ -62,6 +62,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "raydist.benchmarks",
             "raydist.experiments",
             "raydist.simcluster",
+            "raydist.local_s3",
             "raydist.autoscaling",
         ),
     ),

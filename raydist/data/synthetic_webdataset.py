@@ -1,6 +1,7 @@
-"""WebDataset tar shards written with ``tarfile`` in img2dataset's layout, for the tests: per sample
-``KEY.jpg``, ``KEY.png`` or ``KEY.webp``, ``KEY.txt`` (its caption), ``KEY.json`` (metadata) and, for
-labelled shards, ``KEY.cls``. Images are small coloured shapes whose class (and caption) is the colour."""
+"""Synthetic WebDataset tar shards in img2dataset's layout, written with ``tarfile`` (for the tests and the
+``webdataset`` benchmark): per sample ``KEY.jpg``, ``KEY.png`` or ``KEY.webp``, ``KEY.txt`` (its caption),
+``KEY.json`` (metadata) and, for labelled shards, ``KEY.cls``. Images are coloured squares on noise whose class
+(and caption) is the colour."""
 
 from __future__ import annotations
 
@@ -26,22 +27,24 @@ def image_bytes(colour: tuple[int, int, int], rng: np.random.Generator, fmt: str
 
 
 def add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    """Append a file member ``name`` holding ``data``."""
     info = tarfile.TarInfo(name)
     info.size = len(data)
     tar.addfile(info, io.BytesIO(data))
 
 
-def write_shards(
+def write_webdataset(
     root: Path,
     *,
     labels: bool = False,
     per_split: dict[str, int] | None = None,
     per_shard: int = 24,
     seed: int = 0,
+    side: int = 16,
 ) -> Path:
     """``root/{train,val,test}/NNNNN.tar`` with ``per_split`` samples each (keys numbered over the folder as
     img2dataset numbers them), the image format JPEG, PNG and WebP in turn, plus img2dataset's ``NNNNN_stats.json``
-    and ``NNNNN.parquet`` beside each tar (which the reader must ignore)."""
+    and ``NNNNN.parquet`` beside each tar (which a reader must ignore); images ``side`` pixels square."""
     per_split = per_split or {"train": 96, "val": 24, "test": 24}
     rng = np.random.default_rng(seed)
     names = list(COLOURS)
@@ -55,7 +58,7 @@ def write_shards(
                     cls = int(rng.integers(len(names)))
                     fmt, ext = (("JPEG", "jpg"), ("PNG", "png"), ("WEBP", "webp"))[key % 3]
                     name = f"{key:09d}"
-                    add_member(tar, f"{name}.{ext}", image_bytes(COLOURS[names[cls]], rng, fmt))
+                    add_member(tar, f"{name}.{ext}", image_bytes(COLOURS[names[cls]], rng, fmt, side))
                     add_member(tar, f"{name}.txt", f"a {names[cls]} square on noise".encode())
                     add_member(tar, f"{name}.json", json.dumps({"key": name, "status": "success"}).encode())
                     if labels:

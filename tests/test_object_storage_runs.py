@@ -1,0 +1,210 @@
+"""Runs whose data and run folder live on an S3-compatible server (moto on loopback, tests/object_store.py):
+`raydist train` with two Ray Train workers from ``s3://`` data into ``s3://`` storage finishes with test
+metrics, and its run evaluates and loads from the URI as from a plain download of it; Ctrl-C on such a run
+checkpoints and exits 130, and the same command resumes it to the end; a missing bucket is one line, exit 2;
+WebDataset shards (image–caption and labelled) train from the server as from a local folder.
+Every `raydist train` here starts a private Ray instance: cluster step."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import boto3
+import numpy as np
+import pytest
+from object_store import upload
+
+from raydist.cli import main
+from raydist.data import ensure_default_dataset
+from raydist.data.synthetic_webdataset import write_webdataset
+from raydist.inference import Embedder
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+TRAIN_ROWS = (
+    0.05  # data.train_fraction of the embedded set's 15,000 train rows: about 23 steps of 32 rows an epoch
+)
+
+
+def _env() -> dict[str, str]:
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def _train(data: str, storage: str, name: str, *extra: str) -> list[str]:
+    return [
+        "raydist",
+        "train",
+        "--preset",
+        "tiny",
+        "--data",
+        data,
+        "--storage",
+        storage,
+        "--name",
+        name,
+        f"data.train_fraction={TRAIN_ROWS}",
+        *extra,
+    ]
+
+
+def _download(uri: str, dest: Path) -> Path:
+    """A plain boto3 download of a folder URI (independent of raydist's copying code)."""
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    client = boto3.client("s3")
+    for item in client.list_objects_v2(Bucket=bucket, Prefix=prefix + "/").get("Contents", []):
+        if item["Key"].endswith("/"):
+            continue
+        target = dest / item["Key"][len(prefix) + 1 :]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        client.download_file(bucket, item["Key"], str(target))
+    return dest
+
+
+def _printed(text: str, label: str) -> str:
+    lines = [line[len(label) :].strip() for line in text.splitlines() if line.startswith(label)]
+    assert len(lines) == 1, f"expected one {label!r} line in:\n{text}"
+    return lines[0]
+
+
+@pytest.mark.timeout(900)
+def test_a_run_from_s3_data_into_s3_storage_trains_evaluates_and_loads(s3_server, tmp_path, capsys):
+    data = upload(ensure_default_dataset(), s3_server.create_bucket("shards") + "/embedded")
+    storage = s3_server.create_bucket("runs") + "/exp"
+    done = subprocess.run(
+        _train(data, storage, "x", "train.epochs=2"),
+        env=_env(),
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "== test split, best checkpoint ==" in done.stdout
+    assert _printed(done.stdout, "run folder:") == f"{storage}/x"
+    best = _printed(done.stdout, "best checkpoint:")
+    assert best.startswith(f"{storage}/x/checkpoint_")
+    record = json.loads(
+        boto3.client("s3").get_object(Bucket="runs", Key="exp/x/best_checkpoint.json")["Body"].read()
+    )
+    assert record["checkpoint"] == best.rsplit("/", 1)[1] and record["metric"] == "val/rsum"
+    history = json.loads(
+        boto3.client("s3").get_object(Bucket="runs", Key="exp/x/history.json")["Body"].read()
+    )
+    assert [m["epoch"] for m in history] == [1, 2]
+
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", f"{storage}/x", "--split", "test"]) == 0
+    out = capsys.readouterr().out
+    assert f"best by val/rsum = {record['value']:.4g}" in out.splitlines()[0]
+    downloaded = _download(best, tmp_path / "best")
+    assert main(["eval", "--checkpoint", str(downloaded), "--split", "test"]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == out.splitlines()[1:]  # the same test metrics
+    texts = ["a white child sitting in the park", "a red car"]
+    np.testing.assert_array_equal(
+        Embedder.from_checkpoint(f"{storage}/x").embed_texts(texts),
+        Embedder.from_checkpoint(downloaded).embed_texts(texts),
+    )
+
+    missing = subprocess.run(
+        _train("s3://no-such-bucket/embedded", storage, "y"),
+        env=_env(),
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    assert missing.returncode == 2
+    assert missing.stderr.strip() == (
+        "raydist: error: s3://no-such-bucket/embedded: bucket 'no-such-bucket' does not exist "
+        "(or these credentials cannot see it)"
+    )
+
+
+@pytest.mark.timeout(900)
+def test_ctrl_c_on_a_run_in_s3_exits_130_and_the_same_command_resumes_it(s3_server, tmp_path):
+    data = upload(ensure_default_dataset(), s3_server.create_bucket("cut-shards") + "/embedded")
+    storage = s3_server.create_bucket("cut-runs") + "/exp"
+    command = _train(data, storage, "cut", "train.epochs=2", "train.log_every=1", "debug.step_delay_s=0.2")
+    log = tmp_path / "first.log"
+    with open(log, "w") as out:
+        first = subprocess.Popen(
+            command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=_env(),
+            start_new_session=True,
+        )
+        try:
+            deadline = time.time() + 500
+            while "epoch 1/2 step 3/" not in log.read_text():
+                assert first.poll() is None, log.read_text()[-3000:]
+                assert time.time() < deadline, log.read_text()[-3000:]
+                time.sleep(0.1)
+            os.killpg(first.pid, signal.SIGINT)
+            code = first.wait(180)
+        finally:
+            if first.poll() is None:
+                os.killpg(first.pid, signal.SIGKILL)
+    text = log.read_text()
+    assert code == 130, text[-3000:]
+    assert "SIGINT: stopping at the next step boundary" in text
+    checkpoint = _printed(text, "checkpoint:")
+    assert checkpoint.startswith(f"{storage}/cut/checkpoint_")
+    keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket="cut-runs")["Contents"]]
+    assert "exp/cut/stop-requested" not in keys and f"{checkpoint.split('/', 3)[3]}/state.pt" in keys
+
+    outcome = tmp_path / "resumed.json"
+    resumed = subprocess.run(
+        [*command, "--json", str(outcome)],
+        env=_env(),
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "[raydist] resuming cut at epoch 1 (step " in resumed.stdout
+    result = json.loads(outcome.read_text())
+    steps = result["history"][0]["step"]  # an epoch of the train rows data.train_fraction keeps
+    assert len(result["resumed_at"]) == 1 and 3 <= result["resumed_at"][0] < 2 * steps
+    assert [(m["epoch"], m["step"]) for m in result["history"]] == [(1, steps), (2, 2 * steps)]
+    assert result["test_metrics"]["rsum"] > 0
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("labels", [False, True], ids=["pairs", "labels"])
+def test_webdataset_shards_on_the_server_train_end_to_end(s3_server, tmp_path, labels):
+    """Tars in img2dataset's layout uploaded as they are: `raydist train --data s3://…` copies and indexes them,
+    two Ray Train workers train, and the test split is evaluated (the labelled model learns the colour)."""
+    shards = write_webdataset(
+        tmp_path / "wds", labels=labels, per_split={"train": 192, "val": 32, "test": 32}
+    )
+    data = upload(shards, s3_server.create_bucket(f"wds-{'labels' if labels else 'pairs'}") + "/shards")
+    done = subprocess.run(
+        _train(
+            data,
+            str(tmp_path / "runs"),
+            "wds",
+            "train.epochs=4",
+            "train.min_steps=0",
+            "data.train_fraction=1",
+        ),
+        env=_env(),
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    outcome = done.stdout.split("== test split, best checkpoint ==")[1]
+    if labels:
+        top1 = float(next(line.split()[1] for line in outcome.splitlines() if line.startswith("top1")))
+        assert top1 >= 60, done.stdout[-2000:]
+    else:
+        assert "rsum" in outcome
