@@ -142,9 +142,8 @@ def deploy(
     if replicas < 1 or replica_cpus < 0:
         raise ValueError(f"--replicas {replicas}, --replica-cpus {replica_cpus}: expected >= 1 and >= 0")
     check_index_arg(index)
-    read_config(
-        choose_checkpoint(checkpoint, latest=latest).path
-    )  # a clear error now, not in a replica's log
+    chosen = choose_checkpoint(checkpoint, latest=latest)
+    read_config(chosen.path)  # a missing or unreadable checkpoint: a clear error now, not in a replica's log
     cluster = bool(address or os.environ.get("RAY_ADDRESS"))
     private = not ray.is_initialized() and not cluster
     init_ray(replicas * replica_cpus, address, dashboard=False)
@@ -169,14 +168,15 @@ def deploy(
 
 
 def stop(served: Served) -> None:
-    """Take the application down: on a cluster only this application; on this machine's Ray, Serve itself
-    (its proxy lets go of the port), and the Ray instance too when :func:`deploy` started it."""
+    """Take the application down, its replicas stopping gracefully: on a cluster only this application; on a
+    private Ray the application, then Ray (Serve's controller and proxy with it); on a Ray this process was
+    already running (tests, benchmarks), Serve itself, so that its proxy lets go of the port."""
     import ray
 
     if served.cluster or served.private_ray:
-        serve.delete(APP_NAME)  # the replicas stop gracefully
+        serve.delete(APP_NAME)
         if served.private_ray:
-            ray.shutdown()  # Serve's controller and proxy go with it
+            ray.shutdown()
         return
     serve.shutdown()
 
