@@ -19,6 +19,9 @@ What is measured (full mode; smoke mode is the same at tiny sizes, :data:`SMOKE`
    (:meth:`raydist.serving.service.Retriever.search`), one caller, one query per call, no HTTP, with one
    torch and faiss thread (a replica with under one CPU gets one); requests/s = calls / wall time.
 5. ``repeats`` rounds, every mode interleaved in each round; requests/s as median (min–max) over the rounds.
+6. **HTTP and Serve alone.** ``GET /health`` sent the same way: the proxy and the replica, no model, no search.
+7. **Batching off.** The server deployed again with ``max_batch=1`` (each request answered alone) and flat
+   search measured the same way, against the same floor (full mode only).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ SMOKE = {"database": 2_000, "requests": 32, "clients": 8}
 NESTING = [32, 64, 128]
 K = 10
 WARMUP = 16
+HEALTH = "GET /health"  # the same path through Serve with no model and no search: HTTP and Serve alone
 
 
 def _fresh_checkpoint(folder: Path, data_dir: Path) -> Path:
@@ -74,9 +78,9 @@ def _write_index(checkpoint: Path, out: Path, n: int) -> None:
     build_indexes(rset, [*NESTING, embedder.trained.config.model.embed_dim], "flat", out)
 
 
-def _clients(port: int, bodies: Sequence[bytes], clients: int) -> tuple[float, list[float]]:
-    """Send ``bodies`` to /search from ``clients`` threads (one keep-alive connection each, an equal share of
-    the bodies each, one after another): (wall seconds, per-request latencies)."""
+def _clients(port: int, bodies: Sequence[bytes | None], clients: int) -> tuple[float, list[float]]:
+    """Send ``bodies`` to /search (None: a GET of /health) from ``clients`` threads (one keep-alive connection
+    each, an equal share of the bodies each, one after another): (wall seconds, per-request latencies)."""
     latencies: list[float] = []
     errors: list[str] = []
     lock = threading.Lock()
@@ -86,7 +90,10 @@ def _clients(port: int, bodies: Sequence[bytes], clients: int) -> tuple[float, l
         mine = []
         for body in share:
             start = time.perf_counter()
-            conn.request("POST", "/search", body, {"Content-Type": "application/json"})
+            if body is None:
+                conn.request("GET", "/health")
+            else:
+                conn.request("POST", "/search", body, {"Content-Type": "application/json"})
             response = conn.getresponse()
             payload = response.read()
             mine.append(time.perf_counter() - start)
@@ -124,10 +131,42 @@ def _ms(latencies: list[float], q: float) -> str:
     return f"{1e3 * float(np.quantile(latencies, q)):.1f}"
 
 
+def _serve_rounds(
+    port: int,
+    retriever,
+    queries: Sequence[str],
+    modes: Sequence[str],
+    repeats: int,
+    clients: int,
+    floor: bool,
+) -> dict[str, dict[str, list[float]]]:
+    """Per mode: the server's requests/s per round and latencies; with ``floor`` the in-process ones too. Every
+    mode runs once per round, in turn."""
+    out = {m: {"serve": [], "serve_lat": [], "floor": [], "floor_lat": []} for m in modes}
+    warm = [json.dumps({"texts": [q], "k": K}).encode() for q in queries[:WARMUP]]
+    _clients(port, warm, clients)
+    for _ in range(repeats):
+        for mode in modes:
+            if mode == HEALTH:
+                bodies: list[bytes | None] = [None] * len(queries)
+            else:
+                bodies = [json.dumps({"texts": [q], "k": K, "mode": mode}).encode() for q in queries]
+            wall, times = _clients(port, bodies, clients)
+            out[mode]["serve"].append(len(bodies) / wall)
+            out[mode]["serve_lat"] += times
+            if floor and mode != HEALTH:
+                with threads(1):
+                    wall, times = _in_process(retriever, queries, mode)
+                out[mode]["floor"].append(len(queries) / wall)
+                out[mode]["floor_lat"] += times
+    return out
+
+
 def serve_rate(*, smoke: bool, repeats: int) -> str:
     """Requests/s, p50/p99 of `raydist serve` /search (8 clients, loopback): flat, adaptive, funnel; in process.
 
-    Each search mode through Ray Serve against the Embedder + FAISS called in this process (the floor)."""
+    Each search mode through Ray Serve against the Embedder + FAISS called in this process (the floor); then flat
+    search again with batching off (``--max-batch 1``; not in smoke mode)."""
     from raydist.serving.deployment import deploy, free_port, stop
 
     sizes = SMOKE if smoke else FULL
@@ -135,33 +174,29 @@ def serve_rate(*, smoke: bool, repeats: int) -> str:
         root = Path(tmp)
         data = make_synthetic(root / "data", images=200, captions_per_image=5, seed=0)
         checkpoint = _fresh_checkpoint(root / "run" / "checkpoint_00000001", data)
+        index = str(root / "index")
         _write_index(checkpoint, root / "index", sizes["database"])
         captions = list(train_captions(data))
         queries = [captions[i % len(captions)] for i in range(sizes["requests"])]
-        port = free_port()
-        served = deploy(checkpoint, index=str(root / "index"), port=port, replica_cpus=0.5)
-        try:
-            warm = [json.dumps({"texts": [q], "k": K}).encode() for q in queries[:WARMUP]]
-            _clients(port, warm, sizes["clients"])
-            retriever = load_retriever(checkpoint, str(root / "index"), options=ServeOptions())
-            rates: dict[str, dict[str, list[float]]] = {m: {"serve": [], "floor": []} for m in MODES}
-            lat: dict[str, dict[str, list[float]]] = {m: {"serve": [], "floor": []} for m in MODES}
-            for _ in range(repeats):
-                for mode in MODES:
-                    bodies = [json.dumps({"texts": [q], "k": K, "mode": mode}).encode() for q in queries]
-                    wall, times = _clients(port, bodies, sizes["clients"])
-                    rates[mode]["serve"].append(len(bodies) / wall)
-                    lat[mode]["serve"] += times
-                    with threads(1):
-                        wall, times = _in_process(retriever, queries, mode)
-                    rates[mode]["floor"].append(len(queries) / wall)
-                    lat[mode]["floor"] += times
-        finally:
-            stop(served)
+        retriever = load_retriever(checkpoint, index, options=ServeOptions())
+        batching = [ServeOptions()] if smoke else [ServeOptions(), ServeOptions(max_batch=1)]
+        results = {}
+        for options in batching:
+            port = free_port()
+            served = deploy(checkpoint, index=index, port=port, replica_cpus=0.5, options=options)
+            try:
+                batched = options.max_batch > 1
+                modes = (*MODES, HEALTH) if batched else ("flat",)
+                rounds = _serve_rounds(port, retriever, queries, modes, repeats, sizes["clients"], batched)
+            finally:
+                stop(served)
+            for mode, measured in rounds.items():
+                results[mode if batched else f"{mode}, batching off"] = measured
     what = (
         f"{sizes['requests']} requests per mode and round (one caption each, k = {K}, full dim 256), "
         f"{sizes['clients']} concurrent clients on 127.0.0.1, database N = {sizes['database']:,}; "
-        f"{repeats} round(s). Requests/s as median (min–max) over rounds; latencies pooled."
+        f"{repeats} round(s). Requests/s as median (min–max) over rounds; latencies pooled. Batching: up to "
+        f"{ServeOptions().max_batch} requests, {1e3 * ServeOptions().batch_wait_s:g} ms wait."
     )
     lines = [
         what,
@@ -178,18 +213,14 @@ def serve_rate(*, smoke: bool, repeats: int) -> str:
         ),
         "|" + "---|" * 8,
     ]
-    for mode in MODES:
-        served_rate, floor_rate = rates[mode]["serve"], rates[mode]["floor"]
-        lines.append(
-            row(
-                mode,
-                spread(served_rate),
-                _ms(lat[mode]["serve"], 0.5),
-                _ms(lat[mode]["serve"], 0.99),
-                spread(floor_rate),
-                _ms(lat[mode]["floor"], 0.5),
-                _ms(lat[mode]["floor"], 0.99),
-                f"{statistics.median(served_rate) / statistics.median(floor_rate):.2f}×",
-            )
-        )
+    floor = results["flat"]
+    for label, m in results.items():
+        served = [label, spread(m["serve"]), _ms(m["serve_lat"], 0.5), _ms(m["serve_lat"], 0.99)]
+        if label == HEALTH:
+            lines.append(row(*served, "—", "—", "—", "—"))
+            continue
+        base = m if m["floor"] else floor  # batching off: against flat search's floor
+        ratio = statistics.median(m["serve"]) / statistics.median(base["floor"])
+        floor_cells = [spread(base["floor"]), _ms(base["floor_lat"], 0.5), _ms(base["floor_lat"], 0.99)]
+        lines.append(row(*served, *floor_cells, f"{ratio:.2f}×"))
     return "\n".join(lines)
