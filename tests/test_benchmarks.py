@@ -29,6 +29,7 @@ NAMES = [
     "pixels-vs-vectors",
     "grad-cache",
     "serve",
+    "webdataset",
 ]
 NEEDS_SKLEARN = {
     "real-cross-view",
@@ -38,7 +39,18 @@ NEEDS_SKLEARN = {
 
 # the benchmarks that run on Ray (data, step, …, pixels-vs-vectors without --in-process) or spawn two gloo processes
 # (gather, gc), even in smoke mode; grad-cache measures each cell in a fresh process (4 in smoke mode)
-SLOW = {"data", "step", "gather", "gc", "tokenize", "images", "pixels-vs-vectors", "serve", "grad-cache"}
+SLOW = {
+    "data",
+    "step",
+    "gather",
+    "gc",
+    "tokenize",
+    "images",
+    "pixels-vs-vectors",
+    "serve",
+    "grad-cache",
+    "webdataset",
+}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in NAMES])

@@ -21,6 +21,7 @@ from raydist.benchmarks.serve import serve_rate
 from raydist.benchmarks.startup import startup
 from raydist.benchmarks.step import step_rate
 from raydist.benchmarks.text import text_encoders, tokenize_rate
+from raydist.benchmarks.webdataset import webdataset_rate
 
 
 class BenchmarkFn(Protocol):
@@ -64,6 +65,7 @@ BENCHMARKS: dict[str, Benchmark] = {
         Benchmark("pixels-vs-vectors", pixels_vs_vectors, options=("data", "in_process"), repeated=False),
         Benchmark("grad-cache", grad_cache_memory),
         Benchmark("serve", serve_rate),
+        Benchmark("webdataset", webdataset_rate),
     )
 }
 

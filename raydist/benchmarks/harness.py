@@ -27,7 +27,7 @@ RAY_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
 }
 # the benchmarks that run on Ray (tests hand them the session's)
-RAY_BENCHMARKS = frozenset({"data", "step", "tokenize", "images", "pixels-vs-vectors", "serve"})
+RAY_BENCHMARKS = frozenset({"data", "step", "tokenize", "images", "pixels-vs-vectors", "serve", "webdataset"})
 LOGICAL_CPUS = 4  # scheduling tokens of a private instance: train workers + Ray Data fit on a 2-core box
 
 

@@ -290,9 +290,11 @@ def _as_columns(task: str, split: str):
     def convert(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         keys = [str(k) for k in batch["__key__"]]
         images = np.empty(len(keys), dtype=object)
-        for i in range(len(keys)):
+        for i in range(len(keys)):  # a sample without a member of a column holds None or NaN there
             images[i] = next(
-                bytes(batch[e][i]) for e in IMAGE_EXTENSIONS if e in batch and batch[e][i] is not None
+                bytes(batch[e][i])
+                for e in IMAGE_EXTENSIONS
+                if e in batch and isinstance(batch[e][i], (bytes, bytearray, np.ndarray))
             )
         ids = np.array([sample_id(split, k) for k in keys], dtype=np.int64)
         out = {IMAGE_ID: ids, SAMPLE_ID: ids, IMAGE: images}
