@@ -766,7 +766,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--latest", action="store_true", help="a run folder means its newest checkpoint, not its best"
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int, default=8000, help="port to listen on")
     p.add_argument("--replicas", type=int, default=1, help="model replicas (scale out on a cluster)")
     p.add_argument("--replica-cpus", type=float, default=0.5, help="logical CPUs reserved per replica")
     p.add_argument("--max-items", type=int, default=256, help="most inputs in one request")
