@@ -201,3 +201,10 @@ def test_mode_needs_a_smaller_indexed_dim_and_labels_models_take_no_texts(labels
     assert len(answer) == 4 and [h["score"] for h in answer] == sorted(
         (h["score"] for h in answer), reverse=True
     )
+
+
+def test_serving_options_name_the_flag_of_a_bad_value():
+    with pytest.raises(ValueError, match=r"--max-items \(max_items=0\): expected at least 1"):
+        ServeOptions(max_items=0)
+    with pytest.raises(ValueError, match=r"--batch-wait-ms"):
+        ServeOptions(batch_wait_s=-1)

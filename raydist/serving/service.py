@@ -42,11 +42,13 @@ class ServeOptions:
     shortlist: int = 200
 
     def __post_init__(self) -> None:
+        flags = {"max_items": "--max-items", "max_body_bytes": "--max-body-mb", "max_batch": "--max-batch"}
         for name in ("max_items", "max_body_bytes", "max_batch", "shortlist"):
             if getattr(self, name) < 1:
-                raise ValueError(f"serving option {name}={getattr(self, name)}: expected >= 1")
+                flag = flags.get(name, f"--{name}")
+                raise ValueError(f"{flag} ({name}={getattr(self, name)}): expected at least 1")
         if self.batch_wait_s < 0:
-            raise ValueError(f"serving option batch_wait_s={self.batch_wait_s}: expected >= 0 seconds")
+            raise ValueError(f"--batch-wait-ms (batch_wait_s={self.batch_wait_s}): expected >= 0")
 
 
 class RequestError(Exception):
