@@ -531,6 +531,13 @@ def cmd_presets(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ray_ports(args: argparse.Namespace) -> int:
+    from raydist.runtime import ray_start_flags
+
+    print(" ".join(ray_start_flags(args.dashboard_port)))
+    return 0
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from raydist.data import validate_dataset
     from raydist.data.remote import local_dataset
@@ -943,6 +950,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--data", help="a dataset to resolve each schedule on (default: the embedded one)")
     p.set_defaults(func=cmd_presets)
+
+    p = sub.add_parser(
+        "ray-ports",
+        help="`ray start` flags with a free port for every listener of a Ray node and its own temp dir, for a "
+        "head beside another Ray on this machine: ray start --head $(raydist ray-ports)",
+    )
+    p.add_argument(
+        "--dashboard-port", type=int, help="the dashboard and job server port (default: a free one)"
+    )
+    p.set_defaults(func=cmd_ray_ports)
 
     p = sub.add_parser("validate", help="run every data check without training and print a summary")
     p.add_argument("dir")

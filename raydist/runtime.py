@@ -15,6 +15,7 @@ from typing import Any
 
 from raydist.config import Config, ConfigError
 from raydist.console import quiet_ray_data_console, say
+from raydist.distributed.spawn import free_port
 from raydist.uris import is_uri
 
 # Logical CPUs that Ray Data needs beside the train workers, or the streaming pipeline waits forever.
@@ -22,6 +23,54 @@ DATA_CPUS = 1.0
 # RAY_API_SERVER_ADDRESS of a private instance without a dashboard: nothing listens on port 1 of this machine, so
 # a State API call fails at once instead of finding another instance's API
 NO_STATE_API = "http://127.0.0.1:1"
+
+
+# Every port a Ray node listens on (`ray start` flags). A second Ray on a machine needs all of them free: a taken
+# dashboard-agent port, for one, leaves the head up but its job server answers "No available agent to submit job".
+RAY_PORT_FLAGS = (
+    "port",
+    "dashboard-port",
+    "dashboard-agent-listen-port",
+    "dashboard-agent-grpc-port",
+    "ray-client-server-port",
+    "metrics-export-port",
+    "runtime-env-agent-port",
+    "node-manager-port",
+    "object-manager-port",
+)
+
+
+def ray_start_flags(dashboard_port: int | None = None) -> list[str]:
+    """``ray start`` flags for a node beside another Ray on this machine: a free port for every listener
+    (:data:`RAY_PORT_FLAGS`; the dashboard's and job server's is ``dashboard_port`` when given) and a temp dir
+    of its own (the default one's ``session_latest`` is the other Ray's)."""
+    ports = {flag: free_port() for flag in RAY_PORT_FLAGS}
+    if dashboard_port is not None:
+        ports["dashboard-port"] = dashboard_port
+    return [*(f"--{flag}={port}" for flag, port in ports.items()), f"--temp-dir=/tmp/ray-{ports['port']}"]
+
+
+def join_failure(address: str, error: Exception) -> ConfigError:
+    """One line for a cluster that cannot be joined: the address, Ray's reason, and what to check."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    return ConfigError(
+        f"cannot join the Ray cluster at {address}: {lines[-1] if lines else type(error).__name__} (is its head "
+        "running? `ray status --address ADDRESS` tells; a head started beside another Ray on one machine needs "
+        "free ports for all its listeners: ray start --head $(raydist ray-ports), docs/clusters.md)"
+    )
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """A ``HOST:PORT`` address (a head's GCS) must accept a TCP connection within ``timeout_s``: Ray's own
+    ``ray.init`` retries an unreachable one for minutes without a word. Other forms (``auto``, ``ray://``)
+    are left to Ray."""
+    host, sep, port = address.rpartition(":")
+    if not sep or "/" in address or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise join_failure(address, e) from e
 
 
 def init_ray(cpus_needed: float, address: str | None = None, *, dashboard: bool = True) -> None:
@@ -36,7 +85,11 @@ def init_ray(cpus_needed: float, address: str | None = None, *, dashboard: bool 
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         quiet_ray_data_console()
-        ray.init(address=address, log_to_driver=True, logging_level=_ray_log_level())
+        check_reachable(address)
+        try:
+            ray.init(address=address, log_to_driver=True, logging_level=_ray_log_level())
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise join_failure(address, e) from e
         return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private instance on this machine only
     # Logical CPUs are scheduling tokens: oversubscribing a small machine is fine for small models.

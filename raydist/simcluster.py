@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from raydist.distributed.spawn import free_port
 from raydist.runfiles import STEPS_FILE
 
 # Faster failure detection: the GCS declares a killed node dead after ~5 missed 1-s health checks instead of
@@ -93,13 +93,6 @@ def add_node(cluster: Any, **node_args: Any) -> Any:
         services.get_node = get_node
     services.wait_for_node(node.gcs_address, node.plasma_store_socket_name, NODE_START_WAIT_S)
     return node
-
-
-def free_port() -> int:
-    """A TCP port free on this machine now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def node_processes(node: Any) -> list[Any]:

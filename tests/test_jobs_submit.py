@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from raydist.config import load_config
-from raydist.simcluster import free_port
+from raydist.runtime import ray_start_flags
 
 pytestmark = [
     pytest.mark.cluster,
@@ -30,17 +30,6 @@ pytestmark = [
 
 REPO = Path(__file__).resolve().parents[1]
 RAY = str(Path(sys.executable).parent / "ray")
-PORT_FLAGS = (
-    "port",
-    "dashboard-port",
-    "dashboard-agent-listen-port",
-    "dashboard-agent-grpc-port",
-    "ray-client-server-port",
-    "metrics-export-port",
-    "runtime-env-agent-port",
-    "node-manager-port",
-    "object-manager-port",
-)
 
 
 def _kill_group(pgid: int) -> None:
@@ -55,7 +44,10 @@ def _kill_group(pgid: int) -> None:
 def job_client_env():
     """Start a 4-CPU head node; yield the environment for `ray job` clients that talk to it."""
     temp_dir = tempfile.mkdtemp(prefix="rdj-", dir="/tmp")  # short: Ray's unix sockets live under it
-    ports = {flag: free_port() for flag in PORT_FLAGS}
+    # the flags docs/clusters.md gives for a head beside another Ray (`raydist ray-ports`): the session's own
+    # Ray may be up on this machine, and another Ray's agent ports must not be reused
+    flags = [f for f in ray_start_flags() if not f.startswith("--temp-dir=")]
+    ports = {f[2:].partition("=")[0]: int(f.partition("=")[2]) for f in flags}
     api_server = f"http://127.0.0.1:{ports['dashboard-port']}"
     # Every process of the cluster inherits this: Ray Train's placement-group cleaner then asks this
     # cluster's State API, instead of failing on "multiple active Ray instances" (the session's

@@ -64,6 +64,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "raydist.simcluster",
             "raydist.local_s3",
             "raydist.autoscaling",
+            "raydist.train.preset_table",
         ),
     ),
     ("command line", ("raydist.cli",)),

@@ -61,3 +61,36 @@ def test_storage_and_run_names(tmp_path):
     assert storage_root(cfg, str(tmp_path / "r")) == str((tmp_path / "r").resolve())
     assert run_name(cfg, "mine") == "mine" and run_name(cfg).startswith("raydist-")
     assert run_name(cfg) != run_name(cfg)
+
+
+def test_ray_ports_give_every_listener_a_free_port_and_a_temp_dir_of_its_own(capsys):
+    import socket
+
+    from raydist.cli import main
+    from raydist.runtime import RAY_PORT_FLAGS, ray_start_flags
+
+    flags = dict(f[2:].partition("=")[::2] for f in ray_start_flags(dashboard_port=8266))
+    assert set(flags) == {*RAY_PORT_FLAGS, "temp-dir"} and flags["dashboard-port"] == "8266"
+    ports = [int(flags[k]) for k in RAY_PORT_FLAGS if k != "dashboard-port"]
+    assert len(set(ports)) == len(ports) and flags["temp-dir"] == f"/tmp/ray-{flags['port']}"
+    for port in ports:  # free now: each binds
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+    assert main(["ray-ports"]) == 0 and capsys.readouterr().out.count("--") == len(RAY_PORT_FLAGS) + 1
+
+
+def test_joining_an_address_nobody_listens_on_fails_at_once_with_one_line():
+    import time
+
+    from raydist.config import ConfigError
+    from raydist.distributed.spawn import free_port
+    from raydist.runtime import check_reachable
+
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there
+    started = time.monotonic()
+    with pytest.raises(
+        ConfigError, match=f"cannot join the Ray cluster at {address}: .*refused.*raydist ray-ports"
+    ):
+        check_reachable(address)
+    assert time.monotonic() - started < 5
+    check_reachable("auto")  # other forms are Ray's to resolve
