@@ -1,8 +1,8 @@
-"""WebDataset shards read directly (raydist/data/webdataset.py), with tar files written here by ``tarfile`` in
-img2dataset's layout (raydist/data/synthetic_webdataset.py): the index lists every sample once with the bytes, caption or
-class the tar holds (read back here with ``tarfile``, not raydist's reader); img2dataset's side files are
-ignored; the index is reused until a shard changes; every defect is refused naming the shard and the key; and
-image–caption and labelled shards train end to end with two Ray Train workers (streamed and in memory)."""
+"""WebDataset shards read directly (raydist/data/webdataset.py), with tar files written by ``tarfile`` in
+img2dataset's layout (raydist/data/synthetic_webdataset.py): the index lists every sample once with the bytes,
+caption or class the tar holds (read back here with ``tarfile``, not raydist's reader); img2dataset's side files
+are ignored; the index is reused until a shard changes; every defect is refused naming the shard and the key;
+and image–caption shards stream to two Ray Train workers through Ray Data."""
 
 from __future__ import annotations
 
@@ -149,28 +149,19 @@ def test_validate_names_an_image_that_does_not_decode_by_shard_and_key(tmp_path,
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize(
-    ("labels", "stream"), [(False, True), (True, False)], ids=["pairs-streamed", "labels-in-memory"]
-)
-def test_webdataset_shards_train_with_two_ray_workers(ray_cluster, tmp_path, labels, stream):
-    """Two Ray Train workers from the tars: the image–caption shards streamed through Ray Data's
-    read_webdataset (data.in_memory_max_mb=0), the labelled ones read into memory; each epoch runs every train
-    row's steps, and the labelled model learns the colour (4 classes: chance is 25 %)."""
-    source = write_webdataset(
-        tmp_path / "wds", labels=labels, per_split={"train": 192, "val": 32, "test": 32}
-    )
+def test_webdataset_shards_stream_to_two_ray_workers(ray_cluster, tmp_path):
+    """Two Ray Train workers from image–caption tars streamed through Ray Data's read_webdataset
+    (data.in_memory_max_mb=0) into the decode and views of Parquet images: every epoch runs all its steps and
+    the test split is evaluated. (The in-memory path and a labelled model that learns the colour, from the S3
+    server: tests/test_object_storage_runs.py.)"""
+    source = write_webdataset(tmp_path / "wds", per_split={"train": 128, "val": 16, "test": 16})
     overrides = {
         "train.storage_path": str(tmp_path / "runs"),
-        "train.epochs": 4,
+        "train.epochs": 2,
         "train.min_steps": 0,
         "train.tensorboard": False,
-        "data.in_memory_max_mb": 0 if stream else 512,
+        "data.in_memory_max_mb": 0,
     }
-    cfg = run_recipe(source, preset="tiny", overrides=overrides).config
-    outcome = run_training(cfg)
-    assert [m["step"] for m in outcome.history] == [6, 12, 18, 24]  # 192 rows // 32 per step
-    assert outcome.test_metrics is not None
-    if labels:
-        assert outcome.test_metrics["top1"] >= 60, outcome.test_metrics
-    else:
-        assert outcome.test_metrics["rsum"] > 0
+    outcome = run_training(run_recipe(source, preset="tiny", overrides=overrides).config)
+    assert [m["step"] for m in outcome.history] == [4, 8]  # 128 rows // 32 per step
+    assert outcome.test_metrics is not None and outcome.test_metrics["rsum"] > 0
