@@ -11,6 +11,7 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from object_store import upload
 from test_inference_embedder import _checkpoint
 from test_inference_images import shapes_ckpt  # noqa: F401  (a module fixture)
 
@@ -208,3 +209,13 @@ def test_serving_options_name_the_flag_of_a_bad_value():
         ServeOptions(max_items=0)
     with pytest.raises(ValueError, match=r"--batch-wait-ms"):
         ServeOptions(batch_wait_s=-1)
+
+
+def test_a_run_on_object_storage_serves_as_its_local_copy(s3_server, pairs_run, retriever):
+    ckpt, index = pairs_run
+    uri = upload(ckpt.parent, s3_server.create_bucket("served-runs") + "/run")
+    remote = load_retriever(uri, str(index), options=ServeOptions(max_items=8, shortlist=24))
+    for mode in ("flat", "funnel"):
+        assert _ask(remote, True, texts=QUERIES, k=5, mode=mode) == _ask(
+            retriever, True, texts=QUERIES, k=5, mode=mode
+        )
