@@ -174,3 +174,26 @@ def test_raydist_serve_answers_then_stops_cleanly_on_sigint(tiny_dataset, tmp_pa
     assert "serving on http://127.0.0.1:" in out and "stopping on SIGINT" in out and "stopped" in out
     with pytest.raises((urllib.error.URLError, ConnectionError)):
         request(f"http://127.0.0.1:{port}/health")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_the_deployment_and_the_handlers_are_restored(monkeypatch, signum):
+    """serve_until_stopped with deploy and stop stubbed (no Ray): the signal ends the wait, stop runs once."""
+    from raydist.serving import deployment
+
+    calls: list[str] = []
+    served = deployment.Served("http://127.0.0.1:1", private_ray=True, cluster=False)
+    monkeypatch.setattr(deployment, "deploy", lambda **kw: calls.append("deploy") or served)
+    monkeypatch.setattr(deployment, "stop", lambda s: calls.append(f"stop {s.url}"))
+    before = signal.getsignal(signum)
+    lines: list[str] = []
+
+    def say(line: str) -> None:
+        lines.append(line)
+        if line.startswith("serving on"):
+            threading.Timer(0.2, os.kill, (os.getpid(), signum)).start()
+
+    assert deployment.serve_until_stopped(say, checkpoint="run") == 0
+    assert calls == ["deploy", "stop http://127.0.0.1:1"]
+    assert lines[1:] == [f"stopping on {signal.Signals(signum).name}", "stopped"]
+    assert signal.getsignal(signum) is before
