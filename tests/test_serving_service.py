@@ -168,6 +168,8 @@ BAD_REQUESTS = [
     (_body(texts=["a"], mode="fast"), True, 422, "mode"),
     (_body(texts=[3]), True, 422, "texts.0"),
     (_body(features=[[0.0, 1.0]]), False, 422, "features"),
+    (_body(features=[[0.0] * 32, [0.0] * 31]), False, 422, "features"),  # ragged
+    (b'{"features": [[NaN' + b", 0.0" * 31 + b"]]}", False, 422, "features"),
     (_body(images=["aGVsbG8="]), False, 422, "images"),  # a feature-vector model takes no images
     (b"x" * 2000, True, 413, "body"),
 ]

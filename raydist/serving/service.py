@@ -187,11 +187,12 @@ class Retriever:
         if kind == "texts" and task != "pairs":
             raise RequestError(422, kind, f"a {task!r} model has no text side; send features or images")
         if kind == "features":
+            want = f"expected vectors of {info.feature_dim} finite numbers (the model's feature_dim)"
+            if any(len(row) != info.feature_dim for row in items):
+                raise RequestError(422, kind, want)
             x = np.asarray(items, dtype=np.float64)
-            if x.ndim != 2 or x.shape[1] != info.feature_dim:
-                raise RequestError(
-                    422, kind, f"expected vectors of {info.feature_dim} numbers (the model's feature_dim)"
-                )
+            if not np.isfinite(x).all():
+                raise RequestError(422, kind, want)
             return x
         if kind == "images":
             if not info.encoded:
