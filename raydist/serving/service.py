@@ -112,14 +112,12 @@ class Retriever:
         source: str,
         options: ServeOptions,
     ) -> None:
-        self.embedder, self.indexes, self.ids, self.source, self.options = (
-            embedder,
-            indexes,
-            ids,
-            source,
-            options,
-        )
+        self.embedder = embedder
+        self.indexes = indexes
         self.database = unit_rows(database)
+        self.ids = ids
+        self.source = source  # what --index named
+        self.options = options
         self.full_dim = embedder.trained.config.model.embed_dim
         self.dims = embedder.trained.retrieval_dims()  # the nested dims; a plain model's are raydist index's
 
