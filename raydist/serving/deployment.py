@@ -85,7 +85,9 @@ class RetrieverDeployment:
             job = self.retriever.parse(await request.body(), search=search)
         except RequestError as e:
             return JSONResponse(e.payload(), status_code=e.status)
-        return await self.answer(job)
+        return JSONResponse(
+            await self.answer(job)
+        )  # plain json.dumps: no jsonable_encoder walk of the floats
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
     async def answer(self, jobs: list[Job]) -> list[dict[str, Any]]:
