@@ -12,11 +12,10 @@ from typing import Any
 
 from raydist.config import Config, chosen_preset, load_config
 from raydist.data import dataset_task, load_manifest
-from raydist.data.remote import local_dataset
+from raydist.data.remote import data_location, local_dataset
 from raydist.data.shape import dataset_shape
 from raydist.models.image_encoders import import_problem
 from raydist.presets import image_encoder_for_data, preset_for_data
-from raydist.uris import is_uri
 
 
 @dataclass(frozen=True)
@@ -95,7 +94,7 @@ def run_recipe(
     keys as :func:`raydist.config.run_overrides` gives them (``data.path`` included when ``data`` is set)."""
     overrides = dict(overrides or {})
     if data and "data.path" not in overrides:
-        overrides["data.path"] = str(data) if is_uri(data) else str(Path(data).expanduser().resolve())
+        overrides["data.path"] = data_location(data)
     name, preset_line = data_preset(data, preset, preset_file)
     lines = [preset_line] if preset_line else []
     cfg = load_config(preset=name, preset_file=preset_file, overrides=overrides, task_of=data_task)

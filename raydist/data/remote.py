@@ -33,6 +33,11 @@ from raydist.uris import (
 )
 
 
+def data_location(location: str | Path) -> str:
+    """A dataset location as every node can resolve it: a URI as it is, a local path made absolute."""
+    return str(location) if is_uri(location) else str(Path(location).expanduser().resolve())
+
+
 def local_dataset(location: str | Path) -> Path:
     """A dataset folder as a local path: a local one made absolute, a URI's up-to-date local copy (the module
     docstring). A URI without a dataset (no bucket, no ``manifest.json``, an unreachable store) raises a

@@ -321,7 +321,7 @@ def webdataset_stream(files: Sequence[str], task: str, split: str, *, blocks: in
 
     wanted = [*IMAGE_EXTENSIONS, CAPTION_EXTENSION if task == "pairs" else LABEL_EXTENSION]
     ds = ray.data.read_webdataset(
-        list(files),
+        [os.path.realpath(f) for f in files],  # the tars themselves, not the index's links (one node's cache)
         decoder=_raw,
         suffixes=wanted,
         file_extensions=["tar"],

@@ -18,7 +18,7 @@ from raydist.checkpoint.remote import remote_checkpoints
 from raydist.config import Config, ConfigError, epoch_steps, failure_retries
 from raydist.console import route_ray_output
 from raydist.data import check_split_size, ensure_default_dataset, load_manifest, validate_dataset
-from raydist.data.remote import local_dataset
+from raydist.data.remote import data_location, local_dataset
 from raydist.data.stream import fits_in_memory, train_streams
 from raydist.distributed import StepPlan
 from raydist.runfiles import HISTORY_FILE, LOG_FILE, STOP_FILE
@@ -200,7 +200,8 @@ def build_trainer(
     name = run_name(cfg, run_name_override)
     loop_config = {
         "cfg": cfg.to_dict(),
-        "data_dir": cfg.data.path if is_uri(cfg.data.path or "") else str(data_dir),  # a URI: copied per node
+        # as configured (absolute): each node resolves it (a URI's copy, a WebDataset folder's index: local_dataset)
+        "data_dir": data_location(cfg.data.path) if cfg.data.path else str(data_dir),
         "source": source,
         "epoch_boards": None if views is None else {split: v.board.token for split, v in views.items()},
         "resume_from": str(resume_from) if resume_from else None,
