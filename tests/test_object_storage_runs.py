@@ -54,6 +54,14 @@ def _train(data: str, storage: str, name: str, *extra: str) -> list[str]:
     ]
 
 
+def _run(argv: list[str], *, ok: bool = True) -> subprocess.CompletedProcess:
+    """Run a `raydist` command line (private Ray, this process's AWS environment); with ``ok``, require exit 0."""
+    done = subprocess.run(argv, env=_env(), check=False, capture_output=True, text=True, timeout=600)
+    if ok:
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
 def _download(uri: str, dest: Path) -> Path:
     """A plain boto3 download of a folder URI (independent of raydist's copying code)."""
     bucket, _, prefix = uri.removeprefix("s3://").partition("/")
@@ -77,15 +85,7 @@ def _printed(text: str, label: str) -> str:
 def test_a_run_from_s3_data_into_s3_storage_trains_evaluates_and_loads(s3_server, tmp_path, capsys):
     data = upload(ensure_default_dataset(), s3_server.create_bucket("shards") + "/embedded")
     storage = s3_server.create_bucket("runs") + "/exp"
-    done = subprocess.run(
-        _train(data, storage, "x", "train.epochs=2"),
-        env=_env(),
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    done = _run(_train(data, storage, "x", "train.epochs=2"))
     assert "== test split, best checkpoint ==" in done.stdout
     assert _printed(done.stdout, "run folder:") == f"{storage}/x"
     best = _printed(done.stdout, "best checkpoint:")
@@ -112,13 +112,7 @@ def test_a_run_from_s3_data_into_s3_storage_trains_evaluates_and_loads(s3_server
         Embedder.from_checkpoint(downloaded).embed_texts(texts),
     )
 
-    missing = subprocess.run(
-        _train("s3://no-such-bucket/embedded", storage, "y"),
-        env=_env(),
-        check=False,
-        capture_output=True,
-        text=True,
-    )
+    missing = _run(_train("s3://no-such-bucket/embedded", storage, "y"), ok=False)
     assert missing.returncode == 2
     assert missing.stderr.strip() == (
         "raydist: error: s3://no-such-bucket/embedded: bucket 'no-such-bucket' does not exist "
@@ -160,15 +154,7 @@ def test_ctrl_c_on_a_run_in_s3_exits_130_and_the_same_command_resumes_it(s3_serv
     assert "exp/cut/stop-requested" not in keys and f"{checkpoint.split('/', 3)[3]}/state.pt" in keys
 
     outcome = tmp_path / "resumed.json"
-    resumed = subprocess.run(
-        [*command, "--json", str(outcome)],
-        env=_env(),
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    resumed = _run([*command, "--json", str(outcome)])
     assert "[raydist] resuming cut at epoch 1 (step " in resumed.stdout
     result = json.loads(outcome.read_text())
     steps = result["history"][0]["step"]  # an epoch of the train rows data.train_fraction keeps
@@ -186,22 +172,8 @@ def test_webdataset_shards_on_the_server_train_end_to_end(s3_server, tmp_path, l
         tmp_path / "wds", labels=labels, per_split={"train": 192, "val": 32, "test": 32}
     )
     data = upload(shards, s3_server.create_bucket(f"wds-{'labels' if labels else 'pairs'}") + "/shards")
-    done = subprocess.run(
-        _train(
-            data,
-            str(tmp_path / "runs"),
-            "wds",
-            "train.epochs=4",
-            "train.min_steps=0",
-            "data.train_fraction=1",
-        ),
-        env=_env(),
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    extra = ("train.epochs=4", "train.min_steps=0", "data.train_fraction=1")
+    done = _run(_train(data, str(tmp_path / "runs"), "wds", *extra))
     outcome = done.stdout.split("== test split, best checkpoint ==")[1]
     if labels:
         top1 = float(next(line.split()[1] for line in outcome.splitlines() if line.startswith("top1")))
