@@ -184,7 +184,7 @@ def test_writer_names_the_source_of_a_bad_image(tmp_path):
     blobs[1] = truncated_jpeg()
     writer = DatasetWriter(tmp_path / "ds", task="labels", num_classes=2)
     with pytest.raises(
-        RaydistDataError, match=r"row 1: field 'image': truncated.*sample_id 1.*from /src/b.jpg"
+        RaydistDataError, match=r"refusing to write split 'train': /src/b.jpg: truncated.*sample_id 1"
     ):
         writer.add_split(
             "train",

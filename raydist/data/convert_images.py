@@ -72,7 +72,9 @@ def _write_pairs(
         if not members[split]:
             raise RaydistDataError(f"{source['src']}: split {split!r} gets no images")
     _check_files([(m.path, m.where) for split in SPLITS for m in members[split]], source["src"])
-    with DatasetWriter(out, rows_per_shard=rows_per_shard, source=source, overwrite=overwrite) as writer:
+    with DatasetWriter(
+        out, rows_per_shard=rows_per_shard, source=source, overwrite=overwrite, all_problems=True
+    ) as writer:
         writer.vocab = Vocab.build((c for m in members["train"] for c in m.captions), min_count)
         first_sample = 0
         for split in SPLITS:
@@ -373,6 +375,7 @@ def convert_image_folder(
         rows_per_shard=rows_per_shard,
         source=source,
         overwrite=overwrite,
+        all_problems=True,
     ) as writer:
         for split in SPLITS:
             ids = np.array([r for r, row in enumerate(rows) if row[0] == split], dtype=np.int64)

@@ -261,8 +261,12 @@ class DatasetWriter:
         rows_per_shard: int = DEFAULT_ROWS_PER_SHARD,
         source: dict[str, Any] | None = None,
         overwrite: bool = False,
+        all_problems: bool = False,
     ) -> None:
         self.out_dir = Path(out_dir)
+        self.all_problems = (
+            all_problems  # a refused split is kept for commit() (converters: every problem at once)
+        )
         self.task, self.num_classes, self.rows_per_shard = task, num_classes, rows_per_shard
         self.source = dict(source or {})
         self.overwrite = overwrite
@@ -313,8 +317,9 @@ class DatasetWriter:
         image_sources: Sequence[str] | None = None,
     ) -> SplitInfo | None:
         """Write one split (arguments as :func:`write_split`); the image format, and feature dim and dtype,
-        must match across splits. A split whose rows have problems is not written (None) and the next splits
-        are still checked: :meth:`commit` then refuses the whole dataset, naming every problem."""
+        must match across splits. A split whose rows have problems raises :class:`WriteRefused`; with
+        ``all_problems`` it is not written (None) and the next splits are still checked: :meth:`commit` then
+        refuses the whole dataset, naming every problem of every split."""
         if split in self.splits:
             raise RaydistDataError(f"split {split!r} was already written")
         if (captions is None) != (self.task == "labels"):
@@ -353,7 +358,10 @@ class DatasetWriter:
                 image_infos=infos,
                 image_sources=image_sources,
             )
-        except WriteRefused as e:  # the next splits are still checked: commit() refuses with every problem
+        except WriteRefused as e:
+            if not self.all_problems:
+                raise
+            # the next splits are still checked: commit() refuses with every problem
             self.refusals += [f"split {split!r}: {p}" for p in e.problems]
             return None
         self.image_format = image_format
