@@ -23,8 +23,9 @@ from test_inference_embedder import _checkpoint
 from test_serving_service import BAD_REQUESTS, QUERIES
 
 from raydist.cli import main
+from raydist.distributed.spawn import free_port
 from raydist.inference import Embedder, write_checkpoint_indexes
-from raydist.serving.deployment import deploy, free_port, stop
+from raydist.serving.deployment import deploy, stop
 from raydist.serving.service import ServeOptions
 
 

@@ -167,7 +167,8 @@ def serve_rate(*, smoke: bool, repeats: int) -> str:
 
     Each search mode through Ray Serve against the Embedder + FAISS called in this process (the floor); then flat
     search again with batching off (``--max-batch 1``; not in smoke mode)."""
-    from raydist.serving.deployment import deploy, free_port, stop
+    from raydist.distributed.spawn import free_port
+    from raydist.serving.deployment import deploy, stop
 
     sizes = SMOKE if smoke else FULL
     with tempfile.TemporaryDirectory() as tmp, ray_instance():

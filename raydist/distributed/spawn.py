@@ -12,10 +12,11 @@ from typing import Any
 import torch.multiprocessing as mp
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (for a ``tcp://`` rendezvous)."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that was free a moment ago (the OS's pick): a ``tcp://`` rendezvous, a server
+    started next (Ray's listeners, Serve's HTTP proxy, the local S3 server)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 

@@ -7,7 +7,6 @@ import asyncio
 import logging
 import os
 import signal
-import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -103,13 +102,6 @@ class Served:
     url: str
     private_ray: bool
     cluster: bool
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on now (the OS's pick), for a server started next."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def check_index_arg(index: str) -> None:
