@@ -174,12 +174,15 @@ class KeepGrads(Hook):
 
 
 def step_grads(
-    cfg, task, model: nn.Module, batch, chunk: int, rank: int, world: int
+    cfg, task, model: nn.Module, batch, chunk: int, rank: int, world: int, loss_scale: float | None = None
 ) -> dict[str, torch.Tensor]:
-    """The parameter gradients of one ``train_step`` with ``train.grad_cache_chunk=chunk``."""
+    """The parameter gradients of one ``train_step`` with ``train.grad_cache_chunk=chunk`` (``loss_scale``: the
+    fp16 GradScaler's initial scale instead of its default 2^16)."""
     cfg = cfg.model_copy(deep=True)
     cfg.train.grad_cache_chunk = chunk
     parts = Trainables.build(cfg, model, torch.device("cpu"))
+    if loss_scale is not None:
+        parts.scaler = torch.amp.GradScaler("cpu", init_scale=loss_scale)
     keep = KeepGrads()
     torch.manual_seed(100 + rank)  # the step's RNG: dropout, in-model augmentation
     plan = StepPlan(cfg.train.batch_size, None, world)
@@ -412,3 +415,35 @@ def test_two_ray_workers_log_the_same_losses_with_and_without_caching(ray_cluste
     assert len(losses[0]) == 3, losses  # 180 // 48 steps
     print(f"per-step losses, off: {losses[0]}\nchunk 16: {losses[16]}")
     assert losses[16] == pytest.approx(losses[0], rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize("amp", ["bf16", "fp16"])
+def test_mixed_precision_and_clipping_keep_working(tmp_path, amp):
+    """float32 model under autocast (fp16: with the GradScaler's loss scale) and a clip that binds: the cached
+    step's (scaled) gradients and its updated parameters equal the uncached step's, with one chunk exactly
+    (the same forward), with chunks of 3 up to half-precision rounding."""
+    cfg, task = make_task("transformer-dropout", tmp_path)
+    cfg.train.batch_size, cfg.train.amp, cfg.train.grad_clip = ROWS, amp, 0.05
+    cfg.model.text_dropout = 0.0
+    batch = {
+        k: v[:ROWS].astype(np.float32) if v.dtype == np.float64 else v[:ROWS]
+        for k, v in make_bank("transformer-dropout", len(task.tokenizer)).items()
+    }
+    torch.manual_seed(0)
+    state = task.build_model().state_dict()
+    scale = 2.0**8 if amp == "fp16" else 1.0  # fp16: a loss scale whose gradients stay finite
+    out = {}
+    for chunk in (0, ROWS, 3):
+        model = task.build_model()
+        model.load_state_dict(state)
+        grads = step_grads(cfg, task, model, batch, chunk, 0, 1, loss_scale=scale)
+        out[chunk] = (grads, {n: p.detach().clone() for n, p in model.named_parameters()})
+    norm = torch.cat([g.flatten() for g in out[0][0].values()]).norm()
+    assert torch.isfinite(norm) and norm > 0.05 * scale  # the clip binds (the gradients carry the loss scale)
+    for name, want in out[0][0].items():
+        torch.testing.assert_close(out[ROWS][0][name], want, rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(out[ROWS][1][name], out[0][1][name], rtol=1e-5, atol=1e-7)
+    gap = torch.cat([(out[3][0][n] - g).flatten() for n, g in out[0][0].items()]).norm()
+    assert gap < 0.05 * norm, (amp, float(gap / norm))
+    # Adam's first step moves each weight by about ±lr: a sign flip of a tiny gradient moves it by 2·lr
+    assert max((out[3][1][n] - p).abs().max() for n, p in out[0][1].items()) <= 2 * cfg.train.lr + 1e-6
