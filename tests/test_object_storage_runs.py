@@ -167,12 +167,16 @@ def test_ctrl_c_on_a_run_in_s3_exits_130_and_the_same_command_resumes_it(s3_serv
 @pytest.mark.parametrize("labels", [False, True], ids=["pairs", "labels"])
 def test_webdataset_shards_on_the_server_train_end_to_end(s3_server, tmp_path, labels):
     """Tars in img2dataset's layout uploaded as they are: `raydist train --data s3://…` copies and indexes them,
-    two Ray Train workers train, and the test split is evaluated (the labelled model learns the colour)."""
+    two Ray Train workers train (the image–caption train split streamed by Ray Data straight from the server,
+    the labelled one read into memory), and the test split is evaluated (the labelled model learns the colour)."""
     shards = write_webdataset(
         tmp_path / "wds", labels=labels, per_split={"train": 192, "val": 32, "test": 32}
     )
     data = upload(shards, s3_server.create_bucket(f"wds-{'labels' if labels else 'pairs'}") + "/shards")
-    extra = ("train.epochs=4", "train.min_steps=0", "data.train_fraction=1")
+    streamed = (
+        "data.in_memory_max_mb=0" if not labels else "data.in_memory_max_mb=512"
+    )  # pairs: from the store
+    extra = ("train.epochs=4", "train.min_steps=0", "data.train_fraction=1", streamed)
     done = _run(_train(data, str(tmp_path / "runs"), "wds", *extra))
     outcome = done.stdout.split("== test split, best checkpoint ==")[1]
     if labels:

@@ -21,6 +21,7 @@ from raydist.data.schema import IMAGE
 from raydist.data.shards import feature_matrix, read_split, split_files
 from raydist.data.transforms import EpochTransform, EpochViews, PassViews, train_transform
 from raydist.data.webdataset import is_tar_shard, webdataset_stream
+from raydist.uris import join
 
 Batch = dict[str, np.ndarray]
 Transform = Callable[[Batch], Batch]
@@ -157,9 +158,12 @@ def train_dataset(
     *,
     num_cpus: float | None = None,
     concurrency: int | None = None,
+    shards_at: str | None = None,
 ) -> Any:
     """The Ray Data stream of the train split: shards → selected columns → the task's transform, read and
-    transformed in one Ray task per :func:`read_tasks` group of consecutive shards, one block each.
+    transformed in one Ray task per :func:`read_tasks` group of consecutive shards, one block each. The shards
+    are read from ``data_dir``, or from ``shards_at`` (the dataset's own location, e.g. its ``s3://`` URI: read
+    by Ray Data's tasks on any node, straight from object storage) at the same paths inside it.
     ``num_cpus``/``concurrency`` (``data.transform_cpus``/``data.transform_concurrency``): the transform's
     logical CPUs per task and most tasks at once, when given (else Ray Data's defaults)."""
     import ray.data
@@ -168,6 +172,8 @@ def train_dataset(
     ctx.execution_options.preserve_order = True  # deterministic row order for a fixed seed
     ctx.enable_progress_bars = False
     files = split_files(data_dir, "train")
+    if shards_at is not None:
+        files = [join(shards_at, shard.file) for shard in load_manifest(data_dir).splits["train"].shards]
     # Ray 2.60's default Parquet reader (DataSourceV2) plans a split of small shards as one read task that
     # yields one block: nothing streams, and every epoch waits for the whole split to be read and transformed
     # before its first batch (bench/RESULTS.md, "data"). The V1 reader makes one read task per group of
@@ -200,19 +206,26 @@ def train_streams(
     seed: int = 0,
     num_cpus: float | None = None,
     concurrency: int | None = None,
+    shards_at: str | None = None,
 ) -> tuple[dict[str, Any], dict[str, PassViews] | None]:
     """The Ray Data datasets of a streamed train split by Ray Train dataset name (:func:`train_splits`), each
     :func:`train_dataset` of the :func:`train_subset` (``fraction``, ``seed``) of ``transform``. With an
     ``epoch_transform`` (encoded images, :class:`EpochViews`: the epoch's random views, caption draws, noisy
     labels), the tasks make it instead of ``transform``, told the epoch by a new :class:`EpochBoard` per
-    dataset: the :class:`PassViews` are returned by the same names, for :class:`StreamedEpochs` (``views``)."""
+    dataset: the :class:`PassViews` are returned by the same names, for :class:`StreamedEpochs` (``views``).
+    ``shards_at``: where the shards are read from (:func:`train_dataset`)."""
     datasets, views = {}, {} if epoch_transform is not None else None
     for name in train_splits(epochs):
         fn = transform
         if views is not None:
             fn = views[name] = PassViews(epoch_transform, EpochBoard.new())
         datasets[name] = train_dataset(
-            data_dir, columns, train_transform(fn, fraction, seed), num_cpus=num_cpus, concurrency=concurrency
+            data_dir,
+            columns,
+            train_transform(fn, fraction, seed),
+            num_cpus=num_cpus,
+            concurrency=concurrency,
+            shards_at=shards_at,
         )
     return datasets, views
 

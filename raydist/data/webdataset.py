@@ -46,7 +46,7 @@ from raydist.data.schema import (
 )
 from raydist.data.vocab import Vocab
 from raydist.dataset_task import LABEL_MEMBER, dataset_task, webdataset_task
-from raydist.uris import cache_root
+from raydist.uris import cache_root, is_uri
 
 TAR_SUFFIX = ".tar"
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")  # the first present is the sample's image
@@ -321,7 +321,7 @@ def webdataset_stream(files: Sequence[str], task: str, split: str, *, blocks: in
 
     wanted = [*IMAGE_EXTENSIONS, CAPTION_EXTENSION if task == "pairs" else LABEL_EXTENSION]
     ds = ray.data.read_webdataset(
-        [os.path.realpath(f) for f in files],  # the tars themselves, not the index's links (one node's cache)
+        [f if is_uri(f) else os.path.realpath(f) for f in files],  # the tars, not one node's index links
         decoder=_raw,
         suffixes=wanted,
         file_extensions=["tar"],

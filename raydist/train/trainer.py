@@ -195,6 +195,7 @@ def build_trainer(
             seed=cfg.train.seed,
             num_cpus=cfg.data.transform_cpus,
             concurrency=cfg.data.transform_concurrency,
+            shards_at=data_location(cfg.data.path) if cfg.data.path else None,  # a URI: read from the store
         )
     storage = storage_root(cfg, storage_path)
     name = run_name(cfg, run_name_override)
