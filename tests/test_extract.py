@@ -10,12 +10,11 @@ import json
 import numpy as np
 import pytest
 import torch
-from test_tasks_images import SIZE, write_colour_folders, write_shapes
+from test_tasks_images import SIZE, write_colour_folders, write_shape_pairs
 
 from raydist.cli import main
 from raydist.config import ConfigError, load_config
 from raydist.data import Vocab, dataset_task, load_manifest, read_split, validate_dataset
-from raydist.data.convert_images import convert_karpathy
 from raydist.data.image_transforms import decode_image, default_mean_std, eval_view
 from raydist.extract import extract_features, pretrained_encoder
 from raydist.inference import load_trained
@@ -26,10 +25,11 @@ from raydist.train.trainer import run_training
 @pytest.fixture(scope="module")
 def shapes(tmp_path_factory):
     """An encoded pairs dataset: 9 colour × shape classes, 2–3 captions per image."""
-    root = tmp_path_factory.mktemp("shapes-embed")
-    (root / "images").mkdir()
-    src = write_shapes(root / "images", per_class={"train": 4, "val": 2, "test": 2})
-    return convert_karpathy(src, root / "images", root / "data", min_count=1, rows_per_shard=20)
+    return write_shape_pairs(
+        tmp_path_factory.mktemp("shapes-embed"),
+        per_class={"train": 4, "val": 2, "test": 2},
+        rows_per_shard=20,
+    )
 
 
 @pytest.fixture(scope="module")

@@ -75,13 +75,19 @@ def write_shapes(root, *, per_class: dict[str, int], seed: int = 0):
     return src
 
 
+def write_shape_pairs(root, *, per_class: dict[str, int], rows_per_shard: int):
+    """:func:`write_shapes` under ``root/images`` converted to an encoded pairs dataset at ``root/data``."""
+    (root / "images").mkdir()
+    src = write_shapes(root / "images", per_class=per_class)
+    return convert_karpathy(src, root / "images", root / "data", min_count=1, rows_per_shard=rows_per_shard)
+
+
 @pytest.fixture(scope="module")
 def shapes(tmp_path_factory):
     """An encoded pairs dataset: 9 colour × shape classes; train 12 images each, val and test 4 each."""
-    root = tmp_path_factory.mktemp("shapes")
-    (root / "images").mkdir()
-    src = write_shapes(root / "images", per_class={"train": 12, "val": 4, "test": 4})
-    return convert_karpathy(src, root / "images", root / "data", min_count=1, rows_per_shard=40)
+    return write_shape_pairs(
+        tmp_path_factory.mktemp("shapes"), per_class={"train": 12, "val": 4, "test": 4}, rows_per_shard=40
+    )
 
 
 def pairs_config(data, **overrides):

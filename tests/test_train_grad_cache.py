@@ -374,14 +374,13 @@ def test_batchnorm_gc_and_forward_hooks_are_refused_with_the_reason(tmp_path):
 @pytest.fixture(scope="module")
 def shape_pairs(tmp_path_factory):
     """An encoded pairs dataset of 16×16 PNG shapes (tests/test_tasks_images.py): 180 train images."""
-    from test_tasks_images import write_shapes
+    from test_tasks_images import write_shape_pairs
 
-    from raydist.data.convert_images import convert_karpathy
-
-    root = tmp_path_factory.mktemp("grad-cache-shapes")
-    (root / "images").mkdir()
-    src = write_shapes(root / "images", per_class={"train": 20, "val": 3, "test": 3})
-    return convert_karpathy(src, root / "images", root / "data", min_count=1, rows_per_shard=60)
+    return write_shape_pairs(
+        tmp_path_factory.mktemp("grad-cache-shapes"),
+        per_class={"train": 20, "val": 3, "test": 3},
+        rows_per_shard=60,
+    )
 
 
 @pytest.mark.slow

@@ -11,11 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from test_tasks_images import write_colour_folders, write_shapes
+from test_tasks_images import write_colour_folders, write_shape_pairs
 
 from raydist.cli import main
 from raydist.config import load_config
-from raydist.data.convert_images import convert_karpathy
 from raydist.distributed import StepPlan
 from raydist.recipe import run_recipe
 from raydist.tasks import DataInfo, build_task
@@ -32,10 +31,11 @@ SMALL = {"train.batch_size": "36", "train.min_steps": "0", "train.epochs": "4"}
 @pytest.fixture(scope="module")
 def shapes_data(tmp_path_factory):
     """Encoded pairs: 16×16 coloured shapes, 9 classes × 12 train images, 4 val and 4 test each."""
-    root = tmp_path_factory.mktemp("auto-shapes")
-    (root / "images").mkdir()
-    src = write_shapes(root / "images", per_class={"train": 12, "val": 4, "test": 4})
-    return convert_karpathy(src, root / "images", root / "data", min_count=1, rows_per_shard=40)
+    return write_shape_pairs(
+        tmp_path_factory.mktemp("auto-shapes"),
+        per_class={"train": 12, "val": 4, "test": 4},
+        rows_per_shard=40,
+    )
 
 
 @pytest.fixture(scope="module")
