@@ -687,7 +687,7 @@ def build_parser() -> argparse.ArgumentParser:
         "names",
         nargs="*",
         help="benchmarks to run: loss, loss-memory, data, step, gather, gc, startup, "
-        "retrieval, real-cross-view, text-encoders, tokenize, images, pixels-vs-vectors, serve (default: all)",
+        "retrieval, real-cross-view, text-encoders, tokenize, images, pixels-vs-vectors, grad-cache, serve (default: all)",
     )
     p.add_argument("--smoke", action="store_true", help="tiny sizes, one repetition (what the tests run)")
     p.add_argument("--repeats", type=int, default=5, help="repetitions per measurement (median and spread)")
