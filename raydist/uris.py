@@ -87,15 +87,16 @@ def _unreachable(location: str | Path, error: BaseException) -> StorageError:
     return StorageError(f"{location}: cannot read it{via}: {_reason(error)}")
 
 
-def file_type(location: str | Path) -> str:
-    """``"file"``, ``"folder"`` or ``"missing"``; an unreachable store or refused credentials raise."""
+def file_type(location: str | Path, *, named: str | Path | None = None) -> str:
+    """``"file"``, ``"folder"`` or ``"missing"``; an unreachable store or refused credentials raise, naming
+    ``named`` (default: ``location``)."""
     import pyarrow.fs
 
     fs, path = filesystem(location)
     try:
         kind = fs.get_file_info(path).type
     except OSError as e:
-        raise _unreachable(location, e) from e
+        raise _unreachable(named or location, e) from e
     if kind == pyarrow.fs.FileType.File:
         return "file"
     return "folder" if kind == pyarrow.fs.FileType.Directory else "missing"
@@ -109,7 +110,7 @@ def missing_location(location: str | Path, expected: str) -> StorageError:
     """The refusal of a ``location`` that is not there; for a URI whose bucket is missing, says that."""
     if is_uri(location):
         parts = urlsplit(str(location))
-        if file_type(f"{parts.scheme}://{parts.netloc}") == "missing":
+        if file_type(f"{parts.scheme}://{parts.netloc}", named=location) == "missing":
             return _no_bucket(location, parts.netloc)
     return StorageError(f"{location}: not found; expected {expected}")
 
@@ -118,7 +119,7 @@ def check_bucket(location: str) -> None:
     """Refuse a URI whose bucket does not exist or cannot be reached (a run folder's storage: the folder itself
     is created by the first write)."""
     parts = urlsplit(location)
-    if file_type(f"{parts.scheme}://{parts.netloc}") == "missing":
+    if file_type(f"{parts.scheme}://{parts.netloc}", named=location) == "missing":
         raise _no_bucket(location, parts.netloc)
 
 

@@ -2,7 +2,8 @@
 and written through pyarrow as boto3 sees them; a dataset URI's local copy is the uploaded folder byte for byte
 and is copied again only when the stored manifest changes; a run folder on the server chooses and loads the same
 checkpoint, with the same embeddings, as the local folder it was uploaded from; a stop file on the server is
-seen; and bad locations (no bucket, no prefix, an endpoint nothing listens on) are refused in one line naming
+seen; and bad locations (no bucket, no prefix, an endpoint nothing listens on, refused credentials) are
+refused in one line naming
 the URI, before Ray starts."""
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ from raydist.cli import main
 from raydist.data import make_synthetic, validate_dataset
 from raydist.data.remote import local_dataset
 from raydist.inference import Embedder, choose_checkpoint
+from raydist.local_s3 import local_s3_server
 from raydist.train.stopping import StopFileHook, stop_on_signals
 from raydist.uris import (
     StorageError,
+    check_bucket,
     delete,
     file_sizes,
     file_type,
@@ -97,6 +100,22 @@ def test_bad_locations_are_one_line_naming_the_uri(s3_server, monkeypatch):
         line.startswith(f"s3://present/data/manifest.json: cannot read it (endpoint {closed};")
         and "\n" not in line
     )
+
+
+def test_refused_credentials_are_one_line_naming_the_uri(tmp_path, monkeypatch):
+    """A server that checks credentials (moto with INITIAL_NO_AUTH_ACTION_COUNT=0: every key is unknown)."""
+    monkeypatch.setenv("INITIAL_NO_AUTH_ACTION_COUNT", "0")
+    with local_s3_server(tmp_path / "moto.log") as env:
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        for refused in (lambda: local_dataset("s3://data/pairs"), lambda: check_bucket("s3://runs/exp")):
+            with pytest.raises(StorageError) as error:
+                refused()
+            line = str(error.value)
+            assert "\n" not in line and "ACCESS_DENIED" in line, line
+            assert line.startswith(
+                ("s3://data/pairs/manifest.json: cannot read it", "s3://runs/exp: cannot read it")
+            )
 
 
 def test_a_dataset_uri_is_copied_once_and_again_when_its_manifest_changes(s3_server, small_pairs, tmp_path):
