@@ -3,8 +3,7 @@ and written through pyarrow as boto3 sees them; a dataset URI's local copy is th
 and is copied again only when the stored manifest changes; a run folder on the server chooses and loads the same
 checkpoint, with the same embeddings, as the local folder it was uploaded from; a stop file on the server is
 seen; and bad locations (no bucket, no prefix, an endpoint nothing listens on, refused credentials) are
-refused in one line naming
-the URI, before Ray starts."""
+refused in one line naming the URI, before Ray starts."""
 
 from __future__ import annotations
 
