@@ -446,3 +446,27 @@ def test_mixed_precision_and_clipping_keep_working(tmp_path, amp):
     assert gap < 0.05 * norm, (amp, float(gap / norm))
     # Adam's first step moves each weight by about ±lr: a sign flip of a tiny gradient moves it by 2·lr
     assert max((out[3][1][n] - p).abs().max() for n, p in out[0][1].items()) <= 2 * cfg.train.lr + 1e-6
+
+
+def test_raydist_train_refuses_a_batchnorm_encoder_before_ray_starts(tmp_path, capsys):
+    """`raydist train` with train.grad_cache_chunk and an image encoder with BatchNorm: exit 2 with the reason, and
+    no Ray (this test is not marked slow: starting Ray would fail it, tests/conftest.py)."""
+    from test_tasks_images import write_shape_pairs
+
+    from raydist.cli import main
+
+    data = write_shape_pairs(tmp_path, per_class={"train": 2, "val": 1, "test": 1}, rows_per_shard=20)
+    args = [
+        "train",
+        "--data",
+        str(data),
+        "--storage",
+        str(tmp_path / "runs"),
+        "model.image_encoder=test-batchnorm",
+    ]
+    assert main([*args, "train.grad_cache_chunk=8", "train.batch_size=8"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "train.grad_cache_chunk=8 with model.image_encoder=test-batchnorm: encoder.backbone.1 (BatchNorm2d): batch statistics"
+        in err
+    ), err
