@@ -323,8 +323,10 @@ def test_the_rng_is_left_as_the_uncached_step_leaves_it_with_one_chunk(tmp_path)
     torch.testing.assert_close(after[0], after[1], rtol=0, atol=0)
 
 
-# an image encoder with BatchNorm, registered for the refusal tests only
-if "test-batchnorm" not in image_encoders.image_encoder_names():
+@pytest.fixture
+def batchnorm_encoder(monkeypatch):
+    """An image encoder with BatchNorm, ``test-batchnorm``, registered for one test (the registry is restored)."""
+    monkeypatch.setattr(image_encoders._REGISTRY, "_builders", dict(image_encoders._REGISTRY._builders))
 
     @register_image_encoder("test-batchnorm")
     def _batchnorm_encoder(*, in_dim, channels: int, image_size) -> Backbone:
@@ -334,7 +336,7 @@ if "test-batchnorm" not in image_encoders.image_encoder_names():
         return Backbone(net, 4)
 
 
-def test_batchnorm_gc_and_forward_hooks_are_refused_with_the_reason(tmp_path):
+def test_batchnorm_gc_and_forward_hooks_are_refused_with_the_reason(tmp_path, batchnorm_encoder):
     info = DataInfo("pairs", None, image_format="encoded", image_channels=3, image_size=(SIDE, SIDE))
     cfg = load_config(
         "tiny",
@@ -448,7 +450,7 @@ def test_mixed_precision_and_clipping_keep_working(tmp_path, amp):
     assert max((out[3][1][n] - p).abs().max() for n, p in out[0][1].items()) <= 2 * cfg.train.lr + 1e-6
 
 
-def test_raydist_train_refuses_a_batchnorm_encoder_before_ray_starts(tmp_path, capsys):
+def test_raydist_train_refuses_a_batchnorm_encoder_before_ray_starts(tmp_path, capsys, batchnorm_encoder):
     """`raydist train` with train.grad_cache_chunk and an image encoder with BatchNorm: exit 2 with the reason, and
     no Ray (this test is not marked slow: starting Ray would fail it, tests/conftest.py)."""
     from test_tasks_images import write_shape_pairs
