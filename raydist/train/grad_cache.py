@@ -186,11 +186,15 @@ def cached_step_backward(
             states.append(RngState.capture(device))
             with autocast():
                 parts.append(task.encode(model, {k: v[start:stop] for k, v in batch.items()}))
-    row_names, shared = list(_row_outputs(parts[0])), _shared_outputs(parts[0])
-    leaves = {name: torch.cat([_row_outputs(p)[name] for p in parts]).requires_grad_() for name in row_names}
+    template, shared = parts[0], _shared_outputs(parts[0])
+    leaves = {
+        name: torch.cat([_row_outputs(p)[name] for p in parts]).requires_grad_()
+        for name in _row_outputs(template)
+    }
     leaves.update({name: t.detach().requires_grad_() for name, t in shared.items()})
-    ids = {k: torch.cat([p.ids[k] for p in parts]) for k in parts[0].ids}
-    loss = loss_of(_rebuild(parts[0], leaves, ids))
+    ids = {k: torch.cat([p.ids[k] for p in parts]) for k in template.ids}
+    del parts  # the chunks' outputs live on in the leaves only
+    loss = loss_of(_rebuild(template, leaves, ids))
     backward(loss)
     after = RngState.capture(device)
     for i, ((start, stop), state) in enumerate(zip(spans, states)):
