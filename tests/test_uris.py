@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import filecmp
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -27,6 +28,7 @@ from raydist.local_s3 import local_s3_server
 from raydist.train.stopping import StopFileHook, stop_on_signals
 from raydist.uris import (
     StorageError,
+    cache_path,
     check_bucket,
     delete,
     file_sizes,
@@ -132,6 +134,34 @@ def test_a_dataset_uri_is_copied_once_and_again_when_its_manifest_changes(s3_ser
     upload(other, uri)
     assert local_dataset(uri) == copy
     _same_tree(Path(other), copy)
+
+
+def test_shards_at_odds_with_the_manifest_are_refused_from_their_footers_before_any_copy(
+    s3_server, small_pairs, tmp_path
+):
+    """The footer of each stored shard (one range request) against the manifest: a shard missing, one that is not
+    Parquet, one with other rows; nothing is copied."""
+    bucket = s3_server.create_bucket("footers")
+    shards = sorted(p.relative_to(small_pairs).as_posix() for p in Path(small_pairs).glob("*/*.parquet"))
+    other = make_synthetic(tmp_path / "other", images=40, captions_per_image=5, dim=16, seed=9)
+    cases = {
+        "missing": (None, r"shard listed in manifest.json is missing"),
+        "junk": (b"PAR1 but not really", r"not a readable Parquet file"),
+        "rows": (
+            next(Path(other).glob("train/*.parquet")).read_bytes(),
+            r"200 rows, but manifest.json says \d+",
+        ),
+    }
+    for name, (replacement, refusal) in cases.items():
+        uri = upload(small_pairs, f"{bucket}/{name}")
+        key = f"{name}/{shards[0]}"
+        if replacement is None:
+            boto3.client("s3").delete_object(Bucket="footers", Key=key)
+        else:
+            boto3.client("s3").put_object(Bucket="footers", Key=key, Body=replacement)
+        with pytest.raises(ValueError, match=rf"^{re.escape(f'{uri}/{shards[0]}')}: {refusal}"):
+            local_dataset(uri)
+        assert not cache_path(uri).exists()
 
 
 def _train_in_process(data: Path, runs: Path, name: str) -> None:
