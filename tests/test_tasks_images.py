@@ -189,10 +189,15 @@ def test_encoded_eval_has_one_query_per_caption_and_exact_metrics(shapes):
     # the database rows are the eval views' embeddings; the metrics are those of the embeddings (5-fold protocol
     # with 2 folds here), and the t2i R@1 a brute-force count over the scores
     metrics = task.evaluate(model, "test")
+    texts = [c for caps in captions for c in caps]  # repeated shape captions: caption-level metrics too
     want = retrieval_metrics(
-        torch.as_tensor(found.database), torch.as_tensor(found.queries), found.query_keys, folds=2
+        torch.as_tensor(found.database),
+        torch.as_tensor(found.queries),
+        found.query_keys,
+        folds=2,
+        captions=texts,
     )
-    assert metrics == pytest.approx(want)
+    assert metrics == pytest.approx(want) and "cap_rsum" in metrics
     half = 18
     hits = []
     for q, key in enumerate(found.query_keys):

@@ -69,9 +69,10 @@ def test_trials_schedule_by_steps_like_train(tiny_dataset):
     cfg = resolve_base_config(
         space, preset="tiny", overrides={"data.path": str(tiny_dataset), "train.min_steps": 400}
     )
-    rows = 2000  # tiny_dataset: 400 images × 5 captions
-    expected = {b: max(cfg.train.epochs, -(-400 // (rows // b))) for b in (16, 64)}
-    assert expected[64] > expected[16] > cfg.train.epochs  # 13 vs 4 epochs; the preset runs 3
+    rows = 2000  # tiny_dataset: 400 images × 5 captions; the tiny preset cuts epochs at train.epoch_steps
+    per_epoch = {b: min(rows // b, cfg.train.epoch_steps or rows) for b in (16, 64)}
+    expected = {b: max(cfg.train.epochs, -(-400 // per_epoch[b])) for b in (16, 64)}
+    assert expected[64] > expected[16] > cfg.train.epochs  # 13 vs 7 epochs; the preset runs 3
     for batch, epochs in expected.items():
         assert trial_epochs(cfg, {"train.batch_size": batch}, Path(tiny_dataset)) == epochs
     assert trial_epochs(cfg, {"train.batch_size": 64}, None) == cfg.train.epochs
