@@ -1,8 +1,8 @@
 """WebDataset shards read directly (raydist/data/webdataset.py), with tar files written by ``tarfile`` in
 img2dataset's layout (raydist/data/synthetic_webdataset.py): the index lists every sample once with the bytes,
 caption or class the tar holds (read back here with ``tarfile``, not raydist's reader); img2dataset's side files
-are ignored; the index is reused until a shard changes; every defect is refused naming the shard and the key;
-and image–caption shards stream to two Ray Train workers through Ray Data."""
+are ignored; the index is reused until a shard changes; every defect is refused naming the shard and the key.
+Training from tars with Ray Train workers, local and from S3: tests/test_object_storage_runs.py (cluster step)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,6 @@ from raydist.data.remote import local_dataset
 from raydist.data.shards import read_split
 from raydist.data.synthetic_webdataset import add_member, write_webdataset
 from raydist.data.webdataset import webdataset_index
-from raydist.recipe import run_recipe
-from raydist.train.trainer import run_training
 
 
 def _tar_members(path: Path) -> dict[str, dict[str, bytes]]:
@@ -145,23 +143,3 @@ def test_validate_names_an_image_that_does_not_decode_by_shard_and_key(tmp_path,
     assert main(["validate", str(source)]) == 1
     out = capsys.readouterr().out
     assert "test/00000.tar" in out and "key 000000030: truncated" in out, out
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_webdataset_shards_stream_to_two_ray_workers(ray_cluster, tmp_path):
-    """Two Ray Train workers from image–caption tars streamed through Ray Data's read_webdataset
-    (data.in_memory_max_mb=0) into the decode and views of Parquet images: every epoch runs all its steps and
-    the test split is evaluated. (The in-memory path and a labelled model that learns the colour, from the S3
-    server: tests/test_object_storage_runs.py.)"""
-    source = write_webdataset(tmp_path / "wds", per_split={"train": 128, "val": 16, "test": 16})
-    overrides = {
-        "train.storage_path": str(tmp_path / "runs"),
-        "train.epochs": 2,
-        "train.min_steps": 0,
-        "train.tensorboard": False,
-        "data.in_memory_max_mb": 0,
-    }
-    outcome = run_training(run_recipe(source, preset="tiny", overrides=overrides).config)
-    assert [m["step"] for m in outcome.history] == [4, 8]  # 128 rows // 32 per step
-    assert outcome.test_metrics is not None and outcome.test_metrics["rsum"] > 0
