@@ -4,6 +4,7 @@ the internet."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -46,3 +47,18 @@ def local_s3_server(log: Path) -> Iterator[dict[str, str]]:
     finally:
         server.terminate()
         server.wait(10)
+
+
+def create_bucket(name: str) -> str:
+    """Create bucket ``name`` on the S3 server the AWS environment points at (pyarrow's S3 filesystem, as raydist
+    reads and writes it); return ``s3://name``."""
+    import pyarrow.fs
+
+    fs, _ = pyarrow.fs.FileSystem.from_uri(f"s3://{name}")
+    s3 = pyarrow.fs.S3FileSystem(
+        endpoint_override=os.environ.get("AWS_ENDPOINT_URL"),
+        region=fs.region,
+        allow_bucket_creation=True,
+    )
+    s3.create_dir(name)
+    return f"s3://{name}"

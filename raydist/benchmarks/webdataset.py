@@ -89,9 +89,7 @@ def upload(folder: Path, uri: str) -> int:
 def first_use_from_s3(folders: dict[str, Path], root: Path) -> dict[str, tuple[float, float, int]]:
     """Per folder: seconds of the first ``local_dataset(s3://…)`` (copy, and index for the tars), of a second one
     (the copy reused), and the bytes stored; on moto's S3 server on loopback."""
-    import boto3
-
-    from raydist.local_s3 import local_s3_server
+    from raydist.local_s3 import create_bucket, local_s3_server
 
     saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
     saved.update(
@@ -101,7 +99,7 @@ def first_use_from_s3(folders: dict[str, Path], root: Path) -> dict[str, tuple[f
     with local_s3_server(root / "moto.log") as env:
         os.environ.update({**env, CACHE_ENV: str(root / "cache")})
         try:
-            boto3.client("s3").create_bucket(Bucket="bench")
+            create_bucket("bench")
             for name, folder in folders.items():
                 stored = upload(folder, f"s3://bench/{name}")
                 start = time.perf_counter()
