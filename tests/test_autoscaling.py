@@ -105,7 +105,9 @@ def test_a_sweep_on_the_autoscaler_gets_nodes_survives_a_preemption_and_gives_th
     row = next(line for line in text.splitlines() if line.startswith("trial_") and "TERMINATED" in line)
     assert re.search(rf"\s{EPOCHS}\s+TERMINATED\s+all epochs", row), text[-3000:]
     run_dir = next(runs.glob("tune-margin-*/trial_*/train"))
-    resumed = [int(m.group(1)) for m in re.finditer(r"resumed from \S+ at epoch \d+, step (\d+)", text)]
+    # the trial's own lines are in the sweep's raydist.log (a sweep's console shows one line per trial event)
+    log = "\n".join(p.read_text() for p in runs.glob("tune-margin-*/raydist.log"))
+    resumed = [int(m.group(1)) for m in re.finditer(r"resumed from \S+ at epoch \d+, step (\d+)", log)]
     assert resumed and min(resumed) >= result["checkpoint_step"], text[-3000:]
     lines = [json.loads(line) for line in (run_dir / "steps.jsonl").read_text().splitlines()]
     steps = [line["step"] for line in lines]
