@@ -30,6 +30,7 @@ from raydist.runtime import NO_STATE_API
 from raydist.simcluster import (
     HEAD_SYSTEM_CONFIG,
     TRAIN_WORKER_TITLE,
+    cli_on_cluster,
     free_port,
     print_report,
     registered_checkpoint_step,
@@ -252,16 +253,8 @@ def autoscaling_drill(
     started = time.time()
     report = AutoscalingReport(returncode=None)
     with autoscaling_cluster(config, idle_timeout_s=idle_timeout_s) as cluster:
-        argv = [
-            sys.executable,
-            "-c",
-            "import sys; from raydist.cli import main; sys.exit(main())",
-            *command,
-            "--address",
-            cluster.address,
-        ]
         proc = subprocess.Popen(
-            argv,
+            cli_on_cluster(command, cluster.address),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

@@ -206,6 +206,18 @@ def restarts(steps: Sequence[tuple[float, int]]) -> list[dict[str, Any]]:
     return found
 
 
+def cli_on_cluster(command: Sequence[str], address: str) -> list[str]:
+    """The argv of ``raydist COMMAND --address ADDRESS`` in this Python (the drills' driver process)."""
+    return [
+        sys.executable,
+        "-c",
+        "import sys; from raydist.cli import main; sys.exit(main())",
+        *command,
+        "--address",
+        address,
+    ]
+
+
 def node_loss_drill(
     command: Sequence[str],
     *,
@@ -225,16 +237,13 @@ def node_loss_drill(
         cluster_up_s = time.time() - started
         env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
         env.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")  # the controller sees a lost worker sooner
-        argv = [
-            sys.executable,
-            "-c",
-            "import sys; from raydist.cli import main; sys.exit(main())",
-            *command,
-            "--address",
-            cluster.address,
-        ]
         proc = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+            cli_on_cluster(command, cluster.address),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            start_new_session=True,
         )
         report = DrillReport(returncode=None, wall_s=0.0, cluster_up_s=round(cluster_up_s, 1))
 
