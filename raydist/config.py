@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from raydist.choices import DISTANCES, MINER_STRATEGIES, REDUCTIONS, SIMILARITIES
 from raydist.dataset_task import dataset_task
@@ -29,6 +29,7 @@ DEFAULT_PRESET = "default"  # what `raydist train` and `raydist tune` start from
 DEFAULT_TASK = (
     "pairs"  # the task of the embedded default dataset: the preset part a config gets without a task
 )
+TOP_LEVEL_KEYS = ("plugins",)  # config keys outside any section
 TASKS_KEY = "tasks"  # a preset's ``tasks: {<task>: {...}}`` block: values only for that task's datasets
 
 
@@ -244,6 +245,15 @@ class Config(_Section):
     eval: EvalSection = Field(default_factory=EvalSection)
     gc: GCSection = Field(default_factory=GCSection)
     debug: DebugSection = Field(default_factory=DebugSection)
+    # plugins imported before anything is built, in the driver and in every Ray process of the run
+    # (raydist.plugins): .py files, package folders (stored as absolute paths) or module names
+    plugins: list[str] = Field(default_factory=list)
+
+    @field_validator("plugins", mode="before")
+    @classmethod
+    def _one_plugin(cls, value: Any) -> Any:
+        """``plugins=my_loss.py`` (one name) means ``[my_loss.py]``."""
+        return [value] if isinstance(value, str) else value
 
     def to_dict(self) -> dict[str, Any]:
         """Nested plain dict (YAML/JSON serialisable)."""
@@ -262,6 +272,8 @@ def valid_keys() -> list[str]:
 def field_annotation(key: str) -> Any:
     """The type annotation of a dotted config key (e.g. ``int | None``)."""
     section, _, name = key.partition(".")
+    if not name:  # a top-level key (plugins)
+        return Config.model_fields[section].annotation
     return Config.model_fields[section].annotation.model_fields[name].annotation
 
 
@@ -399,7 +411,10 @@ def apply_overrides(cfg: Config, overrides: Mapping[str, Any]) -> Config:
     nested = cfg.to_dict()
     for key, value in overrides.items():
         section, _, name = key.partition(".")
-        if section not in nested or name not in nested[section]:
+        if not name and key in TOP_LEVEL_KEYS:
+            nested[key] = _parse_text(key, value)
+            continue
+        if section not in nested or not isinstance(nested[section], dict) or name not in nested[section]:
             raise _unknown_key(key)
         nested[section][name] = _parse_text(key, value)
     try:

@@ -26,6 +26,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "raydist.nesting",
             "raydist.presets",
             "raydist.uris",
+            "raydist.registry",
+            "raydist.plugins",
         ),
     ),
     (

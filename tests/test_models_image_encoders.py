@@ -31,7 +31,7 @@ def test_names_and_unknown_names():
 
 
 def test_registering_a_name_twice_is_an_error(monkeypatch):
-    monkeypatch.setattr(image_encoders._REGISTRY, "_builders", dict(image_encoders._REGISTRY._builders))
+    monkeypatch.setattr(image_encoders._REGISTRY, "_entries", dict(image_encoders._REGISTRY._entries))
 
     @register_image_encoder("flat")
     def flat(*, in_dim, channels, image_size):

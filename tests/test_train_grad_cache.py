@@ -326,7 +326,7 @@ def test_the_rng_is_left_as_the_uncached_step_leaves_it_with_one_chunk(tmp_path)
 @pytest.fixture
 def batchnorm_encoder(monkeypatch):
     """An image encoder with BatchNorm, ``test-batchnorm``, registered for one test (the registry is restored)."""
-    monkeypatch.setattr(image_encoders._REGISTRY, "_builders", dict(image_encoders._REGISTRY._builders))
+    monkeypatch.setattr(image_encoders._REGISTRY, "_entries", dict(image_encoders._REGISTRY._entries))
 
     @register_image_encoder("test-batchnorm")
     def _batchnorm_encoder(*, in_dim, channels: int, image_size) -> Backbone:

@@ -18,7 +18,7 @@ from torch import nn
 from raydist.config import ModelSection
 from raydist.losses.similarity import l2_normalize
 from raydist.models.cnn import SmallCNN
-from raydist.models.registry import BuilderRegistry
+from raydist.registry import Registry
 
 
 class Backbone(NamedTuple):
@@ -70,7 +70,7 @@ class BackboneEncoder(nn.Module):
 
 
 Builder = Callable[..., Backbone]
-_REGISTRY = BuilderRegistry("image encoder")
+_REGISTRY: Registry[Builder] = Registry("image encoder", families=True)
 
 
 def register_image_encoder(name: str) -> Callable[[Builder], Builder]:

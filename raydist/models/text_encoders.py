@@ -16,7 +16,7 @@ from torch.nn.utils.rnn import pack_padded_sequence
 
 from raydist.config import ModelSection
 from raydist.losses.similarity import l2_normalize
-from raydist.models.registry import BuilderRegistry
+from raydist.registry import Registry
 
 Pooling = Literal["mean", "cls"]
 
@@ -124,7 +124,7 @@ class PretrainedTextEncoder(nn.Module):
 
 
 Builder = Callable[..., nn.Module]
-_REGISTRY = BuilderRegistry("text encoder")
+_REGISTRY: Registry[Builder] = Registry("text encoder", families=True)
 
 
 def register_text_encoder(name: str) -> Callable[[Builder], Builder]:

@@ -8,37 +8,35 @@ from typing import Any
 
 from raydist.config import Config, ConfigError
 from raydist.data.schema import MANIFEST_NAME, RaydistDataError
+from raydist.registry import Registry
 from raydist.tasks.base import DataInfo, Task
 from raydist.tasks.labels import LabelsTask
 from raydist.tasks.pairs import PairsTask
 
-_TASKS: dict[str, type[Task]] = {PairsTask.name: PairsTask, LabelsTask.name: LabelsTask}
+TASKS: Registry[type[Task]] = Registry("task")
+TASKS.register(PairsTask.name, PairsTask)
+TASKS.register(LabelsTask.name, LabelsTask)
 
 
 def register_task(cls: type[Task]) -> type[Task]:
     """Class decorator: make ``cls`` the task of datasets whose manifest says ``task: cls.name``."""
-    if cls.name in _TASKS and _TASKS[cls.name] is not cls:
-        raise ValueError(f"task {cls.name!r} is already registered by {_TASKS[cls.name].__module__}")
-    _TASKS[cls.name] = cls
-    return cls
+    return TASKS.register(cls.name, cls)
 
 
 def task_names() -> list[str]:
     """Registered task names."""
-    return sorted(_TASKS)
+    return TASKS.names()
 
 
 def get_task(name: str) -> type[Task]:
     """The task class registered as ``name``."""
-    if name not in _TASKS:
-        raise ValueError(f"unknown task {name!r}; registered tasks: {', '.join(task_names())}")
-    return _TASKS[name]
+    return TASKS.get(name)
 
 
 def build_task(cfg: Config, info: DataInfo) -> Task:
     """The task that ``info.task`` names, for this config and data. A dataset whose manifest names no
     registered task is refused naming the manifest."""
-    if info.task not in _TASKS and info.data_dir is not None:
+    if info.task not in TASKS and info.data_dir is not None:
         raise RaydistDataError(
             f"{info.data_dir / MANIFEST_NAME}: field 'task': unknown task {info.task!r}; "
             f"expected one of {task_names()}"
@@ -53,7 +51,7 @@ def _shown(value: Any) -> str:
 
 def _tasks_that(wants: Any, but: type[Task]) -> str:
     """``the labels task`` / ``the a and b tasks``: the other registered tasks for which ``wants`` is true."""
-    names = [name for name, cls in sorted(_TASKS.items()) if cls is not but and wants(cls)]
+    names = [name for name, cls in ((e.name, e.obj) for e in TASKS.entries()) if cls is not but and wants(cls)]
     return f"the {' and '.join(names)} task{'s' if len(names) > 1 else ''}" if names else ""
 
 
