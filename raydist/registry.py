@@ -47,14 +47,16 @@ class Registry(Generic[T]):
         _REGISTRIES[kind] = self
 
     @overload
-    def register(self, name: str) -> Callable[[T], T]: ...
+    def register(self, name: str, *, module: str | None = None) -> Callable[[T], T]: ...
 
     @overload
-    def register(self, name: str, obj: T) -> T: ...
+    def register(self, name: str, obj: T, *, module: str | None = None) -> T: ...
 
-    def register(self, name: str, obj: Any = None) -> Any:
-        """Add ``obj`` under ``name`` (returns it), or as a decorator ``@registry.register(name)``. A name
-        registered already is an error naming the module that has it."""
+    def register(self, name: str, obj: Any = None, *, module: str | None = None) -> Any:
+        """Add ``obj`` under ``name`` (returns it), or as a decorator ``@registry.register(name)``. ``module``:
+        the module that registers it, as listed (default: the object's ``__module__``; pass it for an
+        instance of a shipped class made by a plugin). A name registered already is an error naming the module
+        that has it."""
 
         def add(obj: T) -> T:
             self._validate_name(name)
@@ -62,11 +64,11 @@ class Registry(Generic[T]):
             if old is not None:
                 raise RegistryError(
                     f"{self.kind} {name!r} is already registered by {old.module}; "
-                    f"{getattr(obj, '__module__', '?')} cannot register it again (pick another name)"
+                    f"{module or getattr(obj, '__module__', '?')} cannot register it again (pick another name)"
                 )
             if self._check is not None:
                 self._check(name, obj)
-            self._entries[name] = Entry(name, obj, getattr(obj, "__module__", "?") or "?")
+            self._entries[name] = Entry(name, obj, module or getattr(obj, "__module__", None) or "?")
             return obj
 
         return add if obj is None else add(obj)
