@@ -4,15 +4,18 @@ checkpoints (``setup``), act before a step, after backward (gradient statistics)
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from torch import nn
 
 from raydist.checkpoint import StateRegistry
+from raydist.config import Config
 from raydist.models import unwrap_model
+from raydist.registry import Registry
 from raydist.tasks import StepContext, Task
 
 
@@ -63,3 +66,46 @@ class ValidationHook(Hook):
         metrics.update(
             {f"val/{k}": v for k, v in self.task.evaluate(unwrap_model(model), "val", self.device).items()}
         )
+
+
+@dataclass(frozen=True)
+class HookSite:
+    """What a hook factory may look at: the run's config and task, the loop's ``runtime`` (device, rank, world,
+    in-memory ``arrays`` or None, ``plan``), the local run folder (None on remote storage) and where the driver
+    writes its stop file (None: in ``run_dir``)."""
+
+    cfg: Config
+    task: Task
+    runtime: Any
+    run_dir: str | None
+    stop_file: str | None = None
+
+
+HookFactory = Callable[[HookSite], "Hook | None"]
+HOOKS: Registry[HookFactory] = Registry("hook")
+DEFAULT_HOOK_ORDER = 50  # between validation (30) and tracking (90): a hook's metrics are tracked
+
+
+def register_hook(name: str, *, order: int = DEFAULT_HOOK_ORDER) -> Callable[[HookFactory], HookFactory]:
+    """Register ``factory(site: HookSite) -> Hook | None`` under ``name`` (a decorator). Every run calls every
+    registered factory on every worker; a factory returns None to stay out of a run (e.g. when its config
+    does not ask for it). Hooks run in ``order`` (lower first, then by name): fault injection 0-10, gradient
+    clustering 20, validation 30, the default 50, tracking 90, the stop file 100."""
+
+    def register(factory: HookFactory) -> HookFactory:
+        factory.hook_order = order  # type: ignore[attr-defined]
+        return HOOKS.register(name, factory)
+
+    return register
+
+
+def hook_order(factory: HookFactory) -> int:
+    """Where a registered factory's hook runs (:func:`register_hook`)."""
+    return int(getattr(factory, "hook_order", DEFAULT_HOOK_ORDER))
+
+
+def registered_hooks(site: HookSite) -> list[Hook]:
+    """The hooks of a run: every registered factory's hook, in order, leaving out the factories that
+    return None."""
+    entries = sorted(HOOKS.entries(), key=lambda e: (hook_order(e.obj), e.name))
+    return [hook for e in entries if (hook := e.obj(site)) is not None]
