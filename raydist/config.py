@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from raydist.choices import DISTANCES, MINER_STRATEGIES, REDUCTIONS, SIMILARITIES
 from raydist.dataset_task import dataset_task
 from raydist.nesting import check_embedding_dim, check_nesting, check_weights
+from raydist.plugins import load_plugins, resolve_spec
 from raydist.uris import is_uri
 
 AMP_MODES = ("none", "bf16", "fp16")
@@ -407,14 +408,24 @@ def is_finite_number(value: Any) -> bool:
 
 def apply_overrides(cfg: Config, overrides: Mapping[str, Any]) -> Config:
     """Return a copy of ``cfg`` with dotted keys set (each value validated); unknown keys are refused
-    with the closest valid keys."""
+    with the closest valid keys. The ``plugins`` a config names are imported first (paths made absolute):
+    a plugin may add keys (a loss kind's options), so every process that builds a config from a mapping --
+    the driver, a Ray Train worker, a Tune trial, a loaded checkpoint -- has them."""
     nested = cfg.to_dict()
+    if "plugins" in overrides:
+        plugins = _parse_text("plugins", overrides["plugins"])
+        plugins = [plugins] if isinstance(plugins, str) else plugins
+        if isinstance(plugins, list) and all(isinstance(p, str) for p in plugins):
+            plugins = list(dict.fromkeys(resolve_spec(p) for p in plugins))
+            load_plugins(plugins)
+        overrides = {**overrides, "plugins": plugins}
     for key, value in overrides.items():
         section, _, name = key.partition(".")
         if not name and key in TOP_LEVEL_KEYS:
             nested[key] = _parse_text(key, value)
             continue
-        if section not in nested or not isinstance(nested[section], dict) or name not in nested[section]:
+        fields = Config.model_fields[section].annotation.model_fields if section in Config.model_fields else {}
+        if section not in nested or not isinstance(nested[section], dict) or name not in fields:
             raise _unknown_key(key)
         nested[section][name] = _parse_text(key, value)
     try:
