@@ -9,6 +9,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 from raydist.config import Config, ConfigError
 from raydist.console import quiet_ray_data_console, say
 from raydist.distributed.spawn import free_port
+from raydist.plugins import plugin_runtime_env
 from raydist.uris import is_uri
 
 # Logical CPUs that Ray Data needs beside the train workers, or the streaming pipeline waits forever.
@@ -23,6 +25,8 @@ DATA_CPUS = 1.0
 # RAY_API_SERVER_ADDRESS of a private instance without a dashboard: nothing listens on port 1 of this machine, so
 # a State API call fails at once instead of finding another instance's API
 NO_STATE_API = "http://127.0.0.1:1"
+# set by `ray job submit` in the job's driver: the job's config (its runtime_env among it), as JSON
+JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 
 
 # Every port a Ray node listens on (`ray start` flags). A second Ray on a machine needs all of them free: a taken
@@ -73,30 +77,62 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
         raise join_failure(address, e) from e
 
 
-def init_ray(cpus_needed: float, address: str | None = None, *, dashboard: bool = True) -> None:
+def init_ray(
+    cpus_needed: float, address: str | None = None, *, dashboard: bool = True, plugins: Sequence[str] = ()
+) -> None:
     """Join the cluster named by ``address`` or ``RAY_ADDRESS`` (as inside ``ray job submit``); otherwise
     start a private local instance sized for the run, with Ray's dashboard unless ``dashboard`` is False
-    (:func:`start_local_ray`). Never joins another process's instance unasked."""
+    (:func:`start_local_ray`). Never joins another process's instance unasked. ``plugins``: shipped to every
+    Ray process of this job (:func:`job_runtime_env`); a Ray started before is used as it is (a plugin file
+    then reaches the processes on this machine only, by its path)."""
     import ray
 
     if ray.is_initialized():
         return
+    runtime_env = job_runtime_env(plugins)
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         quiet_ray_data_console()
         check_reachable(address)
         try:
-            ray.init(address=address, log_to_driver=True, logging_level=_ray_log_level())
+            ray.init(
+                address=address,
+                log_to_driver=True,
+                logging_level=_ray_log_level(),
+                **({"runtime_env": runtime_env} if runtime_env else {}),
+            )
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise join_failure(address, e) from e
         return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private instance on this machine only
     # Logical CPUs are scheduling tokens: oversubscribing a small machine is fine for small models.
-    start_local_ray(max(os.cpu_count() or 1, math.ceil(cpus_needed), 4), dashboard=dashboard)
+    start_local_ray(
+        max(os.cpu_count() or 1, math.ceil(cpus_needed), 4), dashboard=dashboard, runtime_env=runtime_env
+    )
 
 
-def start_local_ray(num_cpus: int, *, log_to_driver: bool = True, dashboard: bool = True) -> None:
+def job_runtime_env(plugins: Sequence[str]) -> dict[str, Any]:
+    """The job-level ``runtime_env`` that ships ``plugins`` (Ray's ``py_modules``: every node gets a copy,
+    importable under the plugin's module name). Inside ``ray job submit``, whose job may carry ``py_modules``
+    of its own, the job's are kept and ours added (Ray refuses the same field from both otherwise)."""
+    env = plugin_runtime_env(plugins)
+    job = os.environ.get(JOB_CONFIG_ENV)
+    if env and job:
+        job_modules = (json.loads(job).get("runtime_env") or {}).get("py_modules") or []
+        if job_modules:
+            env["py_modules"] = [*job_modules, *env["py_modules"]]
+            os.environ["RAY_OVERRIDE_JOB_RUNTIME_ENV"] = "1"  # ours then holds both lists
+    return env
+
+
+def start_local_ray(
+    num_cpus: int,
+    *,
+    log_to_driver: bool = True,
+    dashboard: bool = True,
+    runtime_env: dict[str, Any] | None = None,
+) -> None:
     """Start a private local Ray instance whose actors find its own State API, or none.
 
     Ray Train's placement-group cleaner looks the State API up by address; with two Ray instances on
@@ -121,6 +157,7 @@ def start_local_ray(num_cpus: int, *, log_to_driver: bool = True, dashboard: boo
     import ray
 
     options: dict[str, Any] = {"include_dashboard": False}
+    env = dict(runtime_env or {})
     os.environ["RAY_API_SERVER_ADDRESS"] = NO_STATE_API
     if dashboard:
         with socket.socket() as s:
@@ -128,7 +165,10 @@ def start_local_ray(num_cpus: int, *, log_to_driver: bool = True, dashboard: boo
             port = s.getsockname()[1]
         api = f"http://127.0.0.1:{port}"
         os.environ["RAY_API_SERVER_ADDRESS"] = api
-        options = {"dashboard_port": port, "runtime_env": {"env_vars": {"RAY_API_SERVER_ADDRESS": api}}}
+        options = {"dashboard_port": port}
+        env["env_vars"] = {**env.get("env_vars", {}), "RAY_API_SERVER_ADDRESS": api}
+    if env:
+        options["runtime_env"] = env
     quiet_ray_data_console()
     ray.init(
         address="local",

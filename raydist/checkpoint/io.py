@@ -25,6 +25,7 @@ from raydist.checkpoint.remote import fetch_run_or_checkpoint
 from raydist.config import Config, ConfigError, apply_overrides, from_dict, validate
 from raydist.data.remote import local_dataset
 from raydist.data.schema import MANIFEST_NAME
+from raydist.plugins import PluginError
 from raydist.uris import is_uri
 
 SHOWN_PARAMETERS = 3  # differing parameters a refusal names
@@ -123,7 +124,7 @@ def read_config(folder: Path) -> Config:
     """``config.yaml`` of a checkpoint folder."""
     try:
         return from_dict(yaml.safe_load((folder / CONFIG_FILE).read_text()))
-    except (OSError, yaml.YAMLError, ConfigError) as e:
+    except (OSError, yaml.YAMLError, ConfigError, PluginError) as e:
         raise ValueError(f"{folder / CONFIG_FILE}: unreadable checkpoint config: {e}") from e
 
 

@@ -108,7 +108,8 @@ def run_experiment(
             space, preset=preset or experiment.preset, overrides={**base_overrides, **sweep.overrides}
         )
         planned.append((sweep, space, cfg))
-    init_ray(max(sweep_cpus(space, cfg) for _, space, cfg in planned), address)
+    plugins = list(dict.fromkeys(p for _, _, cfg in planned for p in cfg.plugins))
+    init_ray(max(sweep_cpus(space, cfg) for _, space, cfg in planned), address, plugins=plugins)
     route_ray_output(out / LOG_FILE)  # until each sweep sends Ray's output to its own folder's log
     storage = storage or (None if base.train.storage_path else str(out / "runs"))
     records: list[TrialRecord] = []

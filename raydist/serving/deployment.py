@@ -137,10 +137,11 @@ def deploy(
         raise ValueError(f"--replicas {replicas}, --replica-cpus {replica_cpus}: expected >= 1 and >= 0")
     check_index_arg(index)
     chosen = choose_checkpoint(checkpoint, latest=latest)
-    read_config(chosen.path)  # a missing or unreadable checkpoint: a clear error now, not in a replica's log
+    # a missing or unreadable checkpoint: a clear error now, not in a replica's log (its plugins imported here)
+    plugins = read_config(chosen.path).plugins
     cluster = bool(address or os.environ.get("RAY_ADDRESS"))
     private = not ray.is_initialized() and not cluster
-    init_ray(replicas * replica_cpus, address, dashboard=False)
+    init_ray(replicas * replica_cpus, address, dashboard=False, plugins=plugins)
 
     def absolute(path: str | Path | None) -> str | None:  # replicas run in Ray's session folder
         if path is None or is_uri(str(path)):

@@ -307,7 +307,8 @@ def run_training(
     )
     startup = {"data_checked": time.time()}
     started = time.perf_counter()
-    init_ray(run_cpus(cfg), address, dashboard=False)  # one run needs no State API (runtime.start_local_ray)
+    # one run needs no State API (runtime.start_local_ray); the config's plugins reach every Ray process
+    init_ray(run_cpus(cfg), address, dashboard=False, plugins=cfg.plugins)
     if not joining:
         start_train_coordinator()
     name = run_name(cfg)

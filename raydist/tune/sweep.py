@@ -506,7 +506,7 @@ def _checked_data(space: SweepSpace, cfg: Config) -> Path:
 
 def _start_ray(space: SweepSpace, cfg: Config, address: str | None, experiment_path: str) -> None:
     """Start or join Ray, check the sweep fits, and send worker output to the experiment's raydist.log."""
-    init_ray(sweep_cpus(space, cfg), address)
+    init_ray(sweep_cpus(space, cfg), address, plugins=cfg.plugins)
     capacity = cluster_capacity()
     check_sweep_fits(space, cfg, capacity)
     check_storage_reachable(experiment_path, cfg.train.storage_shared, capacity)
