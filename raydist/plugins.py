@@ -91,6 +91,17 @@ def _same_source(found: str | None, path: Path) -> bool:
         return False
 
 
+def _in_ray_worker() -> bool:
+    """Whether this process is a Ray worker (a Train worker, a Tune trial, a replica), not a driver."""
+    if "ray" not in sys.modules:
+        return False
+    try:
+        from ray._private.worker import WORKER_MODE, global_worker
+    except ImportError:
+        return False
+    return getattr(global_worker, "mode", None) == WORKER_MODE
+
+
 def _import_path(spec: str) -> ModuleType:
     """Import a file or package folder under :func:`module_name`: the copy on ``sys.path`` when there is one
     (shipped by Ray to this node), else from the path itself."""
@@ -107,6 +118,8 @@ def _import_path(spec: str) -> ModuleType:
     found = importlib.util.find_spec(name)
     if found is not None and (not path.exists() or _same_source(found.origin, path)):
         return importlib.import_module(name)
+    if not path.exists() and not _in_ray_worker():
+        raise PluginError(f"plugin {spec}: no such file or folder")
     if not path.exists():
         raise PluginError(
             f"plugin {spec}: not on this node, and no module {name!r} was shipped here (raydist ships plugins "
@@ -187,8 +200,9 @@ def loaded_plugins() -> list[str]:
 
 
 def _installed(origin: str) -> bool:
-    """Whether a module file lives in an installed environment's site-packages (every node has it)."""
-    roots = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
+    """Whether a module file lives in the installed environment -- site-packages or the standard library --
+    which every node has."""
+    roots = {sysconfig.get_paths()[k] for k in ("purelib", "platlib", "stdlib", "platstdlib")}
     return any(Path(origin).resolve().is_relative_to(Path(r).resolve()) for r in roots)
 
 
