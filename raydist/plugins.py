@@ -163,7 +163,7 @@ def load_plugin(spec: str) -> ModuleType:
                 "importable module)"
             ) from e
         raise _failure(spec, e) from e
-    except Exception as e:  # noqa: BLE001 -- any error of the plugin's own code is reported as the plugin's
+    except Exception as e:
         raise _failure(spec, e) from e
     _loaded[spec] = module
     return module
@@ -182,7 +182,7 @@ def load_entry_points() -> list[str]:
             target = point.load()
             if callable(target) and not isinstance(target, ModuleType):
                 target()
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise _failure(f"{point.name} (entry point {point.value} of group {ENTRY_POINT_GROUP})", e) from e
     return [p.name for p in points]
 
