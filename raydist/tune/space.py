@@ -38,6 +38,7 @@ from raydist.config import (
     validate,
 )
 from raydist.dataset_task import dataset_task
+from raydist.plugins import load_plugins, resolve_spec
 
 DISTRIBUTIONS = ("choice", "grid", "uniform", "loguniform", "randint")
 # Keys the sweep itself sets for every trial: never swept.
@@ -187,17 +188,30 @@ def load_space(spec: str | Path) -> SweepSpace:
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as e:
         raise ConfigError(f"cannot read space file {path}: {e}") from e
-    return parse_space(data, name=path.stem)
+    return parse_space(data, name=path.stem, folder=path.parent)
 
 
-def parse_space(data: Any, name: str) -> SweepSpace:
-    """Check a space mapping (see tune_spaces/margin.yaml for every key) and build a SweepSpace."""
+def parse_space(data: Any, name: str, folder: str | Path | None = None) -> SweepSpace:
+    """Check a space mapping (see tune_spaces/margin.yaml for every key) and build a SweepSpace. The plugins
+    its ``base`` names (paths relative to ``folder``, the space file's, default the working directory) are
+    imported first: a plugin's loss options may be swept."""
     where = f"space {name!r}"
     try:
         file = _SpaceFile.model_validate(data)
     except ValidationError as e:
         lines = describe_errors(e, model=_SpaceFile)
         raise ConfigError("\n".join(f"{where}: {line}" for line in lines)) from e
+    if "plugins" in file.base:
+        named = file.base["plugins"]
+        named = [named] if isinstance(named, str) else named
+        if not isinstance(named, list) or not all(isinstance(p, str) for p in named):
+            raise ConfigError(
+                f"{where}: base.plugins: expected a list of plugin files or modules, got {named!r}"
+            )
+        specs = [resolve_spec(p, folder) for p in named]
+        load_plugins(specs)
+        data = {**data, "base": {**file.base, "plugins": specs}}
+        file = _SpaceFile.model_validate(data)
     if not file.space:
         raise ConfigError(
             f"{where}: 'space' must map config keys to distributions, e.g. "
