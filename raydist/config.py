@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from raydist.choices import DISTANCES, MINER_STRATEGIES, REDUCTIONS, SIMILARITIES
 from raydist.dataset_task import dataset_task
 from raydist.nesting import check_embedding_dim, check_nesting, check_weights
-from raydist.plugins import load_plugins, resolve_spec
+from raydist.plugins import load_entry_points, load_plugins, resolve_spec
 from raydist.uris import is_uri
 
 AMP_MODES = ("none", "bf16", "fp16")
@@ -408,10 +408,11 @@ def is_finite_number(value: Any) -> bool:
 
 def apply_overrides(cfg: Config, overrides: Mapping[str, Any]) -> Config:
     """Return a copy of ``cfg`` with dotted keys set (each value validated); unknown keys are refused
-    with the closest valid keys. The ``plugins`` a config names are imported first (paths made absolute):
+    with the closest valid keys. The ``plugins`` a config names (and the installed entry points) are imported first (paths made absolute):
     a plugin may add keys (a loss kind's options), so every process that builds a config from a mapping --
     the driver, a Ray Train worker, a Tune trial, a loaded checkpoint -- has them."""
     nested = cfg.to_dict()
+    load_entry_points()  # installed packages' plugins (raydist.plugins entry points), once per process
     if "plugins" in overrides:
         plugins = _parse_text("plugins", overrides["plugins"])
         plugins = [plugins] if isinstance(plugins, str) else plugins

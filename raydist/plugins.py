@@ -171,12 +171,12 @@ def load_plugin(spec: str) -> ModuleType:
 
 def load_entry_points() -> list[str]:
     """Import the ``raydist.plugins`` entry points of installed packages (once per process); a callable entry
-    point is called with no arguments. Returns their names."""
+    point is called with no arguments. Returns the names imported by this call."""
     global _entry_points_loaded
-    points = list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
     if _entry_points_loaded:
-        return [p.name for p in points]
+        return []
     _entry_points_loaded = True
+    points = list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
     for point in points:
         try:
             target = point.load()
