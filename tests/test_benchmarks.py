@@ -8,8 +8,15 @@ import platform
 import pytest
 import torch
 
-from raydist.benchmarks import BENCHMARKS, Benchmark, append_results, recorded_command, run_benchmarks
-from raydist.benchmarks.harness import RAY_BENCHMARKS
+from raydist.benchmarks import (
+    BENCHMARKS,
+    Benchmark,
+    append_results,
+    benchmark_names,
+    recorded_command,
+    register_benchmark,
+    run_benchmarks,
+)
 from raydist.benchmarks.loss import dense_max_of_hinges
 from raydist.losses import l2_normalize, ranking_loss
 
@@ -59,7 +66,7 @@ def test_benchmark_runs_in_smoke_mode(
 ) -> None:
     if name in NEEDS_SKLEARN:
         pytest.importorskip("sklearn")
-    if name in RAY_BENCHMARKS:  # the session's Ray instance (conftest), not a private one per benchmark
+    if BENCHMARKS.get(name).ray:  # the session's Ray instance (conftest), not a private one per benchmark
         request.getfixturevalue("ray_cluster")
     table = run_benchmarks([name], smoke=True, repeats=3)
     assert table.startswith(f"### {name} (smoke)")
@@ -68,12 +75,37 @@ def test_benchmark_runs_in_smoke_mode(
 
 
 def test_the_catalog_names_every_benchmark_once_with_its_docstring() -> None:
-    assert list(BENCHMARKS) == NAMES
-    for name, benchmark in BENCHMARKS.items():
-        assert benchmark.name == name and benchmark.summary == benchmark.run.__doc__.strip().splitlines()[0]
+    assert benchmark_names() == NAMES  # registered by their modules, found with pkgutil, in their order
+    for entry in BENCHMARKS.entries():
+        benchmark = entry.obj
+        assert (
+            benchmark.name == entry.name
+            and benchmark.summary == benchmark.run.__doc__.strip().splitlines()[0]
+        )
+        assert entry.module == benchmark.run.__module__ and entry.module.startswith("raydist.benchmarks.")
+    ray = {n for n in NAMES if BENCHMARKS.get(n).ray}
+    assert ray == {"data", "step", "tokenize", "images", "pixels-vs-vectors", "serve", "webdataset"}
 
 
-def test_run_benchmarks_runs_a_catalog_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_new_benchmark_registers_itself_and_runs_last() -> None:
+    """A module of the package (here a plugin's) registers with the decorator; no order: after the shipped
+    ones."""
+
+    @register_benchmark("toy-last")
+    def toy(*, smoke: bool, repeats: int) -> str:
+        """A toy."""
+        return "| a |\n|---|\n| 1 |"
+
+    try:
+        assert benchmark_names() == [*NAMES, "toy-last"]
+        assert BENCHMARKS.module_of("toy-last") == __name__
+        with pytest.raises(ValueError, match="already registered"):
+            register_benchmark("loss")(toy)
+    finally:
+        BENCHMARKS.unregister("toy-last")
+
+
+def test_run_benchmarks_runs_a_catalog_entry() -> None:
     calls = []
 
     def toy(*, smoke: bool, repeats: int) -> str:
@@ -83,14 +115,17 @@ def test_run_benchmarks_runs_a_catalog_entry(monkeypatch: pytest.MonkeyPatch) ->
         calls.append((smoke, repeats))
         return "| a |\n|---|\n| 1 |"
 
-    monkeypatch.setitem(BENCHMARKS, "toy", Benchmark("toy", toy))
-    assert "### toy (4 repeats): A toy benchmark.\n" in run_benchmarks(["toy"], smoke=False, repeats=4)
-    run_benchmarks(["toy"], smoke=True, repeats=4)
-    assert calls == [(False, 4), (True, 1)]
-    with pytest.raises(ValueError, match="unknown benchmark"):
-        run_benchmarks(["no-such-benchmark"], smoke=True, repeats=1)
-    with pytest.raises(ValueError, match="repeats=0"):
-        run_benchmarks(["toy"], smoke=False, repeats=0)
+    BENCHMARKS.register("toy", Benchmark("toy", toy), module=__name__)
+    try:
+        assert "### toy (4 repeats): A toy benchmark.\n" in run_benchmarks(["toy"], smoke=False, repeats=4)
+        run_benchmarks(["toy"], smoke=True, repeats=4)
+        assert calls == [(False, 4), (True, 1)]
+        with pytest.raises(ValueError, match="unknown benchmark"):
+            run_benchmarks(["no-such-benchmark"], smoke=True, repeats=1)
+        with pytest.raises(ValueError, match="repeats=0"):
+            run_benchmarks(["toy"], smoke=False, repeats=0)
+    finally:
+        BENCHMARKS.unregister("toy")
 
 
 def test_recorded_command_names_the_thread_variables(monkeypatch: pytest.MonkeyPatch) -> None:

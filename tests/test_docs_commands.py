@@ -170,7 +170,7 @@ def is_placeholder(word: str) -> bool:
 
 def check_argv(argv: list[str]) -> str | None:
     """Why ``raydist *argv`` is not a valid command, or None."""
-    from raydist.benchmarks.catalog import BENCHMARKS
+    from raydist.benchmarks import benchmark_names
     from raydist.cli import parse_args
     from raydist.config import valid_keys
     from raydist.experiments.catalog import EXPERIMENTS
@@ -202,9 +202,10 @@ def check_argv(argv: list[str]) -> str | None:
             if "=" in word and not word.startswith("-") and "." in key and key not in keys:
                 return f"unknown config key {key!r} in {word!r}"
     if command == "bench":
-        unknown = [n for n in args.names if n not in BENCHMARKS and not is_placeholder(n)]
+        known = benchmark_names()
+        unknown = [n for n in args.names if n not in known and not is_placeholder(n)]
         if unknown:
-            return f"unknown benchmark(s) {unknown}; known: {sorted(BENCHMARKS)}"
+            return f"unknown benchmark(s) {unknown}; known: {sorted(known)}"
     if command == "experiment" and args.name not in EXPERIMENTS and not is_placeholder(args.name):
         return f"unknown experiment {args.name!r}; known: {sorted(EXPERIMENTS)}"
     if command == "tune" and args.space and not is_placeholder(args.space):

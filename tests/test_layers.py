@@ -34,6 +34,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "formats and numerics",
         (
             "raydist.data",
+            "raydist.converters",
             "raydist.losses",
             "raydist.models",
             "raydist.distributed",

@@ -1,27 +1,20 @@
-"""The benchmark suite by name: imports each benchmark module, lists its benchmark functions under their
-names (:data:`BENCHMARKS`) and runs a selection of them (:func:`run_benchmarks`)."""
+"""The benchmark suite by name: a :class:`Benchmark` per benchmark function, registered by its own module with
+``@register_benchmark("name")`` in :data:`BENCHMARKS` (a :class:`raydist.registry.Registry`). The modules of
+this package are found with :mod:`pkgutil` (:func:`discover_benchmarks`), so a new benchmark is one module
+here (+ its test), and a plugin (:mod:`raydist.plugins`) registers one the same way. :func:`run_benchmarks` runs
+a selection; with none, all of them in :attr:`Benchmark.order` (a new benchmark without one goes last)."""
 
 from __future__ import annotations
 
+import importlib
+import math
 import os
-from collections.abc import Mapping
+import pkgutil
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from raydist.benchmarks.data import data_rate
-from raydist.benchmarks.gather import gather_share
-from raydist.benchmarks.gc import gc_cost
-from raydist.benchmarks.grad_cache import grad_cache_memory
-from raydist.benchmarks.images import images_rate
-from raydist.benchmarks.loss import loss_memory, loss_time
-from raydist.benchmarks.pixels_vs_vectors import pixels_vs_vectors
-from raydist.benchmarks.real_cross_view import real_cross_view
-from raydist.benchmarks.retrieval import retrieval
-from raydist.benchmarks.serve import serve_rate
-from raydist.benchmarks.startup import startup
-from raydist.benchmarks.step import step_rate
-from raydist.benchmarks.text import text_encoders, tokenize_rate
-from raydist.benchmarks.webdataset import webdataset_rate
+from raydist.registry import Registry
 
 
 class BenchmarkFn(Protocol):
@@ -34,12 +27,16 @@ class BenchmarkFn(Protocol):
 @dataclass(frozen=True)
 class Benchmark:
     """A named benchmark function; ``options``: the command-line options it takes as keyword arguments (``raydist
-    bench --data DIR`` → ``data``), which the others ignore; ``repeated``: whether it uses ``repeats``."""
+    bench --data DIR`` → ``data``), which the others ignore; ``repeated``: whether it uses ``repeats``;
+    ``order``: its place in ``raydist bench`` with no names (ties and unset ones by name, last); ``ray``: it runs
+    on Ray (the one already started in this process, else a private one)."""
 
     name: str
     run: BenchmarkFn
     options: tuple[str, ...] = ()
     repeated: bool = True
+    order: float = math.inf
+    ray: bool = False
 
     @property
     def summary(self) -> str:
@@ -47,44 +44,59 @@ class Benchmark:
         return (self.run.__doc__ or self.name).strip().splitlines()[0]
 
 
-BENCHMARKS: dict[str, Benchmark] = {
-    b.name: b
-    for b in (
-        Benchmark("loss", loss_time),
-        Benchmark("loss-memory", loss_memory),
-        Benchmark("data", data_rate),
-        Benchmark("step", step_rate),
-        Benchmark("gather", gather_share),
-        Benchmark("gc", gc_cost),
-        Benchmark("startup", startup),
-        Benchmark("retrieval", retrieval),
-        Benchmark("real-cross-view", real_cross_view),
-        Benchmark("text-encoders", text_encoders),
-        Benchmark("tokenize", tokenize_rate),
-        Benchmark("images", images_rate),
-        Benchmark("pixels-vs-vectors", pixels_vs_vectors, options=("data", "in_process"), repeated=False),
-        Benchmark("grad-cache", grad_cache_memory),
-        Benchmark("serve", serve_rate),
-        Benchmark("webdataset", webdataset_rate),
-    )
-}
+BENCHMARKS: Registry[Benchmark] = Registry("benchmark")
+
+
+def register_benchmark(
+    name: str,
+    *,
+    options: tuple[str, ...] = (),
+    repeated: bool = True,
+    order: float = math.inf,
+    ray: bool = False,
+) -> Callable[[BenchmarkFn], BenchmarkFn]:
+    """Function decorator: register the function as the benchmark ``name`` (:class:`Benchmark`'s fields);
+    returns the function unchanged."""
+
+    def add(fn: BenchmarkFn) -> BenchmarkFn:
+        benchmark = Benchmark(name, fn, options, repeated, order, ray)
+        BENCHMARKS.register(name, benchmark, module=getattr(fn, "__module__", None))
+        return fn
+
+    return add
+
+
+def discover_benchmarks() -> None:
+    """Import every module of this package, so that each registers its benchmarks."""
+    package = importlib.import_module("raydist.benchmarks")
+    for module in pkgutil.iter_modules(package.__path__):
+        if not module.name.startswith("_"):
+            importlib.import_module(f"raydist.benchmarks.{module.name}")
+
+
+def benchmark_names() -> list[str]:
+    """Every registered benchmark (the shipped ones and a loaded plugin's), in the order of ``raydist bench``
+    with no names."""
+    discover_benchmarks()
+    return sorted(BENCHMARKS.names(), key=lambda n: (BENCHMARKS.get(n).order, n))
 
 
 def run_benchmarks(
     names: list[str] | None, *, smoke: bool, repeats: int, options: Mapping[str, Any] | None = None
 ) -> str:
-    """Run the named benchmarks (all of :data:`BENCHMARKS`, in its order, for None), print each one's markdown
-    as it finishes and return them all. ``smoke``: tiny sizes and one repetition. ``options``: keyword
+    """Run the named benchmarks (all of :func:`benchmark_names`, in its order, for None), print each one's
+    markdown as it finishes and return them all. ``smoke``: tiny sizes and one repetition. ``options``: keyword
     arguments handed to the benchmarks that name them in :attr:`Benchmark.options` (None values left out)."""
-    chosen = list(BENCHMARKS) if names is None else names
+    known = benchmark_names()
+    chosen = known if names is None else names
     unknown = [n for n in chosen if n not in BENCHMARKS]
     if unknown:
-        raise ValueError(f"unknown benchmark(s) {unknown}: expected some of {sorted(BENCHMARKS)}")
+        raise ValueError(f"unknown benchmark(s) {unknown}: expected some of {sorted(known)}")
     if repeats < 1:
         raise ValueError(f"repeats={repeats}: expected at least 1")
     sections = []
     for name in chosen:
-        benchmark = BENCHMARKS[name]
+        benchmark = BENCHMARKS.get(name)
         mode = "smoke" if smoke else f"{repeats} repeats" if benchmark.repeated else "one run"
         load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
         extra = {k: v for k, v in (options or {}).items() if k in benchmark.options and v is not None}

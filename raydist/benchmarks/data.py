@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import torch
 
+from raydist.benchmarks.catalog import register_benchmark
 from raydist.benchmarks.harness import (
     held,
     median,
@@ -165,6 +166,7 @@ def consumption_steps(cfg: Config, task: Task, data_dir: Path, steps: int) -> Ca
     return run
 
 
+@register_benchmark("data", order=3, ray=True)
 def data_rate(*, smoke: bool, repeats: int) -> str:
     """Rows/s the streamed train split delivers as torch batches into one worker vs pyarrow and the step."""
     import ray

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from raydist.benchmarks.catalog import register_benchmark
 from raydist.benchmarks.harness import held, median, omp_wait_policy, row, spread
 from raydist.config import load_config
 from raydist.distributed import StepPlan, gather_step, rank_ranking_loss, step_generator
@@ -112,6 +113,7 @@ def gather_process(rank: int, port: int, batches: tuple[int, ...], dim: int, rep
     dist.destroy_process_group()
 
 
+@register_benchmark("gather", order=5)
 def gather_share(*, smoke: bool, repeats: int) -> str:
     """All-gather share of a step at W=2 (gloo), global batch 1024 and 8192."""
     batches = SMOKE_BATCHES if smoke else FULL_BATCHES

@@ -22,6 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from raydist.benchmarks.catalog import register_benchmark
 from raydist.benchmarks.harness import held, row, spread
 from raydist.distributed.spawn import free_port, spawn
 from raydist.gradclust import GradientClustering
@@ -202,6 +203,7 @@ def _row(batch: int, world: int, times: dict[str, list[float]], memory: list[str
     )
 
 
+@register_benchmark("gc", order=6)
 def gc_cost(*, smoke: bool, repeats: int) -> str:
     """Step time with gradient clustering statistics on vs off (W=1 and W=2), and the memory GC adds."""
     sizes = Sizes.for_mode(smoke, repeats)

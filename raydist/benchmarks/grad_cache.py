@@ -23,6 +23,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from raydist.benchmarks.catalog import register_benchmark
 from raydist.benchmarks.harness import row, spread
 
 ENCODERS = ("small-cnn", "resnet18-gn")  # the second only where torchvision imports
@@ -199,6 +200,7 @@ def _ratio(on: dict | None, off: dict | None, key: str) -> str:
     return f"{statistics.median(on[key]) / statistics.median(off[key]):.2f}×"
 
 
+@register_benchmark("grad-cache", order=14)
 def grad_cache_memory(*, smoke: bool, repeats: int, device: str = "cpu") -> str:
     """Peak memory and step time vs batch size with and without gradient caching (small CNN, ResNet-18)."""
     sizes = Sizes.for_mode(smoke, repeats)

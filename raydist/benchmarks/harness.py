@@ -26,8 +26,6 @@ RAY_ENV = {
     "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "60",
     "RAY_USAGE_STATS_ENABLED": "0",
 }
-# the benchmarks that run on Ray (tests hand them the session's)
-RAY_BENCHMARKS = frozenset({"data", "step", "tokenize", "images", "pixels-vs-vectors", "serve", "webdataset"})
 LOGICAL_CPUS = 4  # scheduling tokens of a private instance: train workers + Ray Data fit on a 2-core box
 
 

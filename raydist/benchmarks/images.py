@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from raydist.benchmarks.catalog import register_benchmark
 from raydist.benchmarks.harness import median, ray_instance, row, spread
 from raydist.config import load_config
 from raydist.data import dataset_task, read_split
@@ -268,6 +269,7 @@ def write_images(root: Path, smoke: bool) -> Path:
     )
 
 
+@register_benchmark("images", order=12, ray=True)
 def images_rate(*, smoke: bool, repeats: int) -> str:
     """Images/s of training views into a worker: Ray Data decoding (streamed) vs a torch DataLoader vs the step."""
     with tempfile.TemporaryDirectory(prefix="raydist-bench-images-") as tmp, ray_instance():

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from raydist.benchmarks.catalog import register_benchmark
 from raydist.benchmarks.harness import ms_spread, seconds
 from raydist.losses import TILE_ELEMENTS, ranking_loss
 
@@ -95,6 +96,7 @@ def _time_size(batch: int, dim: int, repeats: int) -> str:
     )
 
 
+@register_benchmark("loss", order=1)
 def loss_time(*, smoke: bool, repeats: int) -> str:
     """MH forward+backward vs the dense mask-and-clamp formulation and vs the forward score matmul."""
     rows = [_time_size(batch, dim, repeats) for batch, dim in (SMOKE_TIME_SIZES if smoke else TIME_SIZES)]
@@ -155,6 +157,7 @@ def _peak_cell(result: dict[str, float | str]) -> str:
     return f"{result['peak'] / 2**20:.0f} MiB ({result['seconds']:.2f} s)"
 
 
+@register_benchmark("loss-memory", order=2)
 def loss_memory(*, smoke: bool, repeats: int) -> str:
     """Peak memory of MH (and SH) forward+backward vs the global batch, against the dense formulation."""
     del repeats  # one run per size: a peak, not a timing

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
+from raydist.benchmarks.catalog import register_benchmark
 from raydist.benchmarks.harness import held, ray_instance, row
 from raydist.benchmarks.real_cross_view import KEYS as PAIR_KEYS
 from raydist.benchmarks.real_cross_view import bag_of_words, one_torch_thread
@@ -340,6 +341,7 @@ def _verdict(
     ]
 
 
+@register_benchmark("pixels-vs-vectors", order=13, options=("data", "in_process"), repeated=False, ray=True)
 def pixels_vs_vectors(
     *, smoke: bool, repeats: int, data: str | Path | None = None, in_process: bool = False
 ) -> str:

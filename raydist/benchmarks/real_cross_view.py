@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from raydist.benchmarks.catalog import register_benchmark
 from raydist.benchmarks.harness import held, row, spread
 from raydist.data import Vocab, split_arrays, tokenize
 from raydist.data.shape import dataset_shape
@@ -142,6 +143,7 @@ def _metrics_row(name: str, m: dict[str, Any]) -> str:
     return row(name, *cells)
 
 
+@register_benchmark("real-cross-view", order=9)
 def real_cross_view(*, smoke: bool, repeats: int) -> str:
     """Shipped presets vs CCA and least-squares baselines on the real digit halves (test R@K, rsum)."""
     presets = SMOKE_PRESETS if smoke else PRESETS

@@ -60,6 +60,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from raydist.benchmarks.catalog import register_benchmark
 from raydist.benchmarks.harness import ms_spread, seconds
 from raydist.eval.adaptive import mflops_per_query
 from raydist.eval.faiss_index import build_index, unit_rows
@@ -551,6 +552,7 @@ def format_rows(rows: list[dict]) -> tuple[str, str]:
     return "\n".join(lines), verdict
 
 
+@register_benchmark("retrieval", order=8)
 def retrieval(*, smoke: bool, repeats: int) -> str:
     """Trained nested model, N×D database: flat D vs adaptive, funnel, HNSW and prefix-IVF (time, recall)."""
     sizes = SMOKE if smoke else FULL

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from raydist.benchmarks.catalog import register_benchmark
 from raydist.benchmarks.harness import ray_instance, row, spread
 from raydist.benchmarks.retrieval import threads
 from raydist.checkpoint import save_checkpoint
@@ -162,6 +163,7 @@ def _serve_rounds(
     return out
 
 
+@register_benchmark("serve", order=15, ray=True)
 def serve_rate(*, smoke: bool, repeats: int) -> str:
     """Requests/s, p50/p99 of `raydist serve` /search (8 clients, loopback): flat, adaptive, funnel; in process.
 

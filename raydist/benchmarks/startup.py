@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from raydist.benchmarks.catalog import register_benchmark
 from raydist.benchmarks.harness import RAY_ENV, row, spread
 from raydist.config import load_config
 from raydist.data import make_synthetic
@@ -75,6 +76,7 @@ def import_seconds(env: dict[str, str]) -> float:
     return time.time() - launched
 
 
+@register_benchmark("startup", order=7)
 def startup(*, smoke: bool, repeats: int) -> str:
     """Seconds from launching `raydist train` to its first optimizer step, phase by phase, train split in memory
     vs streamed."""

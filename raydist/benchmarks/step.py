@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from raydist.benchmarks.catalog import register_benchmark
 from raydist.benchmarks.harness import held, median, omp_wait_policy, pairs_setup, ray_instance, row, spread
 from raydist.config import Config, from_dict
 from raydist.data import make_synthetic
@@ -193,6 +194,7 @@ def reference_run(
         return json.loads(out.read_text())
 
 
+@register_benchmark("step", order=4, ray=True)
 def step_rate(*, smoke: bool, repeats: int) -> str:
     """Steps/s of a Ray Train run (1 and 2 workers) vs the same steps without Ray."""
     images, captions, dim = SMOKE_DATA if smoke else FULL_DATA

@@ -14,6 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from raydist.benchmarks.catalog import register_benchmark
 from raydist.benchmarks.harness import RAY_ENV, median, ray_instance, row, spread
 from raydist.config import load_config
 from raydist.data import make_synthetic
@@ -102,6 +103,7 @@ def _datasets(tmp: Path, smoke: bool) -> list[tuple[str, Path, list[str]]]:
     ]
 
 
+@register_benchmark("text-encoders", order=10)
 def text_encoders(*, smoke: bool, repeats: int) -> str:
     """GRU vs transformer caption encoders, same steps and seed: test rsum and wall time of `raydist train`."""
     env = _env()
@@ -148,6 +150,7 @@ def text_encoders(*, smoke: bool, repeats: int) -> str:
     )
 
 
+@register_benchmark("tokenize", order=11, ray=True)
 def tokenize_rate(*, smoke: bool, repeats: int) -> str:
     """Captions/s of the subword tokenizer in the streamed data path (Ray Data) vs in the training process."""
     import ray.data  # noqa: F401  (Ray Data is what is measured)

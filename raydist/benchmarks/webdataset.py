@@ -11,6 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from raydist.benchmarks.catalog import register_benchmark
 from raydist.benchmarks.harness import ray_instance, row
 from raydist.benchmarks.images import PROCESSES, WARMUP_EPOCHS, EpochClock, steady_label
 from raydist.config import load_config
@@ -122,6 +123,7 @@ def folder_mib(folder: Path) -> float:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 2**20
 
 
+@register_benchmark("webdataset", order=16, ray=True)
 def webdataset_rate(*, smoke: bool, repeats: int) -> str:
     """Images/s into a worker from WebDataset tars vs Parquet shards of the same images; first use from S3 vs disk."""
     images, side, crop = SMOKE_DATA if smoke else FULL_DATA

@@ -1,0 +1,135 @@
+"""``raydist index``, ``raydist search`` and ``raydist retrieve``: FAISS indexes of a checkpoint's embeddings,
+queries against them, and the retrieval report (per dim, adaptive, funnel, cost, baselines)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from raydist.cli.common import Command, dims
+from raydist.cli.evaluate import add_checkpoint_options
+
+_DIMS_HELP = "comma-separated prefix dims (default: the trained model.nesting, else 8,16,…,D)"
+
+
+def add_index_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``raydist index``."""
+    add_checkpoint_options(p)
+    p.add_argument("--split", default="test", help="train, val, test, or all (every split, one index)")
+    p.add_argument("--dims", help=_DIMS_HELP)
+    p.add_argument("--kind", default="flat", choices=["flat", "hnsw"], help="index type (inner product)")
+    p.add_argument("--hnsw-m", type=int, default=32, help="HNSW graph degree M")
+    p.add_argument("--out", required=True, help="folder for the index files and indexes.json")
+
+
+def run_index(args: argparse.Namespace) -> int:
+    """Write the indexes of the chosen checkpoint's embeddings."""
+    from raydist.inference import choose_checkpoint, write_checkpoint_indexes
+
+    chosen = choose_checkpoint(args.checkpoint, latest=args.latest)
+    print(f"checkpoint {chosen}")
+    rset, written = write_checkpoint_indexes(
+        chosen.path,
+        args.out,
+        args.data,
+        split=args.split,
+        dims=dims(args.dims),
+        kind=args.kind,
+        hnsw_m=args.hnsw_m,
+    )
+    print(
+        f"wrote {args.kind} indexes at dims {written} of {rset.database.shape[0]} vectors ({rset.split}) to {args.out}"
+    )
+    return 0
+
+
+def add_search_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``raydist search``."""
+    p.add_argument("--index", required=True, help="folder `raydist index --out` wrote")
+    p.add_argument("--query", help="one text query (pairs: a caption; its top-k images)")
+    p.add_argument(
+        "--queries", help="a file of queries: one text per line, or a .npy of feature vectors [N, D]"
+    )
+    p.add_argument("--k", type=int, default=10, help="results per query")
+    p.add_argument("--dim", type=int, help="search the index at this prefix dim (default: its largest)")
+    p.add_argument(
+        "--checkpoint", help="embed the queries with this checkpoint (default: the one the index records)"
+    )
+
+
+def run_search(args: argparse.Namespace) -> int:
+    """Embed the queries and print each one's top k."""
+    from raydist.inference import read_queries, search_index
+
+    if (args.query is None) == (args.queries is None):
+        raise ValueError("give one of --query TEXT or --queries FILE")
+    queries = [args.query] if args.query is not None else read_queries(args.queries)
+    result = search_index(args.index, queries, k=args.k, dim=args.dim, checkpoint=args.checkpoint)
+    meta = result.meta
+    print(
+        f"index {args.index}: {len(meta['database_ids'])} {meta['task']} vectors of {meta['split']}, dim {result.dim}; "
+        f"queries embedded by {result.checkpoint.path}"
+    )
+    for q, (ids, scores) in enumerate(zip(result.ids, result.scores)):
+        print(f"query {q}: {queries[q]!r}" if isinstance(queries, list) else f"query {q}")
+        for rank, (i, score) in enumerate(zip(ids, scores), 1):
+            print(f"  {rank:>3}  id {int(i):>10}  score {float(score):.4f}")
+    return 0
+
+
+def add_retrieve_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``raydist retrieve``."""
+    add_checkpoint_options(p)
+    p.add_argument("--split", default="test")
+    p.add_argument("--dims", help=_DIMS_HELP)
+    p.add_argument("--kind", default="flat", choices=["flat", "hnsw", "ivf-prefix"], help="index type")
+    p.add_argument("--shortlist", type=int, default=200, help="adaptive retrieval: shortlist size at D_s")
+    p.add_argument("--funnel", help="funnel cascade DIMS:SHORTLISTS, e.g. 16,32,64,128:200,100,50")
+    p.add_argument("--baseline", help="a non-nested checkpoint: first-m / SVD / random-projection baselines")
+    p.add_argument("--k", type=int, default=10, help="neighbours retrieved (P@k, mAP@k for labels)")
+    p.add_argument("--out", help="folder for the table, JSON rows and PNG plots")
+
+
+def run_retrieve(args: argparse.Namespace) -> int:
+    """Print the retrieval report of the chosen checkpoint (and the files it wrote)."""
+    from raydist.inference import checkpoint_retrieval_report, choose_checkpoint
+
+    chosen = choose_checkpoint(args.checkpoint, latest=args.latest)
+    print(f"checkpoint {chosen}")
+    funnel = None
+    if args.funnel:
+        stages, _, sizes = args.funnel.partition(":")
+        funnel = (dims(stages), dims(sizes))
+    report = checkpoint_retrieval_report(
+        chosen.path,
+        args.data,
+        split=args.split,
+        dims=dims(args.dims),
+        kind=args.kind,
+        baseline_checkpoint=args.baseline,
+        out_dir=args.out,
+        shortlist=args.shortlist,
+        funnel=funnel,
+        k=args.k,
+    )
+    print(report["table"])
+    for path in report["files"]:
+        print(f"wrote {Path(args.out) / path}")
+    return 0
+
+
+INDEX = Command(
+    "index", "build FAISS indexes of a checkpoint's embeddings at nested dims", add_index_arguments, run_index
+)
+SEARCH = Command(
+    "search",
+    "search an index built by `raydist index` with texts or feature vectors",
+    add_search_arguments,
+    run_search,
+)
+RETRIEVE = Command(
+    "retrieve",
+    "retrieval per dim, adaptive and funnel retrieval, cost, baselines",
+    add_retrieve_arguments,
+    run_retrieve,
+)

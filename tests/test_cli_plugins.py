@@ -1,0 +1,174 @@
+"""The CLI package and its plugins (issue #38): every command takes ``--plugin``; a plugin file written here (in a
+temporary folder, importable no other way) registers an image encoder, a converter and a benchmark, which
+``raydist plugins`` lists with the plugin's module, ``raydist convert`` and ``raydist bench`` run, and a run's
+config keeps; a broken plugin is one error line and exit 2. No Ray."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+from pathlib import Path
+
+import pytest
+import yaml
+
+from raydist.cli import COMMANDS, build_parser, main, parse_args
+from raydist.cli.common import with_plugins
+from raydist.registry import registries
+
+_count = itertools.count()
+
+PLUGIN = '''
+import argparse
+
+from raydist.benchmarks import register_benchmark
+from raydist.converters import Converter, register_converter
+from raydist.models.image_encoders import Backbone, register_image_encoder
+
+
+@register_image_encoder("{name}-enc")
+def build(*, in_dim, channels, image_size, **options):
+    import torch.nn as nn
+
+    return Backbone(nn.Flatten(), in_dim or channels, ())
+
+
+@register_converter("{name}-conv")
+class TinySynthetic(Converter):
+    """A plugin's converter: a tiny synthetic pairs set."""
+
+    requires = ("images",)
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--images", type=int, help="train images")
+
+    def convert(self, args):
+        from raydist.data import make_synthetic
+
+        return make_synthetic(
+            args.out, images=args.images, val_images=4, test_images=4, dim=4, overwrite=args.overwrite
+        )
+
+
+@register_benchmark("{name}-bench")
+def tiny(*, smoke: bool, repeats: int) -> str:
+    """A plugin's benchmark."""
+    return "| smoke | repeats |\\n|---|---|\\n| {{}} | {{}} |".format(smoke, repeats)
+'''
+
+
+@pytest.fixture
+def plugin(tmp_path: Path):
+    """A plugin file with a module name of its own (the test process imports each once); its registrations are
+    removed afterwards, so the other tests see the shipped registries."""
+    name = f"cliplug{next(_count)}_{tmp_path.name.replace('-', '_')}".lower()
+    path = tmp_path / f"{name}.py"
+    path.write_text(PLUGIN.format(name=name))
+    yield name, path
+    for reg in registries().values():
+        for entry in list(reg.entries()):
+            if entry.module == name:
+                reg.unregister(entry.name)
+
+
+def test_the_table_is_the_parser_and_every_command_takes_plugins():
+    commands = build_parser().parse_args(["train"]).commands
+    assert list(commands) == [c.name for c in COMMANDS] and len(set(commands)) == len(COMMANDS)
+    parsers = [*commands.values(), *commands["convert"].get_default("commands").values()]
+    assert len(parsers) > len(COMMANDS)  # the converters' own parsers too
+    for parser in parsers:
+        assert any("--plugin" in a.option_strings for a in parser._actions), parser.prog
+    args = parse_args(["eval", "--plugin", "a.py", "--checkpoint", "c", "--plugin", "mod.x"])
+    assert args.plugin == ["a.py", "mod.x"] and args.checkpoint == "c"
+
+
+def test_raydist_plugins_lists_a_plugins_components_with_its_module(plugin, capsys):
+    name, path = plugin
+    assert main(["plugins", "--plugin", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"plugins loaded: {path}" in out
+    rows = {tuple(line.split()) for line in out.splitlines() if line.startswith("  ")}
+    assert {(f"{name}-enc", name), (f"{name}-conv", name), (f"{name}-bench", name)} <= rows
+    # the shipped ones, each with the module that registered it
+    assert {
+        ("small-cnn", "raydist.models.image_encoders"),
+        ("timm:<model>", "raydist.models.image_encoders"),
+    } <= rows
+    assert {("karpathy", "raydist.converters.karpathy"), ("loss", "raydist.benchmarks.loss")} <= rows
+    assert {("pairs", "raydist.tasks.pairs"), ("labels", "raydist.tasks.labels")} <= rows
+    kinds = [line.rsplit(" (", 1)[0] for line in out.splitlines()[1:] if not line.startswith(" ")]
+    assert {"task", "image encoder", "text encoder", "converter", "benchmark"} <= set(kinds)
+
+    assert main(["plugins", "--kind", "image-encoder"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    encoders = [line for line in out if line.startswith("  ")]
+    assert out[1].startswith("image encoder (") and all(not line.startswith("converter") for line in out)
+    assert any(line.split()[0] == f"{name}-enc" for line in encoders)  # loaded once, it stays registered
+    assert main(["plugins", "--kind", "nope"]) == 2
+    assert "no registry of kind 'nope'" in capsys.readouterr().err
+
+
+def test_a_plugins_converter_has_its_own_options_and_runs(plugin, tmp_path, capsys):
+    name, path = plugin
+    with pytest.raises(SystemExit) as info:
+        main(["convert", "--plugin", str(path), f"{name}-conv", "--help"])
+    assert info.value.code == 0
+    shown = capsys.readouterr().out
+    assert "A plugin's converter" in shown and "--images" in shown and "--src" not in shown
+    out = tmp_path / "syn"
+    argv = ["convert", "--plugin", str(path), f"{name}-conv", "--out", str(out)]
+    assert main(argv) == 2 and f"convert {name}-conv: give --images" in capsys.readouterr().err
+    assert main([*argv, "--images", "12"]) == 0
+    assert f"wrote dataset {out}" in capsys.readouterr().out and (out / "manifest.json").is_file()
+
+
+def test_a_plugins_benchmark_runs_by_name(plugin, capsys):
+    name, path = plugin
+    assert main(["bench", "--smoke", "--plugin", str(path), f"{name}-bench"]) == 0
+    out = capsys.readouterr().out
+    assert f"### {name}-bench (smoke): A plugin's benchmark." in out and "| True | 1 |" in out
+
+
+def test_a_runs_config_keeps_its_plugins(plugin, tmp_path, capsys, monkeypatch):
+    """--plugin is added after the config's own plugins (the preset file's, or a plugins= override), resolved,
+    without duplicates; the printed config is what the run saves."""
+    _, path = plugin
+    monkeypatch.chdir(tmp_path)
+    preset = tmp_path / "mine.yaml"
+    preset.write_text(yaml.safe_dump({"plugins": [path.name], "train": {"epochs": 1}}))
+    argv = [
+        "train",
+        "--preset-file",
+        str(preset),
+        "--print-config",
+        "--plugin",
+        "json",
+        "--plugin",
+        path.name,
+    ]
+    assert main(argv) == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    assert cfg["plugins"] == [str(path), "json"] and cfg["train"]["epochs"] == 1
+    assert main([*argv, "plugins=[]"]) == 0  # an override replaces the preset's list; --plugin still added
+    assert yaml.safe_load(capsys.readouterr().out)["plugins"] == ["json", str(path)]
+
+
+def test_with_plugins_appends_to_the_configs_own_list():
+    args = argparse.Namespace(plugin=["b.py", "mod"])
+    b = str(Path("b.py").resolve())
+    assert with_plugins({}, argparse.Namespace(plugin=None), ["x"]) == {}  # nothing added: unchanged
+    assert with_plugins({"k": 1}, args, ["mod", "a"])["plugins"] == ["mod", "a", b]
+    assert with_plugins({"plugins": "[c]"}, args, ["a"])["plugins"] == ["c", b, "mod"]
+    assert with_plugins({"plugins": "c"}, args)["plugins"] == ["c", b, "mod"]
+
+
+def test_a_broken_plugin_is_one_error_line_before_anything_runs(tmp_path, capsys):
+    bad = tmp_path / "broken_plugin_cli.py"
+    bad.write_text("import json\nraise RuntimeError('boom in the plugin')\n")
+    assert main(["train", "--plugin", str(bad), "--data", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"raydist: error: plugin {bad}: import failed: RuntimeError")
+    assert main(["plugins", "--plugin", str(tmp_path / "absent.py")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert main(["validate", "x", "--plugin", "no_such_module_here"]) == 2
+    assert "no module named 'no_such_module_here'" in capsys.readouterr().err
