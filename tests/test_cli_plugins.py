@@ -42,7 +42,7 @@ class TinySynthetic(Converter):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--images", type=int, help="train images")
 
-    def convert(self, args):
+    def run(self, args):
         from raydist.data import make_synthetic
 
         return make_synthetic(

@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     converter = get_converter(args.format)
     converter.check(args, args.format)
     started = time.perf_counter()
-    out = converter.convert(args)
+    out = converter.run(args)
     wrote(out, started)
     return 0
 

@@ -4,7 +4,7 @@ tree, VSE++ precomp, ``.npz``) turned into a raydist dataset.
 A converter is a :class:`Converter` subclass in a module of this package that registers itself with
 ``@register_converter("name")``: it declares its own command-line options (:meth:`Converter.add_arguments`;
 ``raydist convert NAME --help`` shows only those, with ``--out`` and ``--overwrite``) and converts
-(:meth:`Converter.convert`). The modules of this package are found with :mod:`pkgutil`
+(:meth:`Converter.run`). The modules of this package are found with :mod:`pkgutil`
 (:func:`discover_converters`), so a new converter is one file here (+ its test); a plugin
 (:mod:`raydist.plugins`) registers one the same way. The conversions themselves may live in
 :mod:`raydist.data` (the shipped ones do) or in the converter's module.
@@ -24,7 +24,7 @@ from raydist.registry import Registry
 class Converter:
     """A public layout → a raydist dataset. The first line of a subclass's docstring is its one-line summary
     (``raydist convert --help``); ``requires``: its options that must be given (``("src", "images")``), checked
-    before :meth:`convert` with one error line naming the missing ones."""
+    before :meth:`run` with one error line naming the missing ones."""
 
     requires: tuple[str, ...] = ()
 
@@ -42,7 +42,7 @@ class Converter:
         if missing:
             raise ValueError(f"convert {name}: give {' and '.join(missing)}")
 
-    def convert(self, args: argparse.Namespace) -> Path:
+    def run(self, args: argparse.Namespace) -> Path:
         """Write the dataset ``args.out`` (replacing one there with ``args.overwrite``); return its folder."""
         raise NotImplementedError
 
@@ -88,6 +88,12 @@ def add_seeded_split(parser: argparse.ArgumentParser, when: str, of: str) -> Non
     parser.add_argument("--seed", type=int, default=0, help=f"{when}: seed of the split")
 
 
+def seeded_split(args: argparse.Namespace) -> dict[str, float | int]:
+    """The keyword arguments :func:`add_seeded_split`'s options give: ``val_fraction``, ``test_fraction``,
+    ``seed``."""
+    return {"val_fraction": args.val_fraction, "test_fraction": args.test_fraction, "seed": args.seed}
+
+
 def add_splits(parser: argparse.ArgumentParser, source: str) -> None:
     """``--splits``: raydist split = a source split's name (``source`` says what the names are)."""
     parser.add_argument("--splits", help=f"raydist split = source name, {source}")
@@ -113,5 +119,6 @@ __all__ = [
     "discover_converters",
     "get_converter",
     "register_converter",
+    "seeded_split",
     "split_pairs",
 ]

@@ -28,7 +28,7 @@ class CocoJson(Converter):
             parser, "values of the images' 'split' field; a split may repeat: train=train,train=restval"
         )
 
-    def convert(self, args: argparse.Namespace) -> Path:
+    def run(self, args: argparse.Namespace) -> Path:
         from raydist.data import convert_coco_json
         from raydist.data.convert_images import convert_coco_images
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from raydist.converters import Converter, add_seeded_split, register_converter
+from raydist.converters import Converter, add_seeded_split, register_converter, seeded_split
 
 
 @register_converter("image-folder")
@@ -26,15 +26,13 @@ class ImageFolder(Converter):
             parser, "without split folders", "each class's images (--split-by image) or of the classes"
         )
 
-    def convert(self, args: argparse.Namespace) -> Path:
+    def run(self, args: argparse.Namespace) -> Path:
         from raydist.data.convert_images import convert_image_folder
 
         return convert_image_folder(
             args.src,
             args.out,
             split_by=args.split_by,
-            val_fraction=args.val_fraction,
-            test_fraction=args.test_fraction,
-            seed=args.seed,
             overwrite=args.overwrite,
+            **seeded_split(args),
         )

@@ -19,7 +19,7 @@ class Karpathy(Converter):
         parser.add_argument("--images", help="image root (ROOT/filepath/filename)")
         add_min_count(parser)
 
-    def convert(self, args: argparse.Namespace) -> Path:
+    def run(self, args: argparse.Namespace) -> Path:
         from raydist.data.convert_images import convert_karpathy
 
         return convert_karpathy(

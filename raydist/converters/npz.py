@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from raydist.converters import Converter, add_seeded_split, register_converter
+from raydist.converters import Converter, add_seeded_split, register_converter, seeded_split
 
 
 @register_converter("npz")
@@ -24,15 +24,13 @@ class Npz(Converter):
             "in the dataset as standardization.json, for new query vectors)",
         )
 
-    def convert(self, args: argparse.Namespace) -> Path:
+    def run(self, args: argparse.Namespace) -> Path:
         from raydist.data.labels_io import convert_npz
 
         return convert_npz(
             args.src,
             args.out,
-            val_fraction=args.val_fraction,
-            test_fraction=args.test_fraction,
-            seed=args.seed,
             overwrite=args.overwrite,
             standardize=args.standardize,
+            **seeded_split(args),
         )

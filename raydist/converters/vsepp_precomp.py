@@ -20,7 +20,7 @@ class VseppPrecomp(Converter):
         add_min_count(parser)
         add_splits(parser, "e.g. train=train,val=dev,test=testall (the files' prefixes)")
 
-    def convert(self, args: argparse.Namespace) -> Path:
+    def run(self, args: argparse.Namespace) -> Path:
         from raydist.data import convert_vsepp_precomp
 
         pairs = split_pairs(args.splits)
