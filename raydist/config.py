@@ -8,16 +8,26 @@ the field's location, which we turn into messages naming the dotted key; it ship
 
 from __future__ import annotations
 
+import copy
 import difflib
 import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+)
+from pydantic.fields import FieldInfo
 
 from raydist.choices import DISTANCES, MINER_STRATEGIES, REDUCTIONS, SIMILARITIES
 from raydist.dataset_task import dataset_task
@@ -113,29 +123,186 @@ class ModelSection(_Section):
     )
 
 
-class LossSection(_Section):
-    """The loss (ranking for pairs; cross-entropy, triplet or margin for labels) and the negative set."""
+class LossSectionBase(_Section):
+    """The loss section's keys every loss kind shares. The section a config holds (:data:`LossSection`) adds the
+    options of every registered loss kind (:func:`add_loss_options`): ``loss.<option>`` keys."""
 
-    # "auto" = the task's default: ranking (pairs), cross_entropy (labels)
-    kind: Literal["auto", "ranking", "cross_entropy", "triplet", "margin"] = "auto"
+    # "auto" = the task's default (ranking for pairs, cross_entropy for labels), or a registered loss kind
+    kind: str = "auto"
+    nesting_weights: list[float] = Field(default_factory=list)  # c_m per model.nesting dim; [] = all 1
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, value: str) -> str:
+        """A registered loss kind (or auto); else the close names."""
+        return _known("loss kind", value, ["auto", *_LOSS_OPTIONS])
+
+
+_MINERS: list[str] = list(MINER_STRATEGIES)  # loss.miner values: the registered miners (raydist.losses)
+
+
+def _known(what: str, value: str, known: Sequence[str]) -> str:
+    """``value`` when it is one of ``known``; else a ValueError naming the close ones, else all of them."""
+    if value in known:
+        return value
+    close = difflib.get_close_matches(value, known, n=3, cutoff=0.6)
+    hint = f"did you mean {', '.join(close)}? " if close else ""
+    raise ValueError(f"unknown {what} {value!r}; {hint}known: {', '.join(known)}")
+
+
+def _known_miner(value: str) -> str:
+    return _known("miner", value, _MINERS)
+
+
+class _Options(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class NoOptions(_Options):
+    """A loss kind without options of its own."""
+
+
+class _MinedOptions(_Options):
     margin: float = Field(0.2, ge=0)  # ranking / triplet margin; the margin loss's alpha
+    gather: bool = True  # mine negatives from the global batch of all workers
+
+
+class RankingOptions(_MinedOptions):
+    """``loss.kind=ranking`` (task pairs): VSE++'s hinge ranking loss and its negative set."""
+
     hardest: bool = True  # True = MH (VSE++, hardest-negative miner), False = SH (all negatives)
     warmup_sh_epochs: int = Field(0, ge=0)  # epochs of SH before switching to MH
     warmup_sh_steps: int = Field(0, ge=0)  # ... at least this many SH steps (raises warmup_sh_epochs)
     stall_fallback: bool = True  # an MH epoch whose loss sits at the collapse value 2·N·margin → one SH epoch
     reduction: Literal[REDUCTIONS] = "sum"  # "sum" (VSE++) or "mean"
     similarity: Literal[SIMILARITIES] = "dot"
-    gather: bool = True  # mine negatives from the global batch of all workers
     negative_set_size: int | None = None  # None = the global batch
     tile: int = Field(4096, ge=1)  # keys per tile of the hardest-negative miner (memory O(rows · tile))
-    # triplet / margin losses (task labels)
-    miner: Literal[MINER_STRATEGIES] = "semihard-random"
+
+
+class MetricOptions(_MinedOptions):
+    """The mining options of the triplet and margin losses (task labels)."""
+
+    miner: Annotated[str, AfterValidator(_known_miner)] = "semihard-random"  # a registered miner
     distance: Literal[DISTANCES] = "euclidean"
+
+
+class TripletOptions(MetricOptions):
+    """``loss.kind=triplet`` (task labels)."""
+
     hinged: bool = True  # triplet: [d_ap − d_an + α]₊ (true) or d_ap − d_an (false)
+
+
+class MarginOptions(MetricOptions):
+    """``loss.kind=margin`` (task labels): Wu et al.'s margin loss with a learnable boundary β."""
+
     beta: float = 1.2  # margin loss: initial boundary β₀ (learnable)
     beta_per_class: bool = False  # margin loss: one β per class
     nu: float = Field(0.0, ge=0)  # margin loss: ν·β regularisation
-    nesting_weights: list[float] = Field(default_factory=list)  # c_m per model.nesting dim; [] = all 1
+
+
+# every registered loss kind's options model, in registration order (the shipped kinds first)
+_LOSS_OPTIONS: dict[str, type[BaseModel]] = {}
+LossSection: type[LossSectionBase] = LossSectionBase  # rebuilt by add_loss_options
+
+
+def loss_kinds() -> list[str]:
+    """The registered loss kinds, in registration order (``auto`` not included)."""
+    return list(_LOSS_OPTIONS)
+
+
+def loss_options(kind: str) -> type[BaseModel]:
+    """The options model of a registered loss kind: its fields are the ``loss.<option>`` keys it reads."""
+    if kind not in _LOSS_OPTIONS:
+        _known("loss kind", kind, list(_LOSS_OPTIONS))
+    return _LOSS_OPTIONS[kind]
+
+
+def option_kinds(option: str) -> list[str]:
+    """The registered loss kinds that read ``loss.<option>`` (in registration order)."""
+    return [kind for kind, model in _LOSS_OPTIONS.items() if option in model.model_fields]
+
+
+def _same_field(a: FieldInfo, b: FieldInfo) -> bool:
+    """Two declarations of one option agree: type, default and bounds."""
+    return (a.annotation, a.metadata, a.get_default(call_default_factory=True)) == (
+        b.annotation,
+        b.metadata,
+        b.get_default(call_default_factory=True),
+    )
+
+
+def add_loss_options(kind: str, options: type[BaseModel] | None = None) -> None:
+    """Register loss kind ``kind`` with its options model (``None``: none), whose fields become the config keys
+    ``loss.<field>`` (types, defaults and bounds as declared; the loss section is rebuilt). Two kinds may
+    share an option only with the same type, default and bounds. Registering the same model again is a
+    no-op; called by the loss registry (:mod:`raydist.losses.kinds`), not by users."""
+    options = options or NoOptions
+    old = _LOSS_OPTIONS.get(kind)
+    if old is options:
+        return
+    if kind == "auto" or old is not None:
+        raise ConfigError(f"loss kind {kind!r} is registered already (or reserved); pick another name")
+    for name, info in options.model_fields.items():
+        if name in LossSectionBase.model_fields:
+            raise ConfigError(f"loss kind {kind!r}: option {name!r} is a key every loss shares; rename it")
+        for other in option_kinds(name):
+            if not _same_field(info, _LOSS_OPTIONS[other].model_fields[name]):
+                raise ConfigError(
+                    f"loss kind {kind!r}: option loss.{name} differs from loss kind {other!r}'s loss.{name} "
+                    "(a shared option needs the same type, default and bounds); rename it"
+                )
+    _LOSS_OPTIONS[kind] = options
+    _rebuild_loss_section()
+
+
+def remove_loss_options(kind: str) -> None:
+    """Undo :func:`add_loss_options` (tests; a plugin's experiment): its options leave the section unless
+    another kind reads them."""
+    if _LOSS_OPTIONS.pop(kind, None) is not None:
+        _rebuild_loss_section()
+
+
+def add_miner(name: str) -> None:
+    """Make ``name`` a valid ``loss.miner`` (called by the miner registry, :mod:`raydist.losses.kinds`)."""
+    if name not in _MINERS:
+        _MINERS.append(name)
+
+
+def remove_miner(name: str) -> None:
+    """Undo :func:`add_miner` (tests)."""
+    if name in _MINERS and name not in MINER_STRATEGIES:
+        _MINERS.remove(name)
+
+
+def _rebuild_loss_section() -> None:
+    """:data:`LossSection` = the shared keys + every registered kind's options (first declaration of each, in
+    registration order); the :class:`Config` (once defined) takes it as its ``loss`` section."""
+    global LossSection
+    fields: dict[str, Any] = {}
+    for model in _LOSS_OPTIONS.values():
+        for name, info in model.model_fields.items():
+            fields.setdefault(name, (info.annotation, copy.copy(info)))
+    LossSection = create_model(
+        "LossSection",
+        __base__=LossSectionBase,
+        __module__=__name__,
+        __doc__=LossSectionBase.__doc__,
+        **fields,
+    )
+    if "Config" in globals():
+        Config.model_fields["loss"] = FieldInfo(annotation=LossSection, default_factory=LossSection)
+        Config.model_rebuild(force=True)
+
+
+# the shipped loss kinds' options (their losses, in raydist.losses.kinds, register the same models)
+for _kind, _options in (
+    ("ranking", RankingOptions),
+    ("cross_entropy", NoOptions),
+    ("triplet", TripletOptions),
+    ("margin", MarginOptions),
+):
+    add_loss_options(_kind, _options)
 
 
 class TrainSection(_Section):
@@ -425,7 +592,9 @@ def apply_overrides(cfg: Config, overrides: Mapping[str, Any]) -> Config:
         if not name and key in TOP_LEVEL_KEYS:
             nested[key] = _parse_text(key, value)
             continue
-        fields = Config.model_fields[section].annotation.model_fields if section in Config.model_fields else {}
+        fields = (
+            Config.model_fields[section].annotation.model_fields if section in Config.model_fields else {}
+        )
         if section not in nested or not isinstance(nested[section], dict) or name not in fields:
             raise _unknown_key(key)
         nested[section][name] = _parse_text(key, value)

@@ -20,8 +20,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from raydist.choices import MINER_STRATEGIES
 from raydist.distributed.gather import all_gather_tensor
-from raydist.distributed.metric import cross_worker_metric_loss
 from raydist.distributed.spawn import spawn
+from raydist.losses import cross_worker_metric_loss
 from raydist.losses.margin import MarginBeta, margin_loss, margin_loss_parts
 from raydist.losses.triplets import (
     Triplets,

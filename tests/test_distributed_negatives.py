@@ -19,17 +19,17 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from raydist.config import LossSection
-from raydist.distributed import (
-    all_gather_tensor,
+from raydist.distributed import all_gather_tensor, gather_step, rows_per_worker, sample_negative_set
+from raydist.distributed.spawn import spawn
+from raydist.losses import (
+    RankingInputs,
     cross_worker_ranking_loss,
-    gather_step,
+    l2_normalize,
     rank_ranking_loss,
-    rows_per_worker,
-    sample_negative_set,
+    ranking_loss,
+    ranking_terms,
     step_ranking_loss,
 )
-from raydist.distributed.spawn import spawn
-from raydist.losses import RankingInputs, l2_normalize, ranking_loss, ranking_terms
 
 WORLD = 2
 FEATURES, VOCAB, DIM, TOKENS = 6, 20, 5, 3

@@ -11,7 +11,7 @@ import pytest
 
 import raydist.losses
 from raydist import choices as names
-from raydist.config import LossSection
+from raydist.config import Config, ConfigError, LossSection, apply_overrides
 from raydist.losses import margin, nested, noise, triplets
 
 
@@ -34,7 +34,11 @@ def test_every_listed_name_resolves_and_others_do_not() -> None:
 
 def test_config_choices_are_the_loss_names() -> None:
     fields = LossSection.model_fields
-    assert get_args(fields["miner"].annotation) == names.MINER_STRATEGIES
+    assert raydist.losses.MINERS.names() == sorted(names.MINER_STRATEGIES)
+    for miner in names.MINER_STRATEGIES:  # loss.miner accepts the registered miners, and nothing else
+        assert apply_overrides(Config(), {"loss.miner": miner}).loss.miner == miner
+    with pytest.raises(ConfigError, match="loss.miner: unknown miner 'hardst'; did you mean hardest?"):
+        apply_overrides(Config(), {"loss.miner": "hardst"})
     assert get_args(fields["distance"].annotation) == names.DISTANCES
     assert get_args(fields["similarity"].annotation) == names.SIMILARITIES
     assert get_args(fields["reduction"].annotation) == names.REDUCTIONS

@@ -16,8 +16,8 @@ from test_distributed_negatives import dense_loss
 from torch.nn.parallel import DistributedDataParallel
 
 from raydist.config import LossSection, load_config
-from raydist.distributed import step_ranking_loss
 from raydist.distributed.spawn import spawn
+from raydist.losses import step_ranking_loss
 from raydist.models import build_model
 
 WORLD, ROWS, FEATURES, VOCAB, MAX_LEN = 2, 8, 6, 30, 10

@@ -4,8 +4,7 @@ import pytest
 import torch
 
 from raydist.config import load_config
-from raydist.distributed import cross_worker_ranking_loss
-from raydist.losses import ranking_loss
+from raydist.losses import cross_worker_ranking_loss, ranking_loss
 from raydist.models import build_model
 from raydist.train.loop import autocast
 

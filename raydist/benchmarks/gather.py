@@ -18,8 +18,9 @@ from torch.nn.parallel import DistributedDataParallel
 from raydist.benchmarks.catalog import register_benchmark
 from raydist.benchmarks.harness import held, median, omp_wait_policy, row, spread
 from raydist.config import load_config
-from raydist.distributed import StepPlan, gather_step, rank_ranking_loss, step_generator
+from raydist.distributed import StepPlan, gather_step, step_generator
 from raydist.distributed.spawn import free_port, spawn
+from raydist.losses import rank_ranking_loss
 from raydist.models import build_model
 
 WORLD = 2

@@ -1,4 +1,5 @@
-"""raydist.distributed: the gather step (differentiable all-gather) and the step's negative-set plan."""
+"""raydist.distributed: the gather step (differentiable all-gather) and the step's negative-set plan (the
+cross-worker losses on them are :mod:`raydist.losses.kinds`)."""
 
 from raydist.distributed.gather import (
     GatheredBatch,
@@ -11,14 +12,9 @@ from raydist.distributed.gather import (
 from raydist.distributed.negatives import (
     NegativeSet,
     StepPlan,
-    cross_worker_ranking_loss,
-    negative_set_stats,
-    rank_ranking_loss,
-    ranking_ids,
     rows_per_worker,
     sample_negative_set,
     step_generator,
-    step_ranking_loss,
 )
 
 __all__ = [
@@ -27,15 +23,10 @@ __all__ = [
     "StepPlan",
     "all_gather_tensor",
     "all_gather_with_grad",
-    "cross_worker_ranking_loss",
     "gather_step",
     "global_rank",
-    "negative_set_stats",
-    "rank_ranking_loss",
-    "ranking_ids",
     "rows_per_worker",
     "sample_negative_set",
     "step_generator",
-    "step_ranking_loss",
     "world_size",
 ]

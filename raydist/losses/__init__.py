@@ -1,6 +1,25 @@
-"""raydist.losses: similarities, miners (index tuples), per-element terms, reducers; ranking and metric losses.
-The choices' names (miner strategies, distances, similarities, reductions) are :mod:`raydist.choices`."""
+"""raydist.losses: similarities, miners (index tuples), per-element terms, reducers; ranking and metric losses;
+the loss kinds and miners a run config names (``loss.kind``, ``loss.miner``: registries, :class:`LossKind`,
+the cross-worker losses; :mod:`raydist.losses.kinds`). The shipped choices' names (miner strategies,
+distances, similarities, reductions) are :mod:`raydist.choices`."""
 
+from raydist.losses.kinds import (
+    LOSSES,
+    MINERS,
+    LossInputs,
+    LossKind,
+    Miner,
+    cross_worker_metric_loss,
+    cross_worker_ranking_loss,
+    get_loss,
+    nested_rank_loss,
+    rank_metric_loss,
+    rank_ranking_loss,
+    register_loss,
+    register_miner,
+    step_ranking_loss,
+    world_mean,
+)
 from raydist.losses.margin import MarginBeta, margin_loss, margin_loss_parts
 from raydist.losses.miners import (
     TILE_ELEMENTS,
@@ -11,7 +30,7 @@ from raydist.losses.miners import (
     score_tiles,
     tile_shape,
 )
-from raydist.losses.nested import nested_loss, nested_views
+from raydist.losses.nested import Prefix, nested_loss, nested_sum, nested_views
 from raydist.losses.noise import noise_tolerance, pair_flip_rates, sampler_skew
 from raydist.losses.ranking import (
     RankingTerms,
@@ -29,14 +48,23 @@ from raydist.losses.tiled_sh import TiledSumOfHinges, sum_of_hinges
 from raydist.losses.triplets import Triplets, mine_triplets, triplet_loss, triplet_terms
 
 __all__ = [
+    "LOSSES",
+    "MINERS",
     "TILE_ELEMENTS",
     "HardestNegatives",
+    "LossInputs",
+    "LossKind",
     "MarginBeta",
+    "Miner",
+    "Prefix",
     "RankingInputs",
     "RankingTerms",
     "ScoreTile",
     "TiledSumOfHinges",
     "Triplets",
+    "cross_worker_metric_loss",
+    "cross_worker_ranking_loss",
+    "get_loss",
     "hinge_costs",
     "hinge_terms",
     "l2_normalize",
@@ -47,20 +75,28 @@ __all__ = [
     "mine_triplets",
     "mined_ranking_terms",
     "nested_loss",
+    "nested_rank_loss",
+    "nested_sum",
     "nested_views",
     "noise_tolerance",
     "pair_flip_rates",
     "paired_similarity",
     "pairwise_similarity",
+    "rank_metric_loss",
+    "rank_ranking_loss",
     "ranking_loss",
     "ranking_terms",
     "reduce_negatives",
     "reduce_queries",
+    "register_loss",
+    "register_miner",
     "sampler_skew",
     "scale_for_world",
     "score_tiles",
+    "step_ranking_loss",
     "sum_of_hinges",
     "tile_shape",
     "triplet_loss",
     "triplet_terms",
+    "world_mean",
 ]

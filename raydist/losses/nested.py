@@ -1,14 +1,19 @@
 """Matryoshka (nested) losses: one loss applied to re-normalised prefixes of the embedding
 (docs/algorithms.md#matryoshka-loss).
 
-Owns the prefix views (the nesting-list checks are :mod:`raydist.nesting`); the wrapped loss never knows it is nested.
+:func:`nested_sum` is the one Matryoshka sum every loss goes through (a run's loss kinds on the gathered batch,
+the labels head's per-prefix logits, :func:`nested_loss` for plain loss functions): ``Σ_m c_m · L(view_m)``,
+where a :class:`Prefix` view re-normalises ``z[:, :m]`` and knows its position in the nesting list. Owns
+the prefix views (the nesting-list checks are :mod:`raydist.nesting`); the wrapped loss never knows it is nested.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from raydist.losses.similarity import l2_normalize
@@ -23,6 +28,39 @@ def nested_views(x: Tensor, dims: Sequence[int]) -> list[Tensor]:
     dims = check_nesting(dims)
     check_embedding_dim(dims, x.shape[-1])
     return [l2_normalize(x[..., :m]) for m in dims]
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """One term of a Matryoshka sum: ``dim`` m (None: no nesting, the whole embedding), its ``index`` in the
+    nesting list (0 without nesting) and whether it is the ``largest`` (the term whose statistics a run
+    reports). Called on a tensor it gives ``normalize(z[..., :m])`` (without nesting: ``z`` itself)."""
+
+    dim: int | None
+    index: int = 0
+    largest: bool = True
+
+    def __call__(self, z: Tensor) -> Tensor:
+        return z if self.dim is None else l2_normalize(z[..., : self.dim])
+
+    def pick(self, per_dim: Tensor | Sequence[Tensor]) -> Tensor:
+        """This prefix's entry of a per-dim list (e.g. a nested head's logits); a tensor is its own entry."""
+        return per_dim if isinstance(per_dim, Tensor) else per_dim[self.index]
+
+
+def nested_sum(
+    loss_at: Callable[[Prefix], Tensor], dims: Sequence[int] | None, weights: Sequence[float] | None = None
+) -> Tensor:
+    """The Matryoshka loss ``Σ_m c_m · loss_at(prefix_m)`` over the nesting list ``dims`` (increasing; weights
+    ``c_m`` in that order, default 1); without nesting (``dims`` empty or None) ``loss_at(Prefix(None))``."""
+    if not dims:
+        return loss_at(Prefix(None))
+    dims = check_nesting(dims)
+    weights = check_weights(weights or None, len(dims))
+    last = len(dims) - 1
+    return torch.stack(
+        [c * loss_at(Prefix(m, i, i == last)) for i, (m, c) in enumerate(zip(dims, weights))]
+    ).sum()
 
 
 def _split_embeddings(args: Sequence[Any]) -> tuple[list[Tensor], tuple[Any, ...]]:
@@ -56,13 +94,22 @@ class NestedLoss:
         (``terms((img, cap), ...)``; :func:`_split_embeddings`); each is sliced and re-normalised, then
         ``loss_fn(*views, *rest, **kwargs)`` is called once per prefix with the other arguments ``rest``.
         """
-        tensors, rest = _split_embeddings(args)
-        views = [nested_views(t, self.dims) for t in tensors]
-        return [self.loss_fn(*per_dim, *rest, **kwargs) for per_dim in zip(*views)]
+        tensors, rest = self._checked(args)
+        return [self.loss_fn(*map(Prefix(m), tensors), *rest, **kwargs) for m in self.dims]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Tensor:
-        """``Σ_m c_m · L_m`` with the terms of :meth:`terms` (same arguments)."""
-        return sum(c * t for c, t in zip(self.weights, self.terms(*args, **kwargs)))
+        """``Σ_m c_m · L_m`` (:func:`nested_sum`) with the terms of :meth:`terms` (same arguments)."""
+        tensors, rest = self._checked(args)
+        return nested_sum(
+            lambda view: self.loss_fn(*map(view, tensors), *rest, **kwargs), self.dims, self.weights
+        )
+
+    def _checked(self, args: Sequence[Any]) -> tuple[list[Tensor], tuple[Any, ...]]:
+        """The embeddings (each checked against the largest dim) and the other positional arguments."""
+        tensors, rest = _split_embeddings(args)
+        for t in tensors:
+            check_embedding_dim(self.dims, t.shape[-1])
+        return tensors, rest
 
 
 def nested_loss(

@@ -1,18 +1,17 @@
 """Matryoshka classification heads: logits from each nested prefix of an embedding (MRL and MRL-E).
 
-Owns the per-prefix linear heads and the nested cross-entropy ``Σ_m c_m · CE(logits_m, y)``
-(docs/algorithms.md#matryoshka-loss).
+Owns the per-prefix linear heads; their nested cross-entropy ``Σ_m c_m · CE(logits_m, y)`` is the one
+Matryoshka sum of every loss (:func:`raydist.losses.nested_sum`; docs/algorithms.md#matryoshka-loss).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from raydist.nesting import check_embedding_dim, check_nesting, check_weights
+from raydist.nesting import check_embedding_dim, check_nesting
 
 
 class MatryoshkaHead(nn.Module):
@@ -42,13 +41,3 @@ class MatryoshkaHead(nn.Module):
             w, b = self.shared.weight, self.shared.bias
             return [F.linear(z[:, :m], w[:, :m], b) for m in self.nesting]
         return [head(z[:, :m]) for head, m in zip(self.heads, self.nesting)]
-
-
-def nested_cross_entropy(
-    logits_list: Sequence[Tensor], target: Tensor, weights: Sequence[float] | None = None
-) -> Tensor:
-    """``Σ_m c_m · CE(logits_m, target)``, each CE the batch mean; weights default to 1."""
-    if len(logits_list) == 0:
-        raise ValueError("logits_list is empty")
-    weights = check_weights(weights, len(logits_list))
-    return torch.stack([c * F.cross_entropy(lg, target) for c, lg in zip(weights, logits_list)]).sum()

@@ -13,11 +13,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from raydist.config import Config
+from raydist.config import Config, ConfigError, option_kinds
 from raydist.data.manifest import load_manifest
 from raydist.distributed import GatheredBatch, NegativeSet
 from raydist.eval.retrieve import RetrievalSet
-from raydist.losses import l2_normalize
+from raydist.losses import LossInputs, LossKind, get_loss, nested_rank_loss
+from raydist.losses.kinds import task_losses
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,8 @@ class StepContext:
     batch: dict[str, Tensor] | None = None
 
 
-# Config keys every task reads (``section.*``: the whole section); a task adds its own in ``Task.config_keys``.
+# Config keys every task reads (``section.*``: the whole section); a task adds its own in ``Task.config_keys``,
+# and reads the ``loss.<option>`` keys of its loss kind (raydist.losses: the kind's options).
 COMMON_CONFIG_KEYS = (
     "data.path",
     "data.shuffle_buffer",
@@ -178,30 +180,44 @@ class Task(ABC):
     name: ClassVar[str]
     columns: ClassVar[tuple[str, ...]]  # shard columns read for training
     primary_metric: ClassVar[str]  # validation metric that picks the best checkpoint (higher is better)
-    gathers: ClassVar[bool] = True  # whether the loss needs the global batch of all workers
-    per_example_losses: ClassVar[bool] = False  # the loss is a mean of per-example terms
-    # the loss.kind values the task trains, the first being what "auto" means; () = one loss, loss.kind auto
-    LOSSES: ClassVar[tuple[str, ...]] = ()
-    # The config keys the task reads beyond COMMON_CONFIG_KEYS, each with the loss kinds that read it (None:
-    # every kind). A key set away from its default that the run's task and loss kind do not read is refused
-    # before Ray starts (raydist.tasks.registry.check_task_config).
+    gathers: bool = True  # whether the loss needs the global batch of all workers (from the loss kind)
+    per_example_losses: bool = False  # the loss is a mean of per-example terms (from the loss kind)
+    # the registered loss kind (raydist.losses: LossKind.task = this task's name) that loss.kind=auto means;
+    # None: the task computes its own loss (loss.kind auto only)
+    default_loss: ClassVar[str | None] = None
+    # The config keys the task reads beyond COMMON_CONFIG_KEYS and its loss kind's ``loss.<option>`` keys,
+    # each with the loss kinds that read it (None: every kind). A key set away from its default that the run's
+    # task and loss kind do not read is refused before Ray starts (raydist.tasks.registry.check_task_config).
     config_keys: ClassVar[dict[str, tuple[str, ...] | None]] = {}
     noisy_label_patience: ClassVar[int] = 0  # train.early_stop_patience by default when data.label_noise > 0
 
     @classmethod
+    def losses(cls) -> tuple[str, ...]:
+        """The loss kinds that train this task, the default (what ``auto`` means) first; () = its own loss."""
+        return task_losses(cls.name, cls.default_loss)
+
+    @classmethod
     def loss_kind(cls, cfg: Config) -> str:
         """``loss.kind`` with ``auto`` resolved to the task's default loss."""
-        return cls.LOSSES[0] if cfg.loss.kind == "auto" and cls.LOSSES else cfg.loss.kind
+        return cls.default_loss if cfg.loss.kind == "auto" and cls.default_loss else cfg.loss.kind
+
+    @classmethod
+    def loss_readers(cls, key: str) -> tuple[str, ...] | None:
+        """The loss kinds of this task that read ``key`` (None: every kind; () none): a ``loss.<option>`` key
+        from the kinds' options, another key from :attr:`config_keys`."""
+        section, _, option = key.partition(".")
+        readers = option_kinds(option) if section == "loss" else []
+        if readers:
+            return tuple(kind for kind in cls.losses() if kind in readers)
+        return cls.config_keys.get(key, ())
 
     @classmethod
     def reads(cls, key: str, kind: str | None = None) -> bool:
         """Whether the task reads the dotted config ``key`` (with loss kind ``kind``; None: with any kind)."""
         if key in COMMON_CONFIG_KEYS or f"{key.partition('.')[0]}.*" in COMMON_CONFIG_KEYS:
             return True
-        if key not in cls.config_keys:
-            return False
-        kinds = cls.config_keys[key]
-        return kind is None or kinds is None or kind in kinds
+        kinds = cls.loss_readers(key)
+        return kinds is None or (bool(kinds) and (kind is None or kind in kinds))
 
     @classmethod
     def early_stop_patience(cls, cfg: Config) -> int:
@@ -214,6 +230,34 @@ class Task(ABC):
 
     def __init__(self, cfg: Config, info: DataInfo) -> None:
         self.cfg, self.info = cfg, info
+        self.loss_fn: LossKind | None = None  # the run's loss kind (raydist.losses), built from cfg
+        if self.default_loss:
+            kind = self.loss_kind(cfg)
+            if kind not in self.losses():
+                raise ConfigError(
+                    f"loss.kind={cfg.loss.kind!r} does not fit task {self.name!r}; use one of "
+                    f"{', '.join(self.losses())}"
+                )
+            self.loss_fn = get_loss(kind)(cfg)
+            self.gathers, self.per_example_losses = self.loss_fn.gathers, self.loss_fn.per_example
+
+    def add_loss_module(self, model: nn.Module) -> nn.Module:
+        """``model`` with the loss kind's learnable parameters (:meth:`LossKind.module`) as an attribute, so
+        DDP averages their gradients and the optimizer steps them."""
+        module = self.loss_fn.module(self.info.num_classes) if self.loss_fn else None
+        if module is not None:
+            model.add_module(self.loss_fn.module_name, module)
+        return model
+
+    def nested_loss(
+        self, loss: Callable[[LossInputs], Tensor], encoded: Encoded, inputs: LossInputs
+    ) -> Tensor:
+        """``loss`` on ``inputs`` in the one Matryoshka sum over ``model.nesting`` with ``loss.nesting_weights``
+        (:func:`raydist.losses.nested_rank_loss`: the prefixes of ``encoded``'s embeddings)."""
+        cfg = self.cfg
+        return nested_rank_loss(
+            loss, inputs, tuple(encoded.embeddings), cfg.model.nesting, cfg.loss.nesting_weights
+        )
 
     @abstractmethod
     def transform(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -238,7 +282,6 @@ class Task(ABC):
     def encode(self, model: nn.Module, batch: dict[str, Tensor]) -> Encoded:
         """Forward pass of one step's batch."""
 
-    @abstractmethod
     def loss(
         self,
         encoded: Encoded,
@@ -248,7 +291,12 @@ class Task(ABC):
         stats: dict[str, float],
     ) -> Tensor:
         """This rank's loss (scaled so that DDP's average gives the global loss's gradient); may add
-        per-step statistics to ``stats``."""
+        per-step statistics to ``stats``. Default: the run's loss kind in the Matryoshka sum (a task without
+        a :attr:`default_loss` overrides it)."""
+        if self.loss_fn is None:
+            raise NotImplementedError(f"task {self.name!r}: set default_loss or override loss()")
+        inputs = LossInputs(gathered, negative_set, encoded.extras, ctx.epoch, ctx.global_step, stats)
+        return self.nested_loss(self.loss_fn.loss, encoded, inputs)
 
     @abstractmethod
     def evaluate(self, model: nn.Module, split: str, device: torch.device | str = "cpu") -> dict[str, float]:
@@ -298,9 +346,10 @@ class Task(ABC):
 
     def row_loss_scale(self, batch_rows: int) -> float:
         """s such that the backpropagated loss is ``s · Σ_i c_i`` over this rank's row contributions c_i:
-        1/B for a mean over rows; 1 for losses that are not sums over rows (each row's contribution is then
-        the gradient that flows through its activations, and the contributions sum to the batch gradient)."""
-        return 1.0
+        1/B for a mean over rows (:attr:`per_example_losses`); 1 for losses that are not sums over rows (each
+        row's contribution is then the gradient that flows through its activations, and the contributions sum
+        to the batch gradient)."""
+        return 1.0 / batch_rows if self.per_example_losses else 1.0
 
     def data_notes(self) -> list[str]:
         """Lines about the data as this run reads it (e.g. how many captions are truncated), printed once per run
@@ -308,23 +357,27 @@ class Task(ABC):
         return []
 
     def phase(self, epoch: int) -> str | None:
-        """The loss phase of an epoch when a task switches losses (shown in progress and history)."""
-        return None
+        """The loss phase of an epoch when a task switches losses (shown in progress and history); default:
+        the loss kind's."""
+        return self.loss_fn.phase(epoch) if self.loss_fn else None
 
     def end_epoch(self, epoch: int, metrics: dict[str, Any]) -> list[str]:
-        """React to an epoch's training metrics (identical on every rank); return notes for the user."""
-        return []
+        """React to an epoch's training metrics (identical on every rank); return notes for the user;
+        default: the loss kind's."""
+        return self.loss_fn.end_epoch(epoch, metrics) if self.loss_fn else []
 
     def state_dict(self) -> dict[str, Any]:
-        """What the task carries across restarts (saved in checkpoints)."""
-        return {}
+        """What the task carries across restarts (saved in checkpoints); default: the loss kind's."""
+        return self.loss_fn.state_dict() if self.loss_fn else {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
+        if self.loss_fn:
+            self.loss_fn.load_state_dict(state)
 
     def epoch_metrics(self, epoch: int) -> dict[str, Any]:
-        """Extra per-epoch facts for the history (e.g. which loss phase ran)."""
-        return {}
+        """Extra per-epoch facts for the history (e.g. which loss phase ran); default: the loss kind's."""
+        return self.loss_fn.epoch_metrics(epoch) if self.loss_fn else {}
 
     def summary(self, metrics: dict[str, Any]) -> str:
         """A short text of validation metrics for the progress line."""
@@ -340,18 +393,6 @@ def smallest_prefix(cfg: Config) -> int | None:
     as ``min_dim_<metric>`` next to the full-dim ones, so a sweep can score on both); else None."""
     dims = [d for d in cfg.model.nesting if d < cfg.model.embed_dim]
     return min(dims) if dims else None
-
-
-def nested_sum(cfg: Config, loss_at: Callable[[Callable[[Tensor], Tensor], bool], Tensor]) -> Tensor:
-    """Matryoshka: ``Σ_m c_m · loss_at(prefix_m)`` over ``model.nesting`` (weights ``loss.nesting_weights``,
-    default 1), where ``prefix_m(z) = normalize(z[:, :m])``; without nesting, ``loss_at(identity)``. The
-    flag tells ``loss_at`` whether this is the largest prefix (the one whose statistics are reported)."""
-    dims = cfg.model.nesting
-    if not dims:
-        return loss_at(lambda z: z, True)
-    weights = cfg.loss.nesting_weights or [1.0] * len(dims)
-    terms = [c * loss_at(lambda z, m=m: l2_normalize(z[:, :m]), m == dims[-1]) for m, c in zip(dims, weights)]
-    return torch.stack(terms).sum()
 
 
 def to_tensors(batch: dict[str, np.ndarray], device: torch.device | str) -> dict[str, Tensor]:

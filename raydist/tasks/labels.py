@@ -7,90 +7,51 @@ of the head, and Recall@K, P@k, mAP@k, NMI and 1-NN of the embeddings."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from raydist.config import ConfigError
 from raydist.data import feature_matrix, read_split
 from raydist.data.labels_io import missing_class_notes, split_class_counts
 from raydist.data.manifest import load_manifest
 from raydist.data.schema import CLEAN_LABEL, IMAGE, LABEL, SAMPLE_ID
 from raydist.data.stream import split_columns
 from raydist.data.transforms import DecodeImages, EpochViews, ImageViews, LabelTransform
-from raydist.distributed import GatheredBatch, NegativeSet, step_generator
-from raydist.distributed.metric import rank_metric_loss
+from raydist.distributed import GatheredBatch, NegativeSet
 from raydist.eval.label_metrics import label_metrics, leave_one_out_neighbours
 from raydist.eval.retrieve import RetrievalSet
-from raydist.losses.margin import MarginBeta, margin_loss_parts
-from raydist.losses.noise import sampler_skew
-from raydist.losses.triplets import (
-    RANDOM_STRATEGIES,
-    mine_triplets,
-    negative_probabilities,
-    reduce_terms,
-    triplet_terms,
-)
+from raydist.losses import LossInputs
+from raydist.losses.kinds import head_cross_entropy
 from raydist.models.image_encoders import image_encoder_from_config
-from raydist.models.matryoshka import nested_cross_entropy
 from raydist.models.mlp import LabelsModel
 from raydist.models.wrapped import unwrap_model
-from raydist.tasks.base import PROBE_LOSS, Encoded, StepContext, Task, nested_sum, smallest_prefix
+from raydist.tasks.base import PROBE_LOSS, Encoded, StepContext, Task, smallest_prefix
 from raydist.tasks.images import crop_size, eval_images, image_transform, pixel_views
 
 
-def mining_stats(
-    emb: Tensor, labels: Tensor, triplets: Any, *, strategy: str, margin: float, distance: str
-) -> dict[str, float]:
-    """Per-step mining statistics: ``noise/eta_neg`` — the sampler skew η₋ of the drawn negatives against
-    uniform 1-1 sampling (:func:`raydist.losses.noise.sampler_skew`: mean over triplets of the number of
-    candidate negatives of the anchor times the probability the miner gave the drawn one) — and
-    ``noise/triplets``, the triplets mined for this rank's anchors."""
-    if triplets.anchors.numel() == 0:
-        return {"noise/triplets": 0.0}
-    probs = negative_probabilities(
-        emb, labels, *triplets, strategy=strategy, margin=margin, distance=distance, normalize=False
-    )
-    candidates = (labels.unsqueeze(0) != labels[triplets.anchors].unsqueeze(1)).sum(1)
-    return {
-        "noise/eta_neg": sampler_skew(probs.cpu(), candidates.cpu()),
-        "noise/triplets": float(triplets.anchors.numel()),
-    }
-
-
 class LabelsTask(Task):
-    """One row per sample with ``label`` in [0, K); cross-entropy over the local rows needs no gather."""
+    """One row per sample with ``label`` in [0, K). The loss kind (``loss.kind``: cross_entropy, triplet, margin
+    or a registered labels loss) sees the rows' ``emb``, ``label`` and ``sample_id`` and the head's ``logits``;
+    a kind that does not train the head (``LossKind.trains_head``) gets the head trained as a linear probe."""
 
     name = "labels"
     columns = ("sample_id", "image", "label")
     primary_metric = "top1"
-    LOSSES = ("cross_entropy", "triplet", "margin")
+    default_loss = "cross_entropy"
     config_keys: ClassVar[dict[str, tuple[str, ...] | None]] = {
         "data.label_noise": None,
         "data.noise_seed": None,
         "model.mlp_hidden": None,
         "eval.recall_at": None,
-        **dict.fromkeys(("loss.margin", "loss.miner", "loss.distance", "loss.gather"), ("triplet", "margin")),
-        "loss.hinged": ("triplet",),
-        **dict.fromkeys(("loss.beta", "loss.beta_per_class", "loss.nu"), ("margin",)),
     }
     noisy_label_patience = 3
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        kind = self.cfg.loss.kind
-        self.kind = self.loss_kind(self.cfg)
-        if self.kind not in self.LOSSES:
-            raise ConfigError(
-                f"loss.kind={kind!r} does not fit task 'labels'; use one of {', '.join(self.LOSSES)}"
-            )
-        self.gathers = self.kind != "cross_entropy"  # metric losses mine the global batch
-        self.per_example_losses = self.kind == "cross_entropy"
-        self.primary_metric = "top1" if self.kind == "cross_entropy" else "r1"
+        self.probe = not self.loss_fn.trains_head  # the head: a linear probe on detached embeddings
+        self.primary_metric = "r1" if self.probe else "top1"
         self._eval_images: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
     def data_notes(self) -> list[str]:
@@ -125,7 +86,7 @@ class LabelsTask(Task):
     def build_model(self) -> nn.Module:
         if not self.info.num_classes:
             raise ValueError("task 'labels' needs num_classes in the dataset manifest")
-        m, lo = self.cfg.model, self.cfg.loss
+        m = self.cfg.model
         encoder = None
         if self.info.encoded:  # model.image_encoder replaces the MLP (model.mlp_hidden is not used)
             encoder = image_encoder_from_config(
@@ -139,16 +100,12 @@ class LabelsTask(Task):
             m.nesting,
             encoder=encoder,
         )
-        if self.kind == "margin":  # β is a model parameter: DDP averages its gradient, the optimizer steps it
-            model.beta = MarginBeta(self.info.num_classes if lo.beta_per_class else None, init=lo.beta)
-        return model
+        return self.add_loss_module(model)  # e.g. the margin loss's β
 
     def encode(self, model: nn.Module, batch: dict[str, Tensor]) -> Encoded:
-        emb, logits = model(batch["image"], probe=self.kind != "cross_entropy")
+        emb, logits = model(batch["image"], probe=self.probe)
         ids = {"label": batch["label"], "sample_id": batch["sample_id"]}
-        extras = {"logits": logits}
-        if self.kind == "margin":
-            extras["beta"] = unwrap_model(model).beta.beta
+        extras = {"logits": logits, **self.loss_fn.extras(unwrap_model(model))}
         return Encoded({"emb": emb}, ids, extras)
 
     def loss(
@@ -159,67 +116,18 @@ class LabelsTask(Task):
         ctx: StepContext,
         stats: dict[str, float],
     ) -> Tensor:
-        """Cross-entropy: the mean over this rank's rows (DDP's average over ranks is the global-batch mean).
-        Triplet / margin: mined over the global batch, this rank's anchors, exact under DDP
-        (:func:`raydist.distributed.metric.rank_metric_loss`); averaged over triplets (triplet) or over the
-        non-zero pair terms (margin); plus the cross-entropy of the head as a linear probe on detached
-        embeddings (so ``top1`` stays meaningful without changing the encoder's gradient)."""
-        head_loss = self._head_loss(encoded)
-        if self.kind == "cross_entropy":
-            return head_loss
-        lo = self.cfg.loss
-        # the rows are unit already (the model's output, or a re-normalised prefix): mined as they are
-        miner = partial(
-            mine_triplets, strategy=lo.miner, margin=lo.margin, distance=lo.distance, normalize=False
-        )
-        generator = (
-            step_generator(self.cfg.train.seed, ctx.global_step, 1) if lo.miner in RANDOM_STRATEGIES else None
-        )
-        if self.kind == "triplet":
-
-            def parts(emb: Tensor, labels: Tensor, triplets: Any) -> Any:
-                terms = triplet_terms(emb, triplets, margin=lo.margin, hinged=lo.hinged, distance=lo.distance)
-                return reduce_terms(terms, "mean")
-        else:
-            beta = encoded.extras["beta"]
-
-            def parts(emb: Tensor, labels: Tensor, triplets: Any) -> Any:
-                return margin_loss_parts(
-                    emb, labels, triplets, beta=beta, alpha=lo.margin, nu=lo.nu, distance=lo.distance
-                )
-
-        def observe(emb: Tensor, labels: Tensor, triplets: Any) -> None:
-            stats.update(
-                mining_stats(emb, labels, triplets, strategy=lo.miner, margin=lo.margin, distance=lo.distance)
-            )
-
-        def loss_at(prefix: Any, largest: bool) -> Tensor:
-            return rank_metric_loss(
-                gathered.view(prefix, ("emb",)),
-                emb="emb",
-                labels="label",
-                miner=miner,
-                loss_parts=parts,
-                generator=generator,
-                observe=observe if largest else None,
-            )
-
-        metric = nested_sum(self.cfg, loss_at)
+        """The loss kind's in the Matryoshka sum (cross-entropy: the mean over this rank's rows; triplet /
+        margin: mined over the global batch, this rank's anchors, exact under DDP,
+        :func:`raydist.losses.rank_metric_loss`). A kind that does not train the head: plus the cross-entropy of
+        the head as a linear probe on detached embeddings (so ``top1`` stays meaningful without changing the
+        encoder's gradient), reported apart as ``loss/probe``."""
+        inputs = LossInputs(gathered, negative_set, encoded.extras, ctx.epoch, ctx.global_step, stats)
+        loss = self.nested_loss(self.loss_fn.loss, encoded, inputs)
+        if not self.probe:
+            return loss
+        head_loss = self.nested_loss(head_cross_entropy, encoded, inputs)
         stats[PROBE_LOSS] = float(head_loss.detach())  # reported apart from the training loss
-        return metric + head_loss  # the head is a linear probe on detached embeddings: no encoder gradient
-
-    def _head_loss(self, encoded: Encoded) -> Tensor:
-        """Cross-entropy of the head: with ``model.nesting``, the weighted sum over the MRL-E dims."""
-        logits, target = encoded.extras["logits"], encoded.ids["label"]
-        if isinstance(logits, list):
-            return nested_cross_entropy(
-                [lg.float() for lg in logits], target, self.cfg.loss.nesting_weights or None
-            )
-        return F.cross_entropy(logits.float(), target)
-
-    def row_loss_scale(self, batch_rows: int) -> float:
-        """Cross-entropy is a mean over rows: 1/B; metric losses: 1 (row contributions)."""
-        return 1.0 / batch_rows if self.kind == "cross_entropy" else 1.0
+        return loss + head_loss  # the head is a linear probe on detached embeddings: no encoder gradient
 
     @torch.no_grad()
     def embed_split(self, model: nn.Module, split: str, device: torch.device | str = "cpu"):

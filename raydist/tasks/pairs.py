@@ -4,7 +4,7 @@ evaluation is the VSE++ retrieval protocol."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -23,7 +23,6 @@ from raydist.data.tokenizer import (
     train_captions,
 )
 from raydist.data.transforms import CaptionTransform, DecodeImages, EpochViews, ImageViews
-from raydist.distributed import GatheredBatch, NegativeSet, rank_ranking_loss
 from raydist.eval.evaluate import (
     SplitEmbeddings,
     embed_captions,
@@ -34,9 +33,10 @@ from raydist.eval.evaluate import (
 )
 from raydist.eval.metrics import retrieval_metrics
 from raydist.eval.retrieve import RetrievalSet
-from raydist.losses import l2_normalize, mh_collapse_value
+from raydist.losses import l2_normalize
 from raydist.models import build_model
-from raydist.tasks.base import DataInfo, Encoded, StepContext, Task, nested_sum, smallest_prefix
+from raydist.models.wrapped import unwrap_model
+from raydist.tasks.base import DataInfo, Encoded, Task, smallest_prefix
 from raydist.tasks.images import crop_size, embed_views, eval_images, image_transform, pixel_views
 
 
@@ -48,23 +48,13 @@ class PairsTask(Task):
     name = "pairs"
     columns = ("image_id", "sample_id", "image", "caption")
     primary_metric = "rsum"
-    LOSSES = ("ranking",)
+    default_loss = "ranking"
     config_keys = dict.fromkeys(
         (
             "data.max_caption_len",
             "model.word_dim",
             "model.num_layers",
             "model.no_imgnorm",
-            "loss.margin",
-            "loss.hardest",
-            "loss.warmup_sh_epochs",
-            "loss.warmup_sh_steps",
-            "loss.stall_fallback",
-            "loss.reduction",
-            "loss.similarity",
-            "loss.gather",
-            "loss.negative_set_size",
-            "loss.tile",
             "eval.folds",
             "data.tokenizer",
             "model.text_encoder",
@@ -81,7 +71,6 @@ class PairsTask(Task):
         self.tokenizer_kind = caption_tokenizer_kind(self.cfg, self.info)
         self.tokenizer: CaptionTokenizer = load_caption_tokenizer(self.info.files, self.tokenizer_kind)
         self._splits: dict[str, tuple] = {}
-        self.fallback_epochs: list[int] = []  # epochs switched back to SH after a stalled MH epoch
         if self.info.encoded:
             self.columns = (IMAGE_ID, SAMPLE_ID, IMAGE, CAPTIONS)
 
@@ -106,7 +95,7 @@ class PairsTask(Task):
 
     def build_model(self) -> nn.Module:
         if self.info.encoded:
-            return build_model(
+            model = build_model(
                 self.cfg,
                 None,
                 len(self.tokenizer),
@@ -114,71 +103,26 @@ class PairsTask(Task):
                 image_size=crop_size(self.cfg, self.info),
                 pad_id=self.tokenizer.pad_id,
             )
-        return build_model(self.cfg, self.info.feature_dim, len(self.tokenizer), pad_id=self.tokenizer.pad_id)
+        else:
+            model = build_model(
+                self.cfg, self.info.feature_dim, len(self.tokenizer), pad_id=self.tokenizer.pad_id
+            )
+        return self.add_loss_module(model)
 
     def encode(self, model: nn.Module, batch: dict[str, Tensor]) -> Encoded:
         lengths = batch["lengths"]
         tokens = batch["tokens"][:, : int(lengths.max())]
         img, cap = model(batch["image"], tokens, lengths)
         return Encoded(
-            {"img": img, "cap": cap}, {"image_id": batch["image_id"], "sample_id": batch["sample_id"]}
+            {"img": img, "cap": cap},
+            {"image_id": batch["image_id"], "sample_id": batch["sample_id"]},
+            self.loss_fn.extras(unwrap_model(model)),
         )
 
     def hardest(self, epoch: int) -> bool:
-        """MH after ``loss.warmup_sh_epochs`` epochs of SH (when ``loss.hardest``), except the epochs
-        switched back to SH after a stalled MH epoch."""
-        lo = self.cfg.loss
-        return lo.hardest and epoch >= lo.warmup_sh_epochs and epoch not in self.fallback_epochs
-
-    def collapse_value(self) -> float:
-        """MH's loss when every score is equal (:func:`mh_collapse_value` of the global query batch)."""
-        return mh_collapse_value(self.cfg.train.batch_size, self.cfg.loss.margin, self.cfg.loss.reduction)
-
-    def end_epoch(self, epoch: int, metrics: dict[str, Any]) -> list[str]:
-        """After an MH epoch whose mean loss (the same on every rank) sits within 1 % of the collapse value:
-        a warning, and with ``loss.stall_fallback`` the next epoch runs SH."""
-        collapse = self.collapse_value()
-        if not self.hardest(epoch) or abs(metrics["train/loss"] - collapse) > 0.01 * collapse:
-            return []
-        note = (
-            f"MH loss {metrics['train/loss']:.4g} sits at its collapse value 2·N·margin = {collapse:.4g} "
-            "(all scores equal)"
-        )
-        if self.cfg.loss.stall_fallback:
-            self.fallback_epochs.append(epoch + 1)
-            return [note + f"; epoch {epoch + 2} runs SH, then MH again"]
-        return [note + "; consider loss.warmup_sh_steps or loss.stall_fallback=true"]
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"fallback_epochs": list(self.fallback_epochs)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.fallback_epochs = list(state["fallback_epochs"])
-
-    def loss(
-        self,
-        encoded: Encoded,
-        gathered: GatheredBatch,
-        negative_set: NegativeSet,
-        ctx: StepContext,
-        stats: dict[str, float],
-    ) -> Tensor:
-        lo = self.cfg.loss
-
-        def loss_at(prefix: Callable[[Tensor], Tensor], largest: bool) -> Tensor:
-            return rank_ranking_loss(
-                gathered.view(prefix, ("img", "cap")),
-                negative_set,
-                ids="image_id",
-                margin=lo.margin,
-                hardest=self.hardest(ctx.epoch),
-                reduction=lo.reduction,
-                similarity=lo.similarity,
-                tile=lo.tile,
-                stats=stats if largest else None,
-            )
-
-        return nested_sum(self.cfg, loss_at)
+        """Whether ``epoch`` runs MH (the ranking loss's phase, :meth:`raydist.losses.RankingLoss.hardest`)."""
+        hardest = getattr(self.loss_fn, "hardest", None)
+        return bool(hardest and hardest(epoch))
 
     def evaluate(self, model: nn.Module, split: str, device: torch.device | str = "cpu") -> dict[str, float]:
         """VSE++ retrieval metrics (R@1/5/10, medr, meanr, rsum); ``eval.folds`` except on val. Encoded
@@ -326,13 +270,6 @@ class PairsTask(Task):
             f"than data.max_caption_len={limit} tokens and are truncated"
         )
         return [note]
-
-    def phase(self, epoch: int) -> str:
-        """ "SH" (all negatives) or "MH" (hardest negative): the loss scale differs by about the batch size."""
-        return "MH" if self.hardest(epoch) else "SH"
-
-    def epoch_metrics(self, epoch: int) -> dict[str, Any]:
-        return {"loss/hardest": int(self.hardest(epoch))}
 
     def summary(self, metrics: dict[str, Any]) -> str:
         return f"val rsum {metrics['rsum']:.1f} (i2t R@1 {metrics['i2t_r1']:.1f}, t2i R@1 {metrics['t2i_r1']:.1f})"

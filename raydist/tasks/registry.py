@@ -8,6 +8,7 @@ from typing import Any
 
 from raydist.config import Config, ConfigError
 from raydist.data.schema import MANIFEST_NAME, RaydistDataError
+from raydist.losses import LOSSES, get_loss
 from raydist.registry import Registry
 from raydist.tasks.base import DataInfo, Task
 from raydist.tasks.labels import LabelsTask
@@ -51,27 +52,35 @@ def _shown(value: Any) -> str:
 
 def _tasks_that(wants: Any, but: type[Task]) -> str:
     """``the labels task`` / ``the a and b tasks``: the other registered tasks for which ``wants`` is true."""
-    names = [name for name, cls in ((e.name, e.obj) for e in TASKS.entries()) if cls is not but and wants(cls)]
+    names = [
+        name for name, cls in ((e.name, e.obj) for e in TASKS.entries()) if cls is not but and wants(cls)
+    ]
     return f"the {' and '.join(names)} task{'s' if len(names) > 1 else ''}" if names else ""
 
 
 def check_task_config(cfg: Config, info: DataInfo, *, any_loss_kind: bool = False) -> None:
     """Refuse, before Ray starts, what the dataset's task would ignore: a ``loss.kind`` it does not train, and
-    every key set away from its default that the task with its loss kind does not read (``Task.config_keys``,
-    :data:`raydist.tasks.base.COMMON_CONFIG_KEYS`). A key left at its default passes. One line per problem,
-    naming the task, its dataset and what it accepts. ``any_loss_kind``: a key counts as read when the task
-    reads it with some loss kind (for a sweep's one-value-at-a-time configs, whose loss.kind may be swept)."""
+    every key set away from its default that the task with its loss kind does not read (its loss kind's
+    options, ``Task.config_keys``, :data:`raydist.tasks.base.COMMON_CONFIG_KEYS`), and loss options its kind's
+    own validators refuse. A key left at its default passes. One line per problem, naming the task, its
+    dataset and what it accepts. ``any_loss_kind``: a key counts as read when the task reads it with some loss
+    kind (for a sweep's one-value-at-a-time configs, whose loss.kind may be swept)."""
     cls = get_task(info.task)
     where = f"the {cls.name} task ({info.data_dir})" if info.data_dir else f"the {cls.name} task"
     problems = []
     kind: str | None = cls.loss_kind(cfg)
-    trains = cls.LOSSES or ("auto",)
+    trains = cls.losses() or ("auto",)
+    if kind in trains and kind in LOSSES:  # the kind's own checks of its options (its validators)
+        try:
+            get_loss(kind).read_options(cfg)
+        except ConfigError as e:
+            problems += str(e).splitlines()
     if kind in trains and any_loss_kind:
         kind = None
     elif kind not in trains:
-        owners = _tasks_that(lambda t: kind in t.LOSSES, cls)
+        owners = _tasks_that(lambda t: kind in t.losses(), cls)
         problems.append(
-            f"loss.kind={kind}: {where} trains loss.kind {', '.join(dict.fromkeys(('auto', *cls.LOSSES)))}"
+            f"loss.kind={kind}: {where} trains loss.kind {', '.join(dict.fromkeys(('auto', *cls.losses())))}"
             + (f"; {kind} is for {owners}" if owners else "")
         )
         kind = None  # the keys of the refused kind are not refused again
@@ -80,7 +89,7 @@ def check_task_config(cfg: Config, info: DataInfo, *, any_loss_kind: bool = Fals
         if value == defaults[key] or cls.reads(key, kind):
             continue
         if cls.reads(key):
-            kinds = cls.config_keys[key] or ()
+            kinds = cls.loss_readers(key) or ()
             problems.append(
                 f"{key}={_shown(value)}: {where} reads it only with loss.kind {'/'.join(kinds)}, "
                 f"not {kind} (loss.kind={cfg.loss.kind})"

@@ -1,0 +1,34 @@
+"""``loss.kind=cross_entropy`` (task labels, its default): the cross-entropy of the class head, the mean over
+this rank's rows (DDP's average over ranks is the global-batch mean); with ``model.nesting``, the Matryoshka
+sum over the head's per-prefix logits (MRL / MRL-E)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from raydist.losses.kinds.base import LossInputs, LossKind, register_loss
+
+
+def head_cross_entropy(inputs: LossInputs) -> Tensor:
+    """The cross-entropy of the head's logits for this prefix (``extras["logits"]``) against this rank's
+    ``label`` rows, in float32 at least."""
+    logits = inputs.extras["logits"]
+    return F.cross_entropy(
+        logits.to(torch.promote_types(logits.dtype, torch.float32)), inputs.batch.local["label"]
+    )
+
+
+@register_loss
+class CrossEntropyLoss(LossKind):
+    """Cross-entropy of the class head (trains the encoder and the head; no gather)."""
+
+    name = "cross_entropy"
+    task = "labels"
+    gathers = False
+    per_example = True
+    trains_head = True
+
+    def loss(self, inputs: LossInputs) -> Tensor:
+        return head_cross_entropy(inputs)

@@ -1,0 +1,212 @@
+"""A new labels loss is one registered class: a supervised contrastive loss with its own option
+(``loss.temperature``), registered here, trained through the labels task's path (the one Matryoshka sum over
+the gathered batch) on 2 gloo workers and in one process, against a float64 single-process computation
+written with loops; and the refusals of an unknown loss kind, another kind's option and a clashing option."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from pydantic import BaseModel, Field
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+
+from raydist.config import Config, ConfigError, apply_overrides
+from raydist.distributed import NegativeSet, gather_step
+from raydist.distributed.spawn import spawn
+from raydist.losses import LOSSES, LossInputs, LossKind, register_loss, world_mean
+from raydist.registry import RegistryError
+from raydist.tasks import DataInfo, Encoded, check_task_config
+from raydist.tasks.labels import LabelsTask
+
+WORLD, ROWS, FEATURES, DIM = 2, 6, 5, 6
+LABELS = torch.tensor([0, 1, 2, 0, 1, 3, 2, 0, 1, 2, 4, 0])  # classes 3 and 4: one row, no positive
+NESTING, WEIGHTS, TEMPERATURE = [3, 6], [0.5, 2.0], 0.3
+OVERRIDES = {
+    "loss.kind": "supcon",
+    "loss.temperature": str(TEMPERATURE),
+    "model.embed_dim": DIM,
+    "model.nesting": NESTING,
+    "loss.nesting_weights": WEIGHTS,
+}
+
+
+class SupCon(LossKind):
+    """Supervised contrastive loss (Khosla et al. 2020) over the global batch: for each of this rank's rows a
+    with a positive, ``−mean_p log softmax_{k≠a}(s_ak / τ)[p]`` over its positives p; the mean over anchors."""
+
+    name = "supcon"
+    task = "labels"
+
+    class Options(BaseModel):
+        temperature: float = Field(0.1, gt=0)
+
+    def loss(self, inputs: LossInputs) -> Tensor:
+        b = inputs.batch
+        own = b.positions[:, None] == b.key_positions[None, :]
+        logits = (b.local["emb"] @ b.keys["emb"].T / self.options.temperature).masked_fill(own, -torch.inf)
+        log_prob = logits - logits.logsumexp(1, keepdim=True)
+        positive = (b.local["label"][:, None] == b.keys["label"][None, :]) & ~own
+        count = positive.sum(1)
+        per_anchor = -log_prob.masked_fill(~positive, 0).sum(1) / count.clamp(min=1)
+        return world_mean(per_anchor[count > 0].sum(), (count > 0).sum(), b)
+
+
+@pytest.fixture
+def supcon() -> Iterator[type[LossKind]]:
+    """SupCon registered for one test (it leaves the registry and the config's keys after)."""
+    register_loss(SupCon)
+    yield SupCon
+    LOSSES.unregister("supcon")
+
+
+def embedder() -> nn.Module:
+    """A float64 linear embedding (the nested prefixes re-normalise it), the same weights every call."""
+    torch.manual_seed(0)
+    return nn.Linear(FEATURES, DIM, dtype=torch.float64)
+
+
+def features() -> Tensor:
+    return torch.randn(
+        WORLD * ROWS, FEATURES, generator=torch.Generator().manual_seed(3), dtype=torch.float64
+    )
+
+
+def reference(model: nn.Module, x: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    """``Σ_m c_m · SupCon(normalize(z[:, :m]))`` on all rows in one process, by loops; with its gradients."""
+    z, n, total = model(x), len(LABELS), 0.0
+    for m, c in zip(NESTING, WEIGHTS):
+        p = z[:, :m] / z[:, :m].norm(dim=1, keepdim=True)
+        terms = []
+        for a in range(n):
+            positives = [j for j in range(n) if j != a and LABELS[j] == LABELS[a]]
+            if positives:
+                log_denominator = torch.log(
+                    sum(torch.exp(p[a] @ p[k] / TEMPERATURE) for k in range(n) if k != a)
+                )
+                terms.append(
+                    -sum(p[a] @ p[j] / TEMPERATURE - log_denominator for j in positives) / len(positives)
+                )
+        total = total + c * sum(terms) / len(terms)
+    names, params = zip(*model.named_parameters())
+    return total, dict(zip(names, torch.autograd.grad(total, params)))
+
+
+def task_loss(model: nn.Module, x: Tensor, labels: Tensor, rank: int, world: int) -> Tensor:
+    """The labels task's loss kind for the config ``OVERRIDES`` in the task's Matryoshka sum, as a training step
+    computes it (without the head's probe)."""
+    cfg = apply_overrides(Config(), OVERRIDES)
+    task = LabelsTask(cfg, DataInfo("labels", FEATURES, 5))
+    assert isinstance(task.loss_fn, SupCon) and task.loss_fn.options.temperature == TEMPERATURE
+    assert task.gathers and task.primary_metric == "r1"  # gathers by default; the head is a probe
+    encoded = Encoded({"emb": model(x)}, {"label": labels, "sample_id": labels * 0})
+    gathered = gather_step(encoded.embeddings, encoded.ids)
+    negatives = NegativeSet(torch.arange(len(labels)), None)
+    return task.nested_loss(task.loss_fn.loss, encoded, LossInputs(gathered, negatives, {}, 0, 0, {}))
+
+
+def _worker(rank: int, init_file: str, x: Tensor, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    if "supcon" not in LOSSES:  # a fresh process: the plugin registers when it is imported
+        register_loss(SupCon)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    model = embedder()
+    mine = slice(rank * ROWS, (rank + 1) * ROWS)
+    ddp = DistributedDataParallel(model)  # held until the backward: its hooks average the gradients
+    loss = task_loss(ddp, x[mine], LABELS[mine], rank, WORLD)
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    torch.save({"loss": loss.item(), "grads": grads}, Path(out_dir) / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_config_reads_the_new_kind_and_its_option(supcon) -> None:
+    cfg = apply_overrides(Config(), OVERRIDES)
+    assert (cfg.loss.kind, cfg.loss.temperature, Config().loss.temperature) == ("supcon", TEMPERATURE, 0.1)
+    assert "loss.temperature" in cfg.flat()
+    with pytest.raises(ConfigError, match=r"loss.temperature=0: must be > 0"):
+        apply_overrides(Config(), {"loss.temperature": 0})
+
+
+def test_one_process_matches_the_float64_loops(supcon) -> None:
+    x = features()
+    want, want_grads = reference(embedder(), x)
+    model = embedder()
+    got = task_loss(model, x, LABELS, 0, 1)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
+    got_grads = dict(
+        zip([n for n, _ in model.named_parameters()], torch.autograd.grad(got, model.parameters()))
+    )
+    for name, grad in want_grads.items():
+        torch.testing.assert_close(got_grads[name], grad, rtol=1e-10, atol=1e-13)
+    assert float(want.detach()) > 0 and all(g.abs().max() > 0 for g in want_grads.values())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_two_gloo_workers_match_the_float64_loops(supcon, tmp_path) -> None:
+    """Both ranks hold the single-process gradients after DDP's average, and the mean over ranks of the
+    returned values is the single-process loss (the cross-worker scaling of world_mean)."""
+    x = features()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    spawn(_worker, (str(tmp_path / "init"), x, str(tmp_path)), nprocs=WORLD)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+    want, want_grads = reference(embedder(), x)
+    assert sum(r["loss"] for r in ranks) / WORLD == pytest.approx(float(want), rel=1e-12)
+    for rank in ranks:
+        for name, grad in want_grads.items():
+            torch.testing.assert_close(rank["grads"][name], grad, rtol=1e-9, atol=1e-12)
+
+
+def test_unknown_kind_and_another_kinds_option_are_refused(supcon) -> None:
+    with pytest.raises(ConfigError, match=r"loss.kind: unknown loss kind 'supcn'; did you mean supcon\?"):
+        apply_overrides(Config(), {"loss.kind": "supcn"})
+    labels, pairs = DataInfo("labels", FEATURES, 5), DataInfo("pairs", FEATURES)
+    cases = [
+        (
+            {"loss.kind": "triplet", "loss.temperature": 0.5},
+            labels,
+            "loss.temperature=0.5: the labels task reads it only with loss.kind supcon, not triplet (loss.kind=triplet)",
+        ),
+        (
+            {"loss.temperature": 0.5},
+            pairs,
+            (
+                "loss.temperature=0.5: the pairs task does not use it; it is for the labels task (leave it at "
+                "its default, 0.1)"
+            ),
+        ),
+        (
+            {"loss.kind": "supcon"},
+            pairs,
+            "loss.kind=supcon: the pairs task trains loss.kind auto, ranking; supcon is for the labels task",
+        ),
+    ]
+    for overrides, info, line in cases:
+        with pytest.raises(ConfigError) as refused:
+            check_task_config(apply_overrides(Config(), overrides), info)
+        assert str(refused.value).splitlines()[1:] == [f"  {line}"], overrides
+    check_task_config(apply_overrides(Config(), {"loss.kind": "supcon", "loss.temperature": 0.5}), labels)
+
+
+def test_registration_is_refused_for_clashing_names_and_options_and_undone_by_unregister(supcon) -> None:
+    class Clash(SupCon):
+        name = "clash"
+
+        class Options(BaseModel):
+            margin: float = 0.3  # the shipped losses' loss.margin defaults to 0.2 (and is >= 0)
+
+    with pytest.raises(RegistryError, match="option loss.margin differs from loss kind 'ranking'"):
+        register_loss(Clash)
+    with pytest.raises(RegistryError, match="already registered"):
+        register_loss(SupCon)
+    assert "clash" not in LOSSES
+    LOSSES.unregister("supcon")
+    with pytest.raises(ConfigError, match="unknown config key 'loss.temperature'"):
+        apply_overrides(Config(), {"loss.temperature": 0.5})
+    register_loss(SupCon)  # back for the fixture's teardown
