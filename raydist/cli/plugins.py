@@ -32,13 +32,13 @@ def import_shipped() -> None:
 
 
 def registered_lines(kind: str | None = None) -> list[str]:
-    """``kind (N)`` then one ``  name  module`` line per registered name, for every kind (or ``kind``: a kind's
-    name, ``-`` or ``_`` for its spaces); an unknown kind is a RegistryError listing the kinds."""
+    """``kind (N)`` then one ``  name  module`` line per registered name, for every kind by name (or ``kind``:
+    a kind's name, ``-`` or ``_`` for its spaces); an unknown kind is a RegistryError listing the kinds."""
     from raydist.registry import registries, registry
 
-    chosen = registries() if kind is None else {kind: registry(kind.replace("-", " ").replace("_", " "))}
+    chosen = [registry(kind.replace("-", " ").replace("_", " "))] if kind else list(registries().values())
     lines: list[str] = []
-    for reg in chosen.values():
+    for reg in sorted(chosen, key=lambda r: r.kind):
         shown = list(zip(reg.shown_names(), reg.entries()))
         width = max((len(s) for s, _ in shown), default=0)
         lines.append(f"{reg.kind} ({len(shown)})")
