@@ -215,18 +215,8 @@ def _tiny_run(tmp_path: Path, *extra: str) -> int:
     from raydist.data import make_synthetic
 
     data = make_synthetic(tmp_path / "d", images=64, val_images=16, test_images=16, dim=8, seed=0)
-    argv = [
-        "train",
-        "--preset",
-        "tiny",
-        "--data",
-        str(data),
-        "--storage",
-        str(tmp_path / "runs"),
-        "--name",
-        "r",
-    ]
-    return main([*argv, "train.num_workers=0", "train.epochs=1", *extra])
+    runs, fixed = tmp_path / "runs", ["--name", "r", "train.num_workers=0", "train.epochs=1"]
+    return main(["train", "--preset", "tiny", "--data", f"{data}", "--storage", f"{runs}", *fixed, *extra])
 
 
 def test_a_resumed_run_keeps_its_plugins_and_adds_new_ones(plugin, tmp_path, capsys):
