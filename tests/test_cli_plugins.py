@@ -235,11 +235,6 @@ def test_a_resumed_run_keeps_its_plugins_and_adds_new_ones(plugin, tmp_path, cap
     assert yaml.safe_load(out.split("\n", 1)[1])["plugins"] == [str(path), "json"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the task key check refuses the top-level key plugins ('the pairs task does not use it'): "
-    "plugins is not in COMMON_CONFIG_KEYS (raydist/tasks/base.py)",
-)
 def test_a_run_with_a_plugin_trains(plugin, tmp_path, capsys):
     _, path = plugin
     assert _tiny_run(tmp_path, "--plugin", str(path)) == 0, capsys.readouterr().err

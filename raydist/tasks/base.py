@@ -144,6 +144,7 @@ class StepContext:
 # Config keys every task reads (``section.*``: the whole section); a task adds its own in ``Task.config_keys``,
 # and reads the ``loss.<option>`` keys of its loss kind (raydist.losses: the kind's options).
 COMMON_CONFIG_KEYS = (
+    "plugins",
     "data.path",
     "data.shuffle_buffer",
     "data.in_memory_max_mb",
