@@ -184,3 +184,63 @@ def test_the_shipped_hooks_are_registered_in_the_loop_order():
     assert [
         n for n in sorted(HOOKS.names(), key=lambda n: HOOKS.get(n).hook_order) if n in shipped
     ] == shipped
+
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "contrastive_plugin.py"
+
+
+def test_the_documented_example_loss_is_the_contrastive_loss(tmp_path, fresh):
+    """docs/examples/contrastive_plugin.py (trained end to end in tests/test_plugins_e2e.py): its loss and
+    gradient on one worker's batch equal a float64 double loop over the pairs; its encoder builds."""
+    import torch
+
+    from raydist.distributed import GatheredBatch, NegativeSet
+    from raydist.losses import LossInputs, get_loss
+
+    plugin = tmp_path / EXAMPLE.name
+    plugin.write_text(EXAMPLE.read_text())
+    cfg = apply_overrides(
+        Config(),
+        {
+            "plugins": str(plugin),
+            "loss.kind": "contrastive",
+            "loss.neg_margin": "0.7",
+            "loss.pos_margin": "0.1",
+        },
+    )
+    kind = get_loss("contrastive")(cfg)
+    g = torch.Generator().manual_seed(0)
+    raw = torch.randn(12, 5, generator=g, dtype=torch.float64)  # the encoder's rows before its L2 norm
+    labels = torch.randint(0, 3, (12,), generator=g)
+    x = raw.clone().requires_grad_(True)
+    rows = torch.arange(12)
+    local = {"emb": torch.nn.functional.normalize(x, dim=1), "label": labels}
+    batch = GatheredBatch(local, dict(local), rows, rows, 0, 1)
+    stats: dict[str, float] = {}
+    value = kind.loss(LossInputs(batch, NegativeSet(query_rows=rows, key_rows=None), {}, 0, 0, stats))
+    value.backward()
+
+    y = raw.clone().requires_grad_(True)
+    total, count = 0.0, 0
+    for i in range(12):
+        for j in range(12):
+            if i == j:
+                continue
+            d = (y[i] / y[i].norm() - y[j] / y[j].norm()).norm()
+            total = total + (
+                torch.clamp(d - 0.1, min=0) ** 2
+                if labels[i] == labels[j]
+                else torch.clamp(0.7 - d, min=0) ** 2
+            )
+            count += 1
+    reference = total / count
+    reference.backward()
+    assert abs(value.item() - reference.item()) < 1e-9
+    assert torch.allclose(x.grad, y.grad, atol=1e-9)
+    assert stats == {"contrastive/workers": 1.0}
+    from raydist.models.image_encoders import build_image_encoder
+
+    assert build_image_encoder("tiny-conv", 8, channels=3, image_size=16)(torch.ones(2, 3, 16, 16)).shape == (
+        2,
+        8,
+    )

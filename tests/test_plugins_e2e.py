@@ -1,0 +1,105 @@
+"""A plugin reaches every Ray process (issue #38): the documented example plugin (docs/examples/
+contrastive_plugin.py: an image encoder and a labels loss with its own options), copied into a folder no import
+path reaches, trains with `raydist train --plugin FILE` on two Ray Train workers and in a two-trial Tune sweep
+whose space file names it. What the workers report -- the loss's per-step statistic (the workers it saw), the
+encoder's weights in the checkpoint, the option values -- shows both were built and trained there.
+Each command starts a private Ray instance: cluster step."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from test_tasks_images import write_colour_folders
+
+from raydist.checkpoint.names import CONFIG_FILE, STATE_FILE
+from raydist.runfiles import STEPS_FILE
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "contrastive_plugin.py"
+RUN = ("train.epochs=2", "train.epoch_steps=5", "train.log_every=1", "train.batch_size=16", "train.num_workers=2")
+
+
+@pytest.fixture(scope="module")
+def place(tmp_path_factory):
+    """(plugin file outside any package and off every path, an encoded labels dataset, a scratch folder)."""
+    root = tmp_path_factory.mktemp("plugin_e2e")
+    plugin = root / "elsewhere" / EXAMPLE.name
+    plugin.parent.mkdir()
+    shutil.copy(EXAMPLE, plugin)
+    return plugin, write_colour_folders(root, seed=3), root
+
+
+def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    return done
+
+
+def _steps(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / STEPS_FILE).read_text().splitlines()]
+
+
+def _check_trained(run_dir: Path, plugin: Path, neg_margin: float) -> None:
+    """The run's steps came from the plugin's loss on 2 workers, its model has the plugin's encoder, its saved
+    config names the plugin and the option."""
+    steps = _steps(run_dir)
+    assert [s["step"] for s in steps] == list(range(1, 11))  # 2 epochs x 5 steps, every step logged
+    assert all(s["stats"]["contrastive/workers"] == 2.0 for s in steps)  # the loss ran over 2 workers' batch
+    assert all(0 < s["loss"] < 10 for s in steps)
+    checkpoint = max(run_dir.glob("checkpoint_*"))
+    saved = yaml.safe_load((checkpoint / CONFIG_FILE).read_text())
+    assert saved["plugins"] == [str(plugin)] and saved["loss"]["neg_margin"] == neg_margin
+    assert saved["loss"]["kind"] == "contrastive" and saved["model"]["image_encoder"] == "tiny-conv"
+    state = torch.load(checkpoint / STATE_FILE, map_location="cpu", weights_only=False)
+    convs = [v for k, v in state["model"].items() if k.endswith("weight") and v.ndim == 4]
+    assert [tuple(w.shape) for w in convs] == [(16, 3, 3, 3), (16, 16, 3, 3)]  # tiny-conv's two convolutions
+
+
+def test_train_builds_and_trains_a_plugin_encoder_and_loss_on_two_workers(place):
+    plugin, data, root = place
+    argv = ["raydist", "train", "--plugin", os.path.relpath(plugin, root), "--preset", "tiny", "--data", str(data)]
+    argv += ["--storage", str(root / "runs"), "--name", "p", "model.image_encoder=tiny-conv"]
+    _run([*argv, "loss.kind=contrastive", "loss.neg_margin=0.7", *RUN], cwd=root)
+    _check_trained(root / "runs" / "p", plugin, 0.7)
+
+
+def test_a_sweep_of_two_trials_with_the_plugin(place):
+    plugin, data, root = place
+    space = root / "spaces" / "contrastive.yaml"
+    space.parent.mkdir()
+    space.write_text(
+        yaml.safe_dump(
+            {
+                "metric": "val/r1",
+                "search": "grid",
+                "scheduler": "fifo",
+                "resources": {"num_workers": 2, "cpus_per_worker": 0.5},
+                "base": {  # the plugin's path is relative to the space file
+                    "plugins": [os.path.relpath(plugin, space.parent)],
+                    "model.image_encoder": "tiny-conv",
+                    "loss.kind": "contrastive",
+                    **dict(kv.split("=") for kv in RUN if "num_workers" not in kv),
+                },
+                "space": {"loss.neg_margin": {"grid": [0.4, 0.9]}},  # an option only the plugin declares
+            }
+        )
+    )
+    _run(["raydist", "tune", str(space), "--preset", "tiny", "--data", str(data), "--storage", str(root / "tune")], root)
+    runs = sorted({p.parent for p in (root / "tune").rglob(STEPS_FILE)})
+    assert len(runs) == 2
+    margins = []
+    for run in runs:
+        checkpoint = max(run.glob("checkpoint_*"))
+        margins.append(yaml.safe_load((checkpoint / CONFIG_FILE).read_text())["loss"]["neg_margin"])
+        _check_trained(run, plugin, margins[-1])
+    assert sorted(margins) == [0.4, 0.9]
