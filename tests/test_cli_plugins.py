@@ -82,6 +82,24 @@ def test_the_table_is_the_parser_and_every_command_takes_plugins():
     assert args.plugin == ["a.py", "mod.x"] and args.checkpoint == "c"
 
 
+def test_convert_lists_its_converters_and_each_shows_only_its_own_options(capsys):
+    def shown(*argv: str) -> str:
+        with pytest.raises(SystemExit) as info:
+            main(["convert", *argv, "--help"])
+        assert info.value.code == 0
+        return " ".join(capsys.readouterr().out.split())
+
+    listing = shown()
+    for name in ("karpathy", "coco-json", "image-folder", "npz", "vsepp-precomp"):
+        assert f" {name} " in listing
+    assert "Karpathy's dataset_*.json (Flickr8k, Flickr30k, COCO)" in listing
+    karpathy = shown("karpathy")
+    assert {"--out", "--src", "--images", "--min-count", "--overwrite", "--plugin"} <= set(karpathy.split())
+    for other in ("--split-by", "--standardize", "--captions", "--features", "--splits", "--val-fraction"):
+        assert other not in karpathy
+    assert "--split-by" in shown("image-folder") and "--standardize" in shown("npz")
+
+
 def test_raydist_plugins_lists_a_plugins_components_with_its_module(plugin, capsys):
     name, path = plugin
     assert main(["plugins", "--plugin", str(path)]) == 0
