@@ -688,7 +688,9 @@ def load_config(
 ) -> Config:
     """Defaults ← shipped preset ← preset file ← overrides, then validated. A preset's ``tasks.<task>`` block
     applies for the dataset's task: ``task_of`` maps the merged ``data.path`` to it (default: the task its
-    manifest names); when it answers None (no dataset there yet), the task is :data:`DEFAULT_TASK`."""
+    manifest names); when it answers None (no dataset there yet), the task is :data:`DEFAULT_TASK`. A shipped
+    preset's ``loss.<option>`` values reach only a run whose ``loss.kind`` (set, not auto) reads the option
+    (:func:`shipped_loss_values`)."""
     files = []
     if preset:
         if preset not in preset_names():
@@ -697,15 +699,30 @@ def load_config(
     if preset_file:
         files.append(read_preset_file(preset_file))
     common = {k: v for part, _ in files for k, v in part.items()}
-    path = str({**common, **(overrides or {})}.get("data.path") or "")
-    task = task_of(path) or DEFAULT_TASK
+    merged = {**common, **(overrides or {})}
+    task = task_of(str(merged.get("data.path") or "")) or DEFAULT_TASK
     values: dict[str, Any] = {}
-    for part, blocks in files:
-        values.update({**part, **blocks.get(task, {})})
+    for i, (part, blocks) in enumerate(files):
+        part = {**part, **blocks.get(task, {})}
+        values.update(shipped_loss_values(part, merged.get("loss.kind")) if preset and i == 0 else part)
     values.update(overrides or {})
     cfg = apply_overrides(Config(), values)
     validate(cfg)
     return cfg
+
+
+def shipped_loss_values(values: Mapping[str, Any], kind: Any) -> dict[str, Any]:
+    """A shipped preset's dotted ``values`` without the ``loss.<option>`` values that loss kind ``kind`` (a
+    registered one, not auto) does not read: the presets tune the shipped losses (e.g. the SH warm-up of the
+    ranking loss), and those values are no mistake of a run that picks another loss kind."""
+    if not isinstance(kind, str) or kind not in _LOSS_OPTIONS:
+        return dict(values)
+    read = _LOSS_OPTIONS[kind].model_fields
+    return {
+        key: value
+        for key, value in values.items()
+        if not (key.startswith("loss.") and option_kinds(key[5:]) and key[5:] not in read)
+    }
 
 
 def validate(cfg: Config) -> None:

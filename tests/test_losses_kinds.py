@@ -5,6 +5,8 @@ written with loops; and the refusals of an unknown loss kind, another kind's opt
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,10 +18,22 @@ from pydantic import BaseModel, Field
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from raydist.config import Config, ConfigError, apply_overrides
+from raydist.cli import main
+from raydist.config import Config, ConfigError, apply_overrides, load_config
 from raydist.distributed import NegativeSet, gather_step
 from raydist.distributed.spawn import spawn
-from raydist.losses import LOSSES, LossInputs, LossKind, register_loss, world_mean
+from raydist.losses import (
+    LOSSES,
+    MINERS,
+    LossInputs,
+    LossKind,
+    Miner,
+    Triplets,
+    get_loss,
+    register_loss,
+    register_miner,
+    world_mean,
+)
 from raydist.registry import RegistryError
 from raydist.tasks import DataInfo, Encoded, check_task_config
 from raydist.tasks.labels import LabelsTask
@@ -210,3 +224,87 @@ def test_registration_is_refused_for_clashing_names_and_options_and_undone_by_un
     with pytest.raises(ConfigError, match="unknown config key 'loss.temperature'"):
         apply_overrides(Config(), {"loss.temperature": 0.5})
     register_loss(SupCon)  # back for the fixture's teardown
+
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "infonce_loss.py"
+
+
+@pytest.fixture
+def infonce() -> Iterator[type[LossKind]]:
+    """The pairs loss of docs/metric-learning.md ("Adding a loss"), imported from its file as a plugin is."""
+    spec = importlib.util.spec_from_file_location("raydist_docs_infonce_loss", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    yield module.InfoNCE
+    LOSSES.unregister("infonce")
+
+
+def infonce_loops(img: Tensor, cap: Tensor, image_ids: list[int], tau: float) -> Tensor:
+    """CLIP's symmetric InfoNCE by loops, captions of a row's image other than its own left out."""
+    n, total = len(image_ids), 0.0
+    for i in range(n):
+        keys = [j for j in range(n) if j == i or image_ids[j] != image_ids[i]]
+        for q, k in ((img, cap), (cap, img)):
+            total = total - q[i] @ k[i] / tau + torch.log(sum(torch.exp(q[i] @ k[j] / tau) for j in keys))
+    return total / (2 * n)
+
+
+def test_the_docs_example_loss_is_one_file_and_matches_the_loops(infonce, tiny_dataset, tmp_path) -> None:
+    image_ids = [0, 0, 1, 2, 2, 2, 3, 4]  # rows sharing an image: not each other's negatives
+    gen = torch.Generator().manual_seed(5)
+    img, cap = (torch.randn(8, 4, dtype=torch.float64, generator=gen, requires_grad=True) for _ in range(2))
+    rows, ids = torch.arange(8), torch.tensor(image_ids)
+    cfg = apply_overrides(Config(), {"loss.kind": "infonce", "loss.temperature": "0.2"})
+    batch = gather_step({"img": img, "cap": cap}, {"image_id": ids, "sample_id": rows})
+    stats: dict[str, float] = {}
+    got = infonce(cfg).loss(LossInputs(batch, NegativeSet(rows, None), {}, 0, 0, stats))
+    want = infonce_loops(img, cap, image_ids, 0.2)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
+    for g, w in zip(torch.autograd.grad(got, (img, cap)), torch.autograd.grad(want, (img, cap))):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-13)
+    assert set(stats) == {"infonce/positive_sim"}
+    with pytest.raises(ConfigError, match="loss.temperature=0.5: the labels task does not use it"):
+        check_task_config(apply_overrides(cfg, {"loss.temperature": 0.5}), DataInfo("labels", 4, 3))
+    # the file as a plugin of an in-process run on image-caption data: trains, and says what it trained
+    out = tmp_path / "run.json"
+    args = ["train", "--data", str(tiny_dataset), "--preset", "tiny", "--storage", str(tmp_path), "--json"]
+    overrides = ["train.num_workers=0", "train.epochs=1", "train.epoch_steps=2", "loss.kind=infonce"]
+    assert main([*args, str(out), *overrides, "loss.temperature=0.05"]) == 0
+    (epoch,) = json.loads(out.read_text())["history"]
+    assert epoch["phase"] is None and 0 < epoch["train/infonce/positive_sim"] <= 1  # no MH/SH: its own stats
+    # the tiny preset's SH warm-up (a ranking option) does not reach it; with the ranking loss it does
+    tiny = {"data.path": str(tiny_dataset)}
+    assert load_config("tiny", overrides={**tiny, "loss.kind": "infonce"}).loss.warmup_sh_epochs == 0
+    assert load_config("tiny", overrides=tiny).loss.warmup_sh_epochs == 1
+
+
+def nearest_negatives(
+    emb: Tensor, labels: Tensor, *, margin: float, distance: str, generator=None
+) -> Triplets:
+    """A plugin miner: for every positive pair (a, p), the negative nearest to a by dot product."""
+    same = labels[:, None] == labels[None, :]
+    scores = (emb @ emb.T).masked_fill(same, -torch.inf)
+    pairs = (same & ~torch.eye(len(labels), dtype=torch.bool)).nonzero(as_tuple=True)
+    return Triplets(pairs[0], pairs[1], scores.argmax(1)[pairs[0]])
+
+
+def test_a_registered_miner_is_a_loss_miner_value() -> None:
+    register_miner("nearest", Miner(nearest_negatives))
+    try:
+        cfg = apply_overrides(Config(), {"loss.kind": "triplet", "loss.miner": "nearest", "loss.margin": 0.4})
+        emb = torch.nn.functional.normalize(features()[:, :DIM], dim=1).requires_grad_()
+        rows = torch.arange(len(LABELS))
+        batch = gather_step({"emb": emb}, {"label": LABELS})
+        got = get_loss("triplet")(cfg).loss(LossInputs(batch, NegativeSet(rows, None), {}, 0, 0, {}))
+        terms = []  # the triplet loss of the nearest negatives, by loops
+        for a in range(len(LABELS)):
+            negatives = [k for k in range(len(LABELS)) if LABELS[k] != LABELS[a]]
+            n = max(negatives, key=lambda k: float(emb[a] @ emb[k]))
+            for p in (p for p in range(len(LABELS)) if p != a and LABELS[p] == LABELS[a]):
+                terms.append(((emb[a] - emb[p]).norm() - (emb[a] - emb[n]).norm() + 0.4).clamp(min=0))
+        torch.testing.assert_close(got, sum(terms) / len(terms), rtol=1e-12, atol=0)
+        assert MINERS.module_of("nearest") == __name__
+    finally:
+        MINERS.unregister("nearest")
+    with pytest.raises(ConfigError, match="loss.miner: unknown miner 'nearest'"):
+        apply_overrides(Config(), {"loss.miner": "nearest"})

@@ -3,21 +3,18 @@
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from raydist.distributed import GatheredBatch, NegativeSet
-from raydist.losses import LossInputs, nested_rank_loss
-from raydist.losses.kinds import head_cross_entropy
+from raydist.losses import nested_sum
 from raydist.models.matryoshka import MatryoshkaHead
 
 
 def nested_cross_entropy(logits: list[torch.Tensor], y: torch.Tensor, weights=None) -> torch.Tensor:
-    """The labels head's loss as a run computes it: the cross-entropy loss kind in the one Matryoshka sum,
-    each prefix view picking its own logits."""
-    rows = torch.arange(len(y))
-    batch = GatheredBatch({"label": y}, {"label": y}, rows, rows, 0, 1)
-    inputs = LossInputs(batch, NegativeSet(rows, None), {"logits": list(logits)}, 0, 0, None)
-    return nested_rank_loss(head_cross_entropy, inputs, (), range(1, len(logits) + 1), weights)
+    """The head's nested loss as the labels task forms it: the one Matryoshka sum, each prefix view picking
+    its own logits."""
+    dims = range(1, len(logits) + 1)  # only the positions matter here
+    return nested_sum(lambda view: F.cross_entropy(view.pick(logits), y), dims, weights)
 
 
 def cross_entropy(logits: np.ndarray, target: np.ndarray) -> float:

@@ -222,6 +222,11 @@ class Miner:
     random: bool = False
     probabilities: Callable[..., Tensor] | None = None
 
+    def __post_init__(self) -> None:  # the registry names the module of the mining function
+        object.__setattr__(
+            self, "__module__", getattr(getattr(self.mine, "func", self.mine), "__module__", "?")
+        )
+
 
 class _MinerRegistry(Registry[Miner]):
     def unregister(self, name: str) -> None:
