@@ -308,3 +308,19 @@ def test_a_registered_miner_is_a_loss_miner_value() -> None:
         MINERS.unregister("nearest")
     with pytest.raises(ConfigError, match="loss.miner: unknown miner 'nearest'"):
         apply_overrides(Config(), {"loss.miner": "nearest"})
+
+
+def test_a_sweep_over_loss_kinds_accepts_the_options_of_each(supcon) -> None:
+    """A sweep's trial config (loss.kind swept) is checked with any loss kind of the task: an option of another
+    labels kind passes there, and is refused for a single run and on the pairs task."""
+    labels, pairs = DataInfo("labels", FEATURES, 5), DataInfo("pairs", FEATURES)
+    trial = apply_overrides(Config(), {"loss.kind": "margin", "loss.hinged": False, "loss.temperature": 0.5})
+    check_task_config(trial, labels, any_loss_kind=True)
+    with pytest.raises(ConfigError) as refused:
+        check_task_config(trial, labels)
+    assert str(refused.value).splitlines()[1:] == [
+        "  loss.hinged=false: the labels task reads it only with loss.kind triplet, not margin (loss.kind=margin)",
+        "  loss.temperature=0.5: the labels task reads it only with loss.kind supcon, not margin (loss.kind=margin)",
+    ]
+    with pytest.raises(ConfigError, match="loss.temperature=0.5: the pairs task does not use it"):
+        check_task_config(apply_overrides(Config(), {"loss.temperature": 0.5}), pairs, any_loss_kind=True)
