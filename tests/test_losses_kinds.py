@@ -171,7 +171,7 @@ def test_two_gloo_workers_match_the_float64_loops(supcon, tmp_path) -> None:
     spawn(_worker, (str(tmp_path / "init"), x, str(tmp_path)), nprocs=WORLD)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
     want, want_grads = reference(embedder(), x)
-    assert sum(r["loss"] for r in ranks) / WORLD == pytest.approx(float(want), rel=1e-12)
+    assert sum(r["loss"] for r in ranks) / WORLD == pytest.approx(want.item(), rel=1e-12)
     for rank in ranks:
         for name, grad in want_grads.items():
             torch.testing.assert_close(rank["grads"][name], grad, rtol=1e-9, atol=1e-12)
@@ -299,7 +299,7 @@ def test_a_registered_miner_is_a_loss_miner_value() -> None:
         terms = []  # the triplet loss of the nearest negatives, by loops
         for a in range(len(LABELS)):
             negatives = [k for k in range(len(LABELS)) if LABELS[k] != LABELS[a]]
-            n = max(negatives, key=lambda k: float(emb[a] @ emb[k]))
+            n = max(negatives, key=lambda k: (emb[a] @ emb[k]).item())
             for p in (p for p in range(len(LABELS)) if p != a and LABELS[p] == LABELS[a]):
                 terms.append(((emb[a] - emb[p]).norm() - (emb[a] - emb[n]).norm() + 0.4).clamp(min=0))
         torch.testing.assert_close(got, sum(terms) / len(terms), rtol=1e-12, atol=0)
