@@ -581,12 +581,7 @@ def apply_overrides(cfg: Config, overrides: Mapping[str, Any]) -> Config:
     nested = cfg.to_dict()
     load_entry_points()  # installed packages' plugins (raydist.plugins entry points), once per process
     if "plugins" in overrides:
-        plugins = _parse_text("plugins", overrides["plugins"])
-        plugins = [plugins] if isinstance(plugins, str) else plugins
-        if isinstance(plugins, list) and all(isinstance(p, str) for p in plugins):
-            plugins = list(dict.fromkeys(resolve_spec(p) for p in plugins))
-            load_plugins(plugins)
-        overrides = {**overrides, "plugins": plugins}
+        overrides = {**overrides, "plugins": import_named_plugins(overrides["plugins"])}
     for key, value in overrides.items():
         section, _, name = key.partition(".")
         if not name and key in TOP_LEVEL_KEYS:
@@ -602,6 +597,18 @@ def apply_overrides(cfg: Config, overrides: Mapping[str, Any]) -> Config:
         return Config.model_validate(nested)
     except ValidationError as e:
         raise _config_error(e) from e
+
+
+def import_named_plugins(value: Any, base: str | Path | None = None) -> Any:
+    """Import the plugins a ``plugins`` value names (a list, or one name) and return them as a config holds
+    them: paths made absolute (relative to ``base``, default the working directory). A value of another shape
+    is returned as it is, for validation to refuse."""
+    plugins = _parse_text("plugins", value)
+    plugins = [plugins] if isinstance(plugins, str) else plugins
+    if isinstance(plugins, list) and all(isinstance(p, str) for p in plugins):
+        plugins = list(dict.fromkeys(resolve_spec(p, base) for p in plugins))
+        load_plugins(plugins)
+    return plugins
 
 
 def from_dict(nested: Mapping[str, Any]) -> Config:
@@ -658,7 +665,7 @@ def preset_names() -> list[str]:
 
 def read_preset_file(path: str | Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """A preset YAML file as (dotted keys for every task, {task: dotted keys for that task's datasets only})
-    — the second from its ``tasks:`` block."""
+    — the second from its ``tasks:`` block. Plugin paths in it are relative to the file's folder."""
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text()) or {}
@@ -670,7 +677,12 @@ def read_preset_file(path: str | Path) -> tuple[dict[str, Any], dict[str, dict[s
     blocks = data.pop(TASKS_KEY, None) or {}
     if not isinstance(blocks, Mapping) or not all(isinstance(b, Mapping) for b in blocks.values()):
         raise ConfigError(f"preset file {path}: {TASKS_KEY!r}: expected a mapping of task name → config keys")
-    return flatten(data), {str(task): flatten(block) for task, block in blocks.items()}
+    common = flatten(data)
+    named = common.get("plugins")
+    named = [named] if isinstance(named, str) else named
+    if isinstance(named, list) and all(isinstance(p, str) for p in named):
+        common["plugins"] = [resolve_spec(p, path.parent) for p in named]
+    return common, {str(task): flatten(block) for task, block in blocks.items()}
 
 
 def load_preset_file(path: str | Path, task: str = DEFAULT_TASK) -> dict[str, Any]:
@@ -700,6 +712,8 @@ def load_config(
         files.append(read_preset_file(preset_file))
     common = {k: v for part, _ in files for k, v in part.items()}
     merged = {**common, **(overrides or {})}
+    if "plugins" in merged:  # a plugin's loss kind decides which of a shipped preset's loss values apply
+        import_named_plugins(merged["plugins"])
     task = task_of(str(merged.get("data.path") or "")) or DEFAULT_TASK
     values: dict[str, Any] = {}
     for i, (part, blocks) in enumerate(files):

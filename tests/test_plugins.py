@@ -244,3 +244,17 @@ def test_the_documented_example_loss_is_the_contrastive_loss(tmp_path, fresh):
         2,
         8,
     )
+
+
+def test_a_preset_file_names_plugins_relative_to_itself(tmp_path, fresh, monkeypatch):
+    from raydist.config import load_config
+
+    write(tmp_path / "presets" / "plug" / "preset_plugin.py", ENCODER_PLUGIN.format(name="preset-flat"))
+    preset = write(
+        tmp_path / "presets" / "mine.yaml",
+        "plugins: [plug/preset_plugin.py]\nmodel:\n  image_encoder: preset-flat\n",
+    )
+    monkeypatch.chdir(tmp_path)  # not the preset's folder
+    cfg = load_config(preset_file=preset)
+    assert cfg.plugins == [str(tmp_path / "presets" / "plug" / "preset_plugin.py")]
+    assert cfg.model.image_encoder == "preset-flat" and "preset-flat" in image_encoder_names()
