@@ -324,3 +324,25 @@ def test_a_sweep_over_loss_kinds_accepts_the_options_of_each(supcon) -> None:
     ]
     with pytest.raises(ConfigError, match="loss.temperature=0.5: the pairs task does not use it"):
         check_task_config(apply_overrides(Config(), {"loss.temperature": 0.5}), pairs, any_loss_kind=True)
+
+
+def test_a_new_module_in_the_kinds_package_is_found_without_a_list(tmp_path, monkeypatch) -> None:
+    """A shipped loss kind is one module in raydist/losses/kinds/: the package imports its modules itself."""
+    from raydist.config import Config, apply_overrides
+    from raydist.losses import LOSSES, kinds
+
+    tag = tmp_path.name.replace("-", "_").lower()
+    (tmp_path / f"new_{tag}.py").write_text(
+        "from pydantic import BaseModel\n"
+        "from raydist.losses.kinds.base import LossKind, register_loss\n\n\n"
+        f"@register_loss\nclass New(LossKind):\n    name = 'new_{tag}'\n    task = 'labels'\n\n"
+        f"    class Options(BaseModel):\n        new_{tag}_scale: float = 2.0\n"
+    )
+    monkeypatch.setattr(kinds, "__path__", [*kinds.__path__, str(tmp_path)])
+    try:
+        assert f"new_{tag}" in kinds.discover_loss_modules()
+        assert LOSSES.module_of(f"new_{tag}") == f"raydist.losses.kinds.new_{tag}"
+        cfg = apply_overrides(Config(), {"loss.kind": f"new_{tag}", f"loss.new_{tag}_scale": "3"})
+        assert getattr(cfg.loss, f"new_{tag}_scale") == 3.0
+    finally:
+        LOSSES.unregister(f"new_{tag}")
