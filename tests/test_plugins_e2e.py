@@ -2,15 +2,22 @@
 contrastive_plugin.py: an image encoder and a labels loss with its own options), copied into a folder no import
 path reaches, trains with `raydist train --plugin FILE` on two Ray Train workers and in a two-trial Tune sweep
 whose space file names it. What the workers report -- the loss's per-step statistic (the workers it saw), the
-encoder's weights in the checkpoint, the option values -- shows both were built and trained there.
+encoder's weights in the checkpoint, the option values -- shows both were built and trained there. The trained
+run then loads where its config names the plugin: `raydist eval` in a fresh process, and `raydist serve` with
+two Ray Serve replicas answering /embed for an image.
 Each command starts a private Ray instance: cluster step."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
+import signal
 import subprocess
+import threading
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -20,6 +27,7 @@ from test_tasks_images import write_colour_folders
 
 from raydist.checkpoint.io import find_checkpoint
 from raydist.checkpoint.names import CONFIG_FILE, STATE_FILE
+from raydist.distributed.spawn import free_port
 from raydist.runfiles import STEPS_FILE
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -72,6 +80,39 @@ def _check_trained(run_dir: Path, plugin: Path, neg_margin: float) -> None:
     assert [tuple(w.shape) for w in convs] == [(16, 3, 3, 3), (16, 16, 3, 3)]  # tiny-conv's two convolutions
 
 
+def _serve_embeds_an_image(run: Path, image: Path, cwd: Path) -> list[float]:
+    """`raydist serve RUN` (2 replicas): the /embed answer for one image; then SIGINT, exit 0."""
+    port = free_port()
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    command = ["raydist", "serve", str(run), "--index", "test", "--port", str(port), "--replicas", "2"]
+    proc = subprocess.Popen(
+        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    try:
+        deadline = time.time() + 240
+        while not any(line.startswith("serving on") for line in lines):
+            assert proc.poll() is None and time.time() < deadline, "".join(lines)
+            time.sleep(0.5)
+        body = json.dumps({"images": [base64.b64encode(image.read_bytes()).decode()]}).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/embed", data=body, headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=120) as answer:
+            embedded = json.loads(answer.read())
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, "".join(lines)
+    (vector,) = embedded["embeddings"]
+    return vector
+
+
 def test_train_builds_and_trains_a_plugin_encoder_and_loss_on_two_workers(place):
     plugin, data, root = place
     argv = [
@@ -87,6 +128,13 @@ def test_train_builds_and_trains_a_plugin_encoder_and_loss_on_two_workers(place)
     argv += ["--storage", str(root / "runs"), "--name", "p", "model.image_encoder=tiny-conv"]
     _run([*argv, "loss.kind=contrastive", "loss.neg_margin=0.7", *RUN], cwd=root)
     _check_trained(root / "runs" / "p", plugin, 0.7)
+    # the run loads where its config names the plugin: a fresh process, and Ray Serve's replicas
+    evaluated = _run(
+        ["raydist", "eval", "--checkpoint", str(root / "runs" / "p"), "--split", "test"], cwd=data
+    )
+    assert "best by val/r1" in evaluated.stdout and "\nnn1 " in evaluated.stdout  # the labels metrics
+    vector = _serve_embeds_an_image(root / "runs" / "p", next((root / "src").rglob("*.png")), cwd=data)
+    assert len(vector) == 64 and abs(sum(v * v for v in vector) - 1) < 1e-4  # tiny preset: unit, 64 dims
 
 
 def test_a_sweep_of_two_trials_with_the_plugin(place):
