@@ -616,6 +616,27 @@ def from_dict(nested: Mapping[str, Any]) -> Config:
     return apply_overrides(Config(), flatten(nested))
 
 
+def from_saved(nested: Mapping[str, Any]) -> Config:
+    """A Config that raydist wrote (a run's config.yaml, the dict a driver hands its Ray workers and trials):
+    :func:`from_dict` after its plugins are imported, leaving out the ``loss.<option>`` keys of loss kinds this
+    process does not have when the config's own loss kind is one it has (that kind reads none of them). A driver
+    lists every loss kind it has loaded -- one imported by a library user's script, say -- and a worker without
+    it then still builds the run's config; an option of the run's own kind is never left out."""
+    values = flatten(nested)
+    load_entry_points()
+    if "plugins" in values:
+        values["plugins"] = import_named_plugins(values["plugins"])
+    kind = values.get("loss.kind", "auto")
+    if kind != "auto" and kind not in _LOSS_OPTIONS:
+        try:
+            _known("loss kind", str(kind), list(_LOSS_OPTIONS))
+        except ValueError as e:
+            raise ConfigError(f"loss.kind: {e} (is the plugin that registers it named in plugins?)") from e
+    known = LossSection.model_fields
+    values = {k: v for k, v in values.items() if not (k.startswith("loss.") and k[5:] not in known)}
+    return apply_overrides(Config(), values)
+
+
 def parse_overrides(items: list[str]) -> dict[str, str]:
     """Parse CLI ``key=value`` words."""
     out = {}

@@ -37,13 +37,16 @@ def build(*, in_dim, channels, image_size):
 
 @pytest.fixture
 def fresh(monkeypatch):
-    """Plugins loaded by a test are forgotten after it (their modules, registrations and the loaded list)."""
+    """Plugins loaded by a test are forgotten after it: their modules, the loaded list, and their registrations
+    (unregistered, so a loss kind's options leave the config too)."""
     monkeypatch.setattr(plugins, "_loaded", {})
     monkeypatch.setattr(plugins, "_entry_points_loaded", False)
-    for reg in registries().values():
-        monkeypatch.setattr(reg, "_entries", dict(reg._entries))
+    names = {kind: set(reg.names()) for kind, reg in registries().items()}
     before = set(sys.modules)
     yield
+    for kind, reg in registries().items():
+        for name in set(reg.names()) - names.get(kind, set()):
+            reg.unregister(name)
     for name in set(sys.modules) - before:
         del sys.modules[name]
 
@@ -258,3 +261,25 @@ def test_a_preset_file_names_plugins_relative_to_itself(tmp_path, fresh, monkeyp
     cfg = load_config(preset_file=preset)
     assert cfg.plugins == [str(tmp_path / "presets" / "plug" / "preset_plugin.py")]
     assert cfg.model.image_encoder == "preset-flat" and "preset-flat" in image_encoder_names()
+
+
+def test_a_saved_config_with_another_loss_kinds_options_loads_where_that_kind_is_missing(tmp_path, fresh):
+    """A driver that has a plugin's loss kind writes its options (at their defaults) into every config it hands
+    on; a worker without that plugin still builds a config whose loss kind is another one, and refuses one whose
+    loss kind is the missing one."""
+    from raydist.config import from_saved
+    from raydist.losses import LOSSES
+
+    plugin = tmp_path / EXAMPLE.name
+    plugin.write_text(EXAMPLE.read_text())
+    load_plugins([str(plugin)])
+    saved = apply_overrides(Config(), {"loss.margin": "0.3"}).to_dict()
+    assert saved["loss"]["neg_margin"] == 0.5  # the plugin's option, at its default
+    mine = apply_overrides(Config(), {"loss.kind": "contrastive"}).to_dict()
+    LOSSES.unregister("contrastive")  # a process without the plugin
+    cfg = from_saved(saved)
+    assert cfg.loss.margin == 0.3 and not hasattr(cfg.loss, "neg_margin")
+    with pytest.raises(ValueError, match="unknown loss kind 'contrastive'"):
+        from_saved(mine)
+    with pytest.raises(ValueError, match="unknown config key 'loss.pos_margin'"):
+        from_dict(saved)  # what a user writes is still checked strictly

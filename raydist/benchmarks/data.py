@@ -26,7 +26,7 @@ from raydist.benchmarks.harness import (
     seconds,
     spread,
 )
-from raydist.config import Config, from_dict
+from raydist.config import Config, from_saved
 from raydist.data import make_synthetic
 from raydist.data.schema import IMAGE
 from raydist.data.shards import feature_matrix, split_files
@@ -84,7 +84,7 @@ class WorkerProbe:
     def __init__(
         self, cfg_dict: dict[str, Any], data_dir: str, shards: list[Any], steps: int, epochs: int
     ) -> None:
-        self.cfg = from_dict(cfg_dict)
+        self.cfg = from_saved(cfg_dict)
         if self.cfg.train.tune_malloc:  # as run_loop does
             tune_malloc()
         self.data_dir = Path(data_dir)

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from raydist.benchmarks.catalog import register_benchmark
 from raydist.benchmarks.harness import held, median, omp_wait_policy, pairs_setup, ray_instance, row, spread
-from raydist.config import Config, from_dict
+from raydist.config import Config, from_saved
 from raydist.data import make_synthetic
 from raydist.data.stream import InMemoryBatches, train_arrays
 from raydist.distributed import StepPlan
@@ -135,7 +135,7 @@ def reference_process(
     (``train.tune_malloc``) are set as in a Ray Train worker."""
     torch.set_num_threads(threads)
     os.nice(max(nice - os.nice(0), 0))
-    cfg, cpu = from_dict(cfg_dict), torch.device("cpu")
+    cfg, cpu = from_saved(cfg_dict), torch.device("cpu")
     if cfg.train.tune_malloc and not loop:  # run_loop sets them itself
         tune_malloc()
     task = build_task(cfg, DataInfo.from_dataset(data_dir))

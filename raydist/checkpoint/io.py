@@ -22,7 +22,7 @@ from torch import nn
 
 from raydist.checkpoint.names import CHECKPOINT_GLOB, CONFIG_FILE, STATE_FILE, TASK_FILE
 from raydist.checkpoint.remote import fetch_run_or_checkpoint
-from raydist.config import Config, ConfigError, apply_overrides, from_dict, validate
+from raydist.config import Config, ConfigError, apply_overrides, from_saved, validate
 from raydist.data.remote import local_dataset
 from raydist.data.schema import MANIFEST_NAME
 from raydist.plugins import PluginError
@@ -123,7 +123,7 @@ def find_checkpoint(path: str | Path) -> Path:
 def read_config(folder: Path) -> Config:
     """``config.yaml`` of a checkpoint folder."""
     try:
-        return from_dict(yaml.safe_load((folder / CONFIG_FILE).read_text()))
+        return from_saved(yaml.safe_load((folder / CONFIG_FILE).read_text()))
     except (OSError, yaml.YAMLError, ConfigError, PluginError) as e:
         raise ValueError(f"{folder / CONFIG_FILE}: unreadable checkpoint config: {e}") from e
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from raydist.config import Config, ConfigError, from_dict, load_config
+from raydist.config import Config, ConfigError, from_saved, load_config
 from raydist.console import route_ray_output
 from raydist.data import dataset_task, load_manifest
 from raydist.experiments.catalog import get_experiment
@@ -230,7 +230,7 @@ def summarise_saved(out_dir: str | Path) -> dict[str, Any]:
         data_dir=Path(saved["data_dir"]),
         train_rows=saved["train_rows"],
         num_classes=saved["num_classes"],
-        base=from_dict(saved["base"]),
+        base=from_saved(saved["base"]),
     )
     experiment = get_experiment(saved["name"])
     return {

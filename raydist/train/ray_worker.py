@@ -14,7 +14,7 @@ import ray.train
 import ray.train.torch
 from torch import nn
 
-from raydist.config import Config, from_dict
+from raydist.config import Config, from_saved
 from raydist.data import load_manifest
 from raydist.data.epoch_board import EpochBoard
 from raydist.data.remote import local_dataset
@@ -116,7 +116,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any] | None:
     ``startup``: the wall-clock times (``time.time()``) this attempt's train function started
     (``workers_started``: Ray Train's worker group is up) and its train split was ready (``data_ready``)."""
     workers_started = time.time()
-    cfg = from_dict(loop_config["cfg"])
+    cfg = from_saved(loop_config["cfg"])
     task = build_task(cfg, DataInfo.from_dataset(local_dataset(loop_config["data_dir"])))
     world = ray.train.get_context().get_world_size()
     plan = StepPlan(cfg.train.batch_size, cfg.loss.negative_set_size, world)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from raydist.config import Config, ConfigError, dump_yaml, failure_retries, from_dict
+from raydist.config import Config, ConfigError, dump_yaml, failure_retries, from_saved
 from raydist.console import is_verbose, quiet_ray_logger_console, route_ray_output, say, status
 from raydist.runfiles import BEST_CONFIG_FILE, LOG_FILE, SWEEP_FILE
 from raydist.runtime import (
@@ -148,7 +148,7 @@ def trial_driver(
     from raydist.train.trainer import train_in_process
 
     setup = setup or TrialSetup()
-    cfg, _ = resolve_schedule(trial_config(from_dict(base), config), Path(data_dir))
+    cfg, _ = resolve_schedule(trial_config(from_saved(base), config), Path(data_dir))
     trial_folder = f"{experiment_path}/{Path(tune.get_context().get_trial_dir()).name}"
     if cfg.train.num_workers == 0:
 
@@ -388,7 +388,7 @@ def resume_sweep(path: str, *, resume_errored: bool = False, address: str | None
         raise ConfigError(f"{path} is not a raydist sweep folder (cannot read {SWEEP_FILE}: {e})") from e
     if not tune.Tuner.can_restore(experiment_path):
         raise ConfigError(f"{path} has no Tune experiment state to resume from")
-    space, cfg = parse_space(saved["space"], name=saved["name"]), from_dict(saved["config"])
+    space, cfg = parse_space(saved["space"], name=saved["name"]), from_saved(saved["config"])
     _start_ray(space, cfg, address, experiment_path)
     tuner = tune.Tuner.restore(
         experiment_path,
@@ -529,7 +529,7 @@ def _trainable(
 def trial_resources(trial_cpus: float, base: dict[str, Any], config: dict[str, Any]) -> dict[str, float]:
     """A trial actor's resources: ``trial_cpus`` for its driver; an in-process trial (``train.num_workers=0``)
     also holds what its one training process takes (``train.cpus_per_worker``, a GPU with ``train.use_gpu``)."""
-    train = trial_config(from_dict(base), config).train
+    train = trial_config(from_saved(base), config).train
     if train.num_workers:
         return {"cpu": trial_cpus}
     return {"cpu": trial_cpus + train.cpus_per_worker, **({"gpu": 1} if train.use_gpu else {})}
