@@ -4,7 +4,8 @@ path reaches, trains with `raydist train --plugin FILE` on two Ray Train workers
 whose space file names it. What the workers report -- the loss's per-step statistic (the workers it saw), the
 encoder's weights in the checkpoint, the option values -- shows both were built and trained there. The trained
 run then loads where its config names the plugin: `raydist eval` in a fresh process, and `raydist serve` with
-two Ray Serve replicas answering /embed for an image.
+two Ray Serve replicas answering /embed for an image. And the job ships the file: a Ray worker imports it from
+Ray's copy after the original is deleted, as a node that never had it would.
 Each command starts a private Ray instance: cluster step."""
 
 from __future__ import annotations
@@ -180,3 +181,41 @@ def test_a_sweep_of_two_trials_with_the_plugin(place):
         margins.append(yaml.safe_load((checkpoint / CONFIG_FILE).read_text())["loss"]["neg_margin"])
         _check_trained(run, plugin, margins[-1])
     assert sorted(margins) == [0.4, 0.9]
+
+
+SHIPPED = """
+import json, sys
+from pathlib import Path
+
+import ray
+
+from raydist.runtime import init_ray
+
+plugin = Path(sys.argv[1])
+init_ray(1, plugins=[str(plugin)])  # a private Ray whose job ships the plugin (runtime_env py_modules)
+plugin.unlink()  # gone from here on: a node without the file
+
+
+@ray.remote
+def imported(spec: str) -> list:
+    from raydist.models.image_encoders import image_encoder_names
+    from raydist.plugins import load_plugins
+
+    (module,) = load_plugins([spec])
+    return [module.__file__, "tiny-conv" in image_encoder_names()]
+
+
+print(json.dumps(ray.get(imported.remote(str(plugin)))))
+"""
+
+
+def test_a_plugin_file_reaches_a_ray_worker_that_cannot_see_it(tmp_path):
+    """The job ships the file: a Ray worker imports the plugin, under its module name, from Ray's copy after the
+    original file was deleted (as on a node that never had it)."""
+    plugin = tmp_path / "elsewhere" / EXAMPLE.name
+    plugin.parent.mkdir()
+    shutil.copy(EXAMPLE, plugin)
+    done = _run(["python", "-c", SHIPPED, str(plugin)], cwd=tmp_path)
+    where, registered = json.loads(done.stdout.strip().splitlines()[-1])
+    assert registered and Path(where).name == EXAMPLE.name and Path(where) != plugin
+    assert Path(where).read_text() == EXAMPLE.read_text()  # Ray's copy of it
