@@ -599,15 +599,25 @@ def apply_overrides(cfg: Config, overrides: Mapping[str, Any]) -> Config:
         raise _config_error(e) from e
 
 
+def resolve_plugins(value: Any, base: str | Path | None = None) -> list[str] | None:
+    """The plugins a ``plugins`` value names (a list, or one name) as a config holds them: paths made absolute
+    (relative to ``base``, default the working directory), duplicates dropped; None for a value of another
+    shape. Imports nothing."""
+    named = [value] if isinstance(value, str) else value
+    if not isinstance(named, list) or not all(isinstance(p, str) for p in named):
+        return None
+    return list(dict.fromkeys(resolve_spec(p, base) for p in named))
+
+
 def import_named_plugins(value: Any, base: str | Path | None = None) -> Any:
-    """Import the plugins a ``plugins`` value names (a list, or one name) and return them as a config holds
-    them: paths made absolute (relative to ``base``, default the working directory). A value of another shape
-    is returned as it is, for validation to refuse."""
-    plugins = _parse_text("plugins", value)
-    plugins = [plugins] if isinstance(plugins, str) else plugins
-    if isinstance(plugins, list) and all(isinstance(p, str) for p in plugins):
-        plugins = list(dict.fromkeys(resolve_spec(p, base) for p in plugins))
-        load_plugins(plugins)
+    """Import the plugins a ``plugins`` value names (:func:`resolve_plugins`, a command-line string parsed
+    first) and return them as a config holds them; a value of another shape is returned as it is, for
+    validation to refuse."""
+    value = _parse_text("plugins", value)
+    plugins = resolve_plugins(value, base)
+    if plugins is None:
+        return value
+    load_plugins(plugins)
     return plugins
 
 
@@ -699,10 +709,9 @@ def read_preset_file(path: str | Path) -> tuple[dict[str, Any], dict[str, dict[s
     if not isinstance(blocks, Mapping) or not all(isinstance(b, Mapping) for b in blocks.values()):
         raise ConfigError(f"preset file {path}: {TASKS_KEY!r}: expected a mapping of task name → config keys")
     common = flatten(data)
-    named = common.get("plugins")
-    named = [named] if isinstance(named, str) else named
-    if isinstance(named, list) and all(isinstance(p, str) for p in named):
-        common["plugins"] = [resolve_spec(p, path.parent) for p in named]
+    plugins = resolve_plugins(common.get("plugins"), path.parent)
+    if plugins is not None:
+        common["plugins"] = plugins
     return common, {str(task): flatten(block) for task, block in blocks.items()}
 
 

@@ -34,11 +34,12 @@ from raydist.config import (
     is_finite_number,
     key_suggestion,
     load_config,
+    resolve_plugins,
     valid_keys,
     validate,
 )
 from raydist.dataset_task import dataset_task
-from raydist.plugins import load_plugins, resolve_spec
+from raydist.plugins import load_plugins
 
 DISTRIBUTIONS = ("choice", "grid", "uniform", "loguniform", "randint")
 # Keys the sweep itself sets for every trial: never swept.
@@ -202,13 +203,11 @@ def parse_space(data: Any, name: str, folder: str | Path | None = None) -> Sweep
         lines = describe_errors(e, model=_SpaceFile)
         raise ConfigError("\n".join(f"{where}: {line}" for line in lines)) from e
     if "plugins" in file.base:
-        named = file.base["plugins"]
-        named = [named] if isinstance(named, str) else named
-        if not isinstance(named, list) or not all(isinstance(p, str) for p in named):
+        specs = resolve_plugins(file.base["plugins"], folder)
+        if specs is None:
             raise ConfigError(
-                f"{where}: base.plugins: expected a list of plugin files or modules, got {named!r}"
+                f"{where}: base.plugins: expected a list of plugin files or modules, got {file.base['plugins']!r}"
             )
-        specs = [resolve_spec(p, folder) for p in named]
         load_plugins(specs)
         data = {**data, "base": {**file.base, "plugins": specs}}
         file = _SpaceFile.model_validate(data)
