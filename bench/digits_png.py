@@ -54,7 +54,7 @@ def _save(pixels: np.ndarray, path: Path) -> None:
 def write(root: Path, size: int = 8) -> None:
     """The digits as ``root/<digit>/<index>.png`` (one folder per class, no split)."""
     scans, labels = digit_pixels(size)
-    for k, (image, label) in enumerate(zip(scans, labels)):
+    for k, (image, label) in enumerate(zip(scans, labels, strict=False)):
         _save(image, root / str(label) / f"{k:04d}.png")
     print(f"wrote {len(scans)} {size}×{size} PNGs under {root}")
 

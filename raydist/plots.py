@@ -134,7 +134,7 @@ def val_figure(history: list[dict[str, Any]]) -> Any:
     switch = phase_switch_step(history)
     first_mh = next(h["epoch"] for h in history if h["step"] >= switch) if switch else None
     fig, axes = _figure(len(groups), columns=3)
-    for ax, group in zip(axes, sorted(groups)):
+    for ax, group in zip(axes, sorted(groups), strict=False):
         for name in groups[group]:
             points = [
                 (h["epoch"], h[f"val/{name}"]) for h in history if is_finite_number(h.get(f"val/{name}"))
@@ -155,7 +155,7 @@ def negatives_figure(history: list[dict[str, Any]], steps: list[dict[str, Any]])
     if not series:
         return None
     fig, axes = _figure(len(series))
-    for ax, (stat, (x, y)) in zip(axes, series.items()):
+    for ax, (stat, (x, y)) in zip(axes, series.items(), strict=False):
         ax.plot(x, y, linewidth=1, label=f"{stat} ({'logged steps' if steps else 'epoch mean'})")
         _mark_switch(ax, phase_switch_step(history))
         ax.set(xlabel="global step", ylabel=NEGATIVE_STAT_UNITS[stat], title=stat)

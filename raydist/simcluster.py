@@ -187,7 +187,7 @@ TEST_RSUM = re.compile(r"^rsum\s+([0-9.]+)\s*$")
 def progress_steps(lines: Sequence[str], times: Sequence[float]) -> list[tuple[float, int]]:
     """``(time, global step)`` of each progress line (``[raydist] epoch E/N step i/S``: step (E−1)·S + i)."""
     found = []
-    for t, line in zip(times, lines):
+    for t, line in zip(times, lines, strict=False):
         m = PROGRESS.search(line)
         if m:
             epoch, step, per_epoch = (int(g) for g in m.groups())

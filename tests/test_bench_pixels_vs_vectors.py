@@ -88,7 +88,7 @@ def test_the_flattened_pixels_are_the_decoded_png_pixels_normalised(grey) -> Non
         source, vectors = read_split(data, split).to_pylist(), read_split(flat, split).to_pylist()
         assert [r["image_id"] for r in vectors] == [r["image_id"] for r in source]
         assert [r["label"] for r in vectors] == [r["label"] for r in source]
-        for src, vec in list(zip(source, vectors))[:4]:
+        for src, vec in list(zip(source, vectors, strict=False))[:4]:
             with Image.open(io.BytesIO(src["image"])) as img:
                 pixels = np.asarray(img.convert("L"), dtype=np.float64) / 255
             expected = ((pixels - 0.5) / 0.5).ravel()

@@ -77,7 +77,7 @@ def test_rerank_unit_matches_numpy() -> None:
     candidates = np.stack([rng.choice(300, 40, replace=False) for _ in queries])
     candidates[::2, 33:] = -1  # a short IVF shortlist, padded at the end
     got = rerank_unit(units, queries, candidates, 12)
-    for q, cand, row in zip(queries, candidates, got):
+    for q, cand, row in zip(queries, candidates, got, strict=False):
         valid = cand[cand >= 0]
         want = valid[np.argsort(-(units[valid] @ q), kind="stable")][:12]
         np.testing.assert_array_equal(row, want)
@@ -90,7 +90,7 @@ def test_ivf_shortlist_cascade_matches_brute_force(data) -> None:
     got = cascade_search(index, unit_prefixes(database, [full]), queries, Cascade((dc, full), (short,)))
     centroids = index.coarse.index.reconstruct_n(0, index.nlist)
     db, qs = unit_prefixes(database, [dc, full]), unit_prefixes(queries, [dc, full])
-    for q_low, q_full, row in zip(qs[dc], qs[full], got):
+    for q_low, q_full, row in zip(qs[dc], qs[full], got, strict=False):
         probes = np.argsort(-(centroids @ q_low))[:nprobe]
         pool = np.concatenate([index.lists[c] for c in probes])
         shortlist = pool[np.argsort(-(db[dc][pool] @ q_low), kind="stable")][:short]

@@ -212,7 +212,7 @@ def test_ray_datas_planning_lines_stay_off_the_console_without_v(verbose, monkey
         assert all(h.level == (logging.INFO if verbose else logging.WARNING) for h in streams)
         assert all(h.level <= logging.INFO for h in others) and logger.isEnabledFor(logging.INFO)
     finally:
-        for h, level in zip(streams, saved):
+        for h, level in zip(streams, saved, strict=False):
             h.setLevel(level)
         for name, level in levels.items():
             logging.getLogger(name).setLevel(level)

@@ -226,7 +226,7 @@ def test_coco_images_bad_inputs_name_the_file(tmp_path, coco):
 def test_cli_converts_coco_with_images_and_validates_a_sample(tmp_path, coco, capsys):
     path, folder, data = coco
     doc = json.loads(path.read_text())
-    for image, split in zip(doc["images"], ["train", "dev", "restval", "test", "train"]):
+    for image, split in zip(doc["images"], ["train", "dev", "restval", "test", "train"], strict=False):
         image["split"] = split
     path.write_text(json.dumps(doc))
     out = tmp_path / "out"
@@ -341,7 +341,7 @@ def test_image_folder_split_by_class_is_disjoint(tmp_path):
         classes_of[split] = set(labels)
         for label in set(labels):  # all of a class's images go together
             name = f"class{label}"
-            assert sorted(b for b, y in zip(blobs, labels) if y == label) == sorted(
+            assert sorted(b for b, y in zip(blobs, labels, strict=False) if y == label) == sorted(
                 d for p, d in files.items() if p.parent.name == name
             )
     assert [len(classes_of[s]) for s in ("train", "val", "test")] == [5, 2, 3]

@@ -25,7 +25,7 @@ def _precomp(src, per_caption: bool, images=(3, 2, 2), dim=3):
     src.mkdir()
     rng = np.random.default_rng(0)
     expected = {}
-    for prefix, n in zip(("train", "dev", "test"), images):
+    for prefix, n in zip(("train", "dev", "test"), images, strict=False):
         ims = rng.normal(size=(n, dim)).astype(np.float32)
         caps = [
             f"{prefix} image {k} caption {j}" + (" trainword" if prefix == "train" else " testword")

@@ -96,7 +96,7 @@ def test_crop_boxes_stay_inside_with_area_and_ratio_in_bounds():
         height = int(shapes.integers(24, 200))
         width = int(np.clip(height * np.exp(shapes.uniform(np.log(0.75), np.log(4 / 3))), 24, None))
         top, left, h, w = random_resized_crop_box(height, width, np.random.default_rng(seed), scale, ratio)
-        assert 0 <= top and top + h <= height and 0 <= left and left + w <= width and h > 0 and w > 0
+        assert top >= 0 and top + h <= height and left >= 0 and left + w <= width and h > 0 and w > 0
         assert (w + 0.5) / (h - 0.5) >= ratio[0] and (w - 0.5) / (h + 0.5) <= ratio[1]
         area = height * width
         assert (w + 0.5) * (h + 0.5) >= scale[0] * area and (w - 0.5) * (h - 0.5) <= scale[1] * area
@@ -209,7 +209,7 @@ def test_batch_callable_matches_the_per_row_functions_in_any_batch_split():
     whole = t(batch, epoch=2)
     assert whole["image"].shape == (5, 3, 12, 12) and whole["image"].dtype == np.float32
     assert whole["caption"] is batch["caption"] and whole["sample_id"] is batch["sample_id"]
-    for i, (data, sample_id) in enumerate(zip(batch["image"], batch["sample_id"])):
+    for i, (data, sample_id) in enumerate(zip(batch["image"], batch["sample_id"], strict=False)):
         want = train_view(
             decode_image(data, 3),
             12,

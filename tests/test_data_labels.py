@@ -55,7 +55,7 @@ def test_synthetic_labels_schema_ids_and_validity(tmp_path):
     assert (manifest.task, manifest.num_classes, manifest.feature_dim) == ("labels", 4, 8)
     assert [manifest.splits[s].rows for s in SPLITS] == [48, 12, 20]
     ids = []
-    for split, per_class in zip(SPLITS, (12, 3, 5)):
+    for split, per_class in zip(SPLITS, (12, 3, 5), strict=False):
         cols = _columns(out, split)
         assert set(cols) == {"image_id", "sample_id", "image", "label", "clean_label"}
         assert np.array_equal(cols["image_id"], cols["sample_id"])
@@ -82,7 +82,7 @@ def test_synthetic_labels_duplicates_are_identical_rows(tmp_path):
     train = _columns(out, "train")
     assert len(train["sample_id"]) == 48 * 3 == len(set(train["sample_id"]))
     groups = {}
-    for row, label in zip(train["image"], train["label"]):
+    for row, label in zip(train["image"], train["label"], strict=False):
         groups.setdefault(row.tobytes(), []).append(label)
     assert len(groups) == 48
     assert all(len(labels) == 3 and len(set(labels)) == 1 for labels in groups.values())
@@ -232,7 +232,7 @@ def test_convert_npz_round_trip_with_split_names_and_codes(tmp_path):
         out = convert_npz(_npz(tmp_path / f"{tag}.npz", X=x, y=y, split=split), tmp_path / tag)
         assert validate_dataset(out).ok
         assert load_manifest(out).num_classes == 3 and load_manifest(out).source["label_map"] is None
-        for name, rows in zip(SPLITS, (range(20), range(20, 24), range(24, 30))):
+        for name, rows in zip(SPLITS, (range(20), range(20, 24), range(24, 30)), strict=False):
             cols = _columns(out, name)
             assert cols["sample_id"].tolist() == list(rows) == cols["image_id"].tolist()
             assert np.array_equal(cols["image"], x[list(rows)].astype(np.float32))
@@ -250,7 +250,7 @@ def test_convert_npz_stratified_split_and_label_remap(tmp_path):
     assert manifest.num_classes == 3
     assert manifest.source["label_map"] == {"3": 0, "7": 1, "10": 2}
     seen = []
-    for split, per_class in zip(SPLITS, (70, 10, 20)):
+    for split, per_class in zip(SPLITS, (70, 10, 20), strict=False):
         cols = _columns(out, split)
         assert np.bincount(cols["label"]).tolist() == [per_class] * 3
         assert np.array_equal(cols["image"], x[cols["sample_id"]])

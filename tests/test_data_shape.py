@@ -16,7 +16,7 @@ from raydist.presets import SMALL_MAX_IMAGES
 def _pairwise_shared(image_ids: list[int], captions: list[list[str]]) -> int:
     """Images with a caption equal (as word tokens) to a caption of a different image, by comparing every pair."""
     found = set()
-    for (a, ca), (b, cb) in itertools.combinations(zip(image_ids, captions), 2):
+    for (a, ca), (b, cb) in itertools.combinations(zip(image_ids, captions, strict=False), 2):
         if a != b and any(tokenize(x) == tokenize(y) for x in ca for y in cb):
             found.update((a, b))
     return len(found)

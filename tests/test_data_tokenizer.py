@@ -55,7 +55,7 @@ def test_round_trip_through_the_file_and_pickle(kind, tmp_path):
         other_tokens, other_lengths = other.encode_batch(CAPTIONS, 64)
         np.testing.assert_array_equal(other_tokens, tokens)
         np.testing.assert_array_equal(other_lengths, lengths)
-    for caption, row, n in zip(CAPTIONS, tokens, lengths):
+    for caption, row, n in zip(CAPTIONS, tokens, lengths, strict=False):
         assert row[0] == SUBWORD_SPECIALS.index("[CLS]") and row[n - 1] == SUBWORD_SPECIALS.index("[SEP]")
         assert tok.decode(row[:n]).split() == caption.lower().split()  # every word seen in training
 
@@ -114,7 +114,7 @@ def test_training_is_deterministic(kind):
 def test_unknown_characters_are_unk(wordpiece):
     unk = SUBWORD_SPECIALS.index("[UNK]")
     tokens, lengths = wordpiece.encode_batch(["a dog ωψ runs", "中文", "a dog", "runs"], 32)
-    ids = [row[:n].tolist() for row, n in zip(tokens, lengths)]
+    ids = [row[:n].tolist() for row, n in zip(tokens, lengths, strict=False)]
     assert ids[0] == [*ids[2][:-1], unk, *ids[3][1:]]  # the unseen word alone becomes one [UNK]
     assert tokens[1, : lengths[1]].tolist().count(unk) == lengths[1] - 2  # both CJK characters unknown
     assert unk not in wordpiece.encode_batch(CAPTIONS, 64)[0]

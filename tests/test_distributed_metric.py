@@ -220,8 +220,8 @@ def reference(case: Case, states: dict, features: torch.Tensor, seed: int | None
             distance=case.distance,
             reduction=case.reduction,
         )
-    names, params = zip(*model.named_parameters())
-    return loss, len(triplets.anchors), dict(zip(names, torch.autograd.grad(loss, params)))
+    names, params = zip(*model.named_parameters(), strict=False)
+    return loss, len(triplets.anchors), dict(zip(names, torch.autograd.grad(loss, params), strict=False))
 
 
 def _relative_gap(got: dict, want: dict) -> float:

@@ -194,8 +194,8 @@ def _embed(model: TinyVSE, bank: dict, rows: list[int]) -> tuple[torch.Tensor, t
 
 
 def _grads(model: TinyVSE, loss: torch.Tensor) -> dict[str, torch.Tensor]:
-    names, params = zip(*model.named_parameters())
-    return dict(zip(names, torch.autograd.grad(loss, params)))
+    names, params = zip(*model.named_parameters(), strict=False)
+    return dict(zip(names, torch.autograd.grad(loss, params), strict=False))
 
 
 def _subset_draws(case: Case) -> tuple[list[int] | None, list[int] | None]:

@@ -27,7 +27,7 @@ def cascade(db: np.ndarray, queries: np.ndarray, dims: list[int], keeps: list[in
     out = []
     for q in range(len(queries)):
         cand = np.arange(len(db))
-        for stage, (dim, keep) in enumerate(zip(dims, keeps)):
+        for stage, (dim, keep) in enumerate(zip(dims, keeps, strict=False)):
             s = unit_prefix(db[cand], dim) @ unit_prefix(queries[q : q + 1], dim)[0]
             order = np.argsort(-s)
             ranked = s[order[: keep + 1]]
@@ -93,7 +93,7 @@ def test_hnsw_shortlist_recall(data):
     db, queries = data
     _, ids = adaptive_retrieval(db, queries, shortlist_dim=32, rerank_dim=32, shortlist=50, index_kind="hnsw")
     exact = cascade(db, queries, [32], [10])
-    assert np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids, exact)]) >= 0.95
+    assert np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids, exact, strict=False)]) >= 0.95
 
 
 @pytest.mark.parametrize(

@@ -61,7 +61,7 @@ def test_hnsw_recall_at_10():
     db, queries = rng.standard_normal((5000, 64)), rng.standard_normal((200, 64))
     _, ids = build_index(db, "hnsw", hnsw_m=32, ef_search=128).search(queries, 10)
     _, true_ids = brute_force(db, queries, 10, check_ties=False)
-    recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids, true_ids)])
+    recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids, true_ids, strict=False)])
     assert recall >= 0.95
 
 

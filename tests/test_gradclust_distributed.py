@@ -98,7 +98,11 @@ def test_workers_hold_identical_centres_equal_to_one_process(runs: dict, name: s
     # each rank keeps its own rows' assignments; together they are the one-process assignments
     union = {}
     for r in (r0, r1):
-        union.update(zip(r["assignments"]["sample_ids"].tolist(), r["assignments"]["clusters"].tolist()))
-    want = dict(zip(ref["assignments"]["sample_ids"].tolist(), ref["assignments"]["clusters"].tolist()))
+        union.update(
+            zip(r["assignments"]["sample_ids"].tolist(), r["assignments"]["clusters"].tolist(), strict=False)
+        )
+    want = dict(
+        zip(ref["assignments"]["sample_ids"].tolist(), ref["assignments"]["clusters"].tolist(), strict=False)
+    )
     assert union == want
     assert len(r0["assignments"]["sample_ids"]) == STEPS * SPLIT

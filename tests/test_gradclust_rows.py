@@ -166,7 +166,7 @@ def test_row_contributions_sum_to_the_batch_gradient_and_are_what_gc_clusters(ca
         grads = torch.autograd.grad(
             own, list(params.values()), [o.grad[r : r + 1] for o in outs], allow_unused=True
         )
-        for (name, _), grad in zip(params.items(), grads):
+        for (name, _), grad in zip(params.items(), grads, strict=False):
             if grad is not None:
                 contributions[name][r] = grad
 
@@ -237,7 +237,7 @@ def test_local_loss_with_row_weights_gives_the_weighted_sum_of_contributions(cas
         grads = torch.autograd.grad(
             own, list(params.values()), [o.grad[r : r + 1] for o in outs], allow_unused=True
         )
-        for name, grad in zip(params, grads):
+        for name, grad in zip(params, grads, strict=False):
             if grad is not None:
                 want[name] += weights[r] * grad
     model.zero_grad(set_to_none=True)
@@ -264,5 +264,5 @@ def test_local_loss_of_cross_entropy_with_weights_is_the_weighted_mean() -> None
     got = torch.autograd.grad(
         task.local_loss(model, batch, StepContext(0, 0, 0, 1), row_weights=weights), list(model.parameters())
     )
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=False):
         torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-9)

@@ -61,7 +61,7 @@ LOSSES = torch.randn(7, 5, generator=torch.Generator().manual_seed(0), dtype=tor
 
 
 def _expected_weight(label: int, draws: dict[int, int], batch: int) -> float:
-    size = int((STRATA == label).sum())
+    size = int((label == STRATA).sum())
     return size / (STRATA.shape[0] * draws[label]) * batch
 
 
@@ -69,7 +69,7 @@ def _enumerate(draws: dict[int, int], replacement: bool) -> list[tuple[int, ...]
     """Every equally likely batch: ordered tuples (with replacement) or subsets (without) per stratum."""
     pools = []
     for label, b in draws.items():
-        members = (STRATA == label).nonzero().squeeze(1).tolist()
+        members = (label == STRATA).nonzero().squeeze(1).tolist()
         pick = itertools.product(members, repeat=b) if replacement else itertools.combinations(members, b)
         pools.append(list(pick))
     return [sum(parts, ()) for parts in itertools.product(*pools)]
@@ -84,7 +84,7 @@ def _estimate(rows: tuple[int, ...], draws: dict[int, int], batch: int) -> torch
 def test_stratified_estimator_is_unbiased(replacement: bool) -> None:
     batch = 4  # not divisible by the 3 strata: draws 2, 1, 1
     sampler = StratifiedSampler(STRATA, batch, replacement=replacement, dtype=torch.float64)
-    draws = dict(zip(sampler.labels.tolist(), sampler.draws.tolist()))
+    draws = dict(zip(sampler.labels.tolist(), sampler.draws.tolist(), strict=False))
     assert draws == {-1: 2, 4: 1, 9: 1}
     support = _enumerate(draws, replacement)
     exact = torch.stack([_estimate(rows, draws, batch) for rows in support]).mean(0)
@@ -128,7 +128,7 @@ def _exact_variance(support: list, draws: dict, batch: int) -> tuple[float, floa
 def test_variance_equal_draws_is_objective_over_b_n2() -> None:
     batch, b, n = 6, 2, STRATA.shape[0]
     sampler = StratifiedSampler(STRATA, batch, allocation="equal", replacement=True, dtype=torch.float64)
-    draws = dict(zip(sampler.labels.tolist(), sampler.draws.tolist()))
+    draws = dict(zip(sampler.labels.tolist(), sampler.draws.tolist(), strict=False))
     assert set(draws.values()) == {b}
     support = _enumerate(draws, replacement=True)
     variance, spread = _exact_variance(support, draws, batch)
@@ -173,12 +173,13 @@ def test_batches_cover_every_stratum_and_are_deterministic() -> None:
         counts = torch.bincount(strata[b.indices], minlength=4)
         assert counts.tolist() == sampler.draws.tolist() and len(set(b.indices.tolist())) == 7
     assert all(
-        torch.equal(a.indices, b.indices) for a, b in zip(epoch0, StratifiedSampler(strata, 7, seed=4))
+        torch.equal(a.indices, b.indices)
+        for a, b in zip(epoch0, StratifiedSampler(strata, 7, seed=4), strict=False)
     )
     sampler.set_epoch(1)
-    assert any(not torch.equal(a.indices, b.indices) for a, b in zip(epoch0, sampler))
+    assert any(not torch.equal(a.indices, b.indices) for a, b in zip(epoch0, sampler, strict=False))
     other = StratifiedSampler(strata, 7, seed=5, num_batches=5)
-    assert any(not torch.equal(a.indices, b.indices) for a, b in zip(epoch0, other))
+    assert any(not torch.equal(a.indices, b.indices) for a, b in zip(epoch0, other, strict=False))
     assert len(sampler) == 5 and len(StratifiedSampler(strata, 5)) == 2
 
 

@@ -56,7 +56,7 @@ def test_round_trip_continues_with_identical_clusters(name: str) -> None:
     assert_same_state(resumed.state_dict(), saved_at)
     want = advance(uninterrupted, model, range(5, 14))
     got = advance(resumed, model, range(5, 14))
-    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=False))
     assert_same_state(resumed.state_dict(), uninterrupted.state_dict())
     assert uninterrupted.reseeds > saved_at["counters"]["reseeds"]  # the restored generator was used
     # without the state the clustering goes elsewhere: the comparison above has teeth

@@ -127,7 +127,7 @@ def test_reference_gradients_do_not_depend_on_padding() -> None:
     for i, n in enumerate(LENGTHS):
         loss = _losses(model, features[i : i + 1], tokens[i : i + 1, :n], lengths[i : i + 1]).sum()
         alone = torch.autograd.grad(loss, list(params.values()))
-        for (name, _), want in zip(params.items(), alone):
+        for (name, _), want in zip(params.items(), alone, strict=False):
             torch.testing.assert_close(
                 grads[name][i], want, rtol=1e-9, atol=1e-12, msg=f"{name}, caption {i}"
             )

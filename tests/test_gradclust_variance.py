@@ -55,7 +55,7 @@ def test_gc_variance_is_far_below_sgd_on_duplicated_examples() -> None:
     stats = measure_gradient_variance(
         model,
         weighted_mean(per_example_loss),
-        list(zip(x, y)),
+        list(zip(x, y, strict=False)),
         gc,
         batch_size=8,
         num_batches=20,

@@ -347,7 +347,7 @@ def digit_folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("digits")
     digits = load_digits()
     rng = np.random.default_rng(0)
-    for k, (image, label) in enumerate(zip(digits.images, digits.target)):
+    for k, (image, label) in enumerate(zip(digits.images, digits.target, strict=False)):
         folder = root / "src" / str(label)
         folder.mkdir(parents=True, exist_ok=True)
         canvas = np.zeros((16, 16), dtype=np.uint8)

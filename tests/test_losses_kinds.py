@@ -94,7 +94,7 @@ def features() -> Tensor:
 def reference(model: nn.Module, x: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
     """``Σ_m c_m · SupCon(normalize(z[:, :m]))`` on all rows in one process, by loops; with its gradients."""
     z, n, total = model(x), len(LABELS), 0.0
-    for m, c in zip(NESTING, WEIGHTS):
+    for m, c in zip(NESTING, WEIGHTS, strict=False):
         p = z[:, :m] / z[:, :m].norm(dim=1, keepdim=True)
         terms = []
         for a in range(n):
@@ -107,8 +107,8 @@ def reference(model: nn.Module, x: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
                     -sum(p[a] @ p[j] / TEMPERATURE - log_denominator for j in positives) / len(positives)
                 )
         total = total + c * sum(terms) / len(terms)
-    names, params = zip(*model.named_parameters())
-    return total, dict(zip(names, torch.autograd.grad(total, params)))
+    names, params = zip(*model.named_parameters(), strict=False)
+    return total, dict(zip(names, torch.autograd.grad(total, params), strict=False))
 
 
 def task_loss(model: nn.Module, x: Tensor, labels: Tensor, rank: int, world: int) -> Tensor:
@@ -154,7 +154,11 @@ def test_one_process_matches_the_float64_loops(supcon) -> None:
     got = task_loss(model, x, LABELS, 0, 1)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
     got_grads = dict(
-        zip([n for n, _ in model.named_parameters()], torch.autograd.grad(got, model.parameters()))
+        zip(
+            [n for n, _ in model.named_parameters()],
+            torch.autograd.grad(got, model.parameters()),
+            strict=False,
+        )
     )
     for name, grad in want_grads.items():
         torch.testing.assert_close(got_grads[name], grad, rtol=1e-10, atol=1e-13)
@@ -260,7 +264,9 @@ def test_the_docs_example_loss_is_one_file_and_matches_the_loops(infonce, tiny_d
     got = infonce(cfg).loss(LossInputs(batch, NegativeSet(rows, None), {}, 0, 0, stats))
     want = infonce_loops(img, cap, image_ids, 0.2)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
-    for g, w in zip(torch.autograd.grad(got, (img, cap)), torch.autograd.grad(want, (img, cap))):
+    for g, w in zip(
+        torch.autograd.grad(got, (img, cap)), torch.autograd.grad(want, (img, cap)), strict=False
+    ):
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-13)
     assert set(stats) == {"infonce/positive_sim"}
     with pytest.raises(ConfigError, match="loss.temperature=0.5: the labels task does not use it"):

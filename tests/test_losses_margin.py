@@ -38,7 +38,7 @@ def brute_force_margin(emb, labels, triplets, *, beta, alpha, nu, distance, redu
 
 
 def _triplets(listed: list[tuple[int, int, int]]) -> Triplets:
-    return Triplets(*(torch.tensor(c, dtype=torch.long) for c in zip(*listed)))
+    return Triplets(*(torch.tensor(c, dtype=torch.long) for c in zip(*listed, strict=False)))
 
 
 def _beta(kind: str, boundary: float) -> float | torch.Tensor:
@@ -68,7 +68,7 @@ def test_margin_loss_matches_brute_force(beta_kind: str, distance: str, reductio
     inputs = [emb] if beta_kind == "float" else [emb, beta]
     grads = torch.autograd.grad(got, inputs)
     want_grads = torch.autograd.grad(want, inputs)
-    for g, w in zip(grads, want_grads):
+    for g, w in zip(grads, want_grads, strict=False):
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
     if beta_kind == "per-class":  # classes 2 and 3 are never anchors: their β gets no gradient
         assert grads[1][2] == 0 and grads[1][3] == 0 and grads[1][0] != 0
@@ -105,7 +105,7 @@ def test_mining_inside_margin_loss() -> None:
     drawn = mine_triplets(
         emb, labels, strategy="distance-weighted", generator=torch.Generator().manual_seed(3)
     )
-    listed = list(zip(*(t.tolist() for t in drawn)))
+    listed = list(zip(*(t.tolist() for t in drawn), strict=False))
     got = margin_loss(emb, labels, generator=torch.Generator().manual_seed(3))  # default: distance-weighted
     want = brute_force_margin(
         emb, LABELS, listed, beta=1.2, alpha=0.2, nu=0.0, distance="euclidean", reduction="mean"

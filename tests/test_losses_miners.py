@@ -64,7 +64,7 @@ def test_mined_terms_equal_dense_reference(hardest: bool, square: bool) -> None:
     leaves = [qi, qc] if square else [qi, qc, ki, kc]
     got = torch.autograd.grad(img_t.sum() + cap_t.sum(), leaves)
     want = torch.autograd.grad(ref.image_queries.sum() + ref.caption_queries.sum(), leaves)
-    for a, b in zip(got, want):
+    for a, b in zip(got, want, strict=False):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
 
 

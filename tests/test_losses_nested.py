@@ -46,7 +46,9 @@ def test_weights_scale_each_prefix_term():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((9, 24))
     dims, weights = [3, 6, 12, 24], [0.5, 2.0, 0.0, 1.5]
-    expected = sum(c * float((unit_prefix(x, m).sum(0) ** 2).sum()) for m, c in zip(dims, weights))
+    expected = sum(
+        c * float((unit_prefix(x, m).sum(0) ** 2).sum()) for m, c in zip(dims, weights, strict=False)
+    )
     got = nested_loss(squared_sum, dims, weights)(torch.from_numpy(x))
     assert got.dtype == torch.float64
     assert got.item() == pytest.approx(expected, rel=1e-12)
@@ -67,7 +69,8 @@ def test_ranking_loss_on_image_caption_pairs():
     cap = img + 0.8 * rng.standard_normal((8, 32))
     dims, weights, margin = [4, 8, 32], [1.0, 0.5, 2.0], 0.2
     expected = sum(
-        c * vsepp_mh(unit_prefix(img, m), unit_prefix(cap, m), margin) for m, c in zip(dims, weights)
+        c * vsepp_mh(unit_prefix(img, m), unit_prefix(cap, m), margin)
+        for m, c in zip(dims, weights, strict=False)
     )
     nested = nested_loss(ranking_loss, dims, weights)
     got = nested((torch.from_numpy(img), torch.from_numpy(cap)), margin=margin, hardest=True)
@@ -87,7 +90,7 @@ def test_nested_views_are_unit_prefixes():
     x = rng.standard_normal((5, 12))
     views = nested_views(torch.from_numpy(x), (3, 12))
     assert [tuple(v.shape) for v in views] == [(5, 3), (5, 12)]
-    for v, m in zip(views, (3, 12)):
+    for v, m in zip(views, (3, 12), strict=False):
         np.testing.assert_allclose(v.numpy(), unit_prefix(x, m), rtol=1e-12)
 
 
@@ -122,7 +125,8 @@ def test_embeddings_as_separate_arguments_or_one_sequence():
     cap = img + 0.9 * rng.standard_normal((7, 16))
     dims, weights, margin = [2, 6, 16], [1.5, 1.0, 0.25], 0.2
     expected = sum(
-        c * vsepp_mh(unit_prefix(img, m), unit_prefix(cap, m), margin) for m, c in zip(dims, weights)
+        c * vsepp_mh(unit_prefix(img, m), unit_prefix(cap, m), margin)
+        for m, c in zip(dims, weights, strict=False)
     )
     nested = nested_loss(ranking_loss, dims, weights)
     img_t, cap_t = torch.from_numpy(img), torch.from_numpy(cap)

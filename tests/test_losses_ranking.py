@@ -85,7 +85,7 @@ def test_matches_brute_force_values_and_gradients(
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     got_grads = torch.autograd.grad(got, (img, cap))
     want_grads = torch.autograd.grad(want, (img, cap))
-    for a, b in zip(got_grads, want_grads):
+    for a, b in zip(got_grads, want_grads, strict=False):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 

@@ -46,8 +46,8 @@ def pair_distance(x: torch.Tensor, y: torch.Tensor, distance: str) -> torch.Tens
 def distance_table(emb: torch.Tensor, distance: str) -> list[list[float]]:
     rows = emb.tolist()
     if distance == "cosine":
-        return [[1 - sum(a * b for a, b in zip(u, v)) for v in rows] for u in rows]
-    return [[math.sqrt(sum((a - b) ** 2 for a, b in zip(u, v))) for v in rows] for u in rows]
+        return [[1 - sum(a * b for a, b in zip(u, v, strict=False)) for v in rows] for u in rows]
+    return [[math.sqrt(sum((a - b) ** 2 for a, b in zip(u, v, strict=False))) for v in rows] for u in rows]
 
 
 def positive_pairs(labels: list[int]) -> list[tuple[int, int]]:
@@ -115,7 +115,7 @@ def draw_probabilities(emb, labels, strategy, margin, distance, cutoff=0.5, max_
 
 
 def as_list(triplets) -> list:
-    return list(zip(*(t.tolist() for t in triplets)))
+    return list(zip(*(t.tolist() for t in triplets), strict=False))
 
 
 @pytest.mark.parametrize("distance", DISTANCES)
@@ -228,7 +228,9 @@ def test_random_miner_frequencies_match_probabilities(strategy: str) -> None:
         for n, prob in probs.items():
             tolerance = 5 * math.sqrt(prob * (1 - prob) / draws) + 0.005
             assert abs(counts[(a, p, n)] / draws - prob) <= tolerance, (a, p, n)
-    anchors, positives, negatives = (torch.tensor(c) for c in zip(*[(a, p, n) for a, p, n in counts]))
+    anchors, positives, negatives = (
+        torch.tensor(c) for c in zip(*[(a, p, n) for a, p, n in counts], strict=False)
+    )
     got = negative_probabilities(
         emb,
         torch.tensor(labels),
@@ -239,7 +241,10 @@ def test_random_miner_frequencies_match_probabilities(strategy: str) -> None:
         margin=margin,
         max_weight=max_weight,
     )
-    expected = [want[(a, p)][n] for a, p, n in zip(anchors.tolist(), positives.tolist(), negatives.tolist())]
+    expected = [
+        want[(a, p)][n]
+        for a, p, n in zip(anchors.tolist(), positives.tolist(), negatives.tolist(), strict=False)
+    ]
     torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64), rtol=1e-12, atol=0)
 
 

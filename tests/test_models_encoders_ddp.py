@@ -111,12 +111,12 @@ def test_ddp_gradients_match_single_process(tmp_path, case):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     spawn(_worker, (case, str(tmp_path / "init"), model.state_dict(), bank, str(tmp_path)), nprocs=WORLD)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
-    names, params = zip(*model.named_parameters())
+    names, params = zip(*model.named_parameters(), strict=False)
     assert any(n.endswith(CASES[case][1]) for n in names), names
     for hardest in (True, False):
         img, cap = _forward(model, bank)
         loss = dense_loss(img, cap, hardest=hardest, image_ids=bank["image_ids"])
-        want = dict(zip(names, torch.autograd.grad(loss, params)))
+        want = dict(zip(names, torch.autograd.grad(loss, params), strict=False))
         for name, expected in want.items():
             assert expected.abs().max() > 0 or name.endswith("embed.weight"), name
             for rank in ranks:
@@ -126,6 +126,7 @@ def test_ddp_gradients_match_single_process(tmp_path, case):
     # the cross-worker duplicate's mask is visible in SH's gradients (MH's hardest negatives here are other rows)
     unmasked = dense_loss(*_forward(model, bank), hardest=False, image_ids=torch.arange(ROWS))
     gaps = [
-        (g - ranks[0][False][n]).abs().max() for n, g in zip(names, torch.autograd.grad(unmasked, params))
+        (g - ranks[0][False][n]).abs().max()
+        for n, g in zip(names, torch.autograd.grad(unmasked, params), strict=False)
     ]
     assert max(gaps) > 1e-6

@@ -32,7 +32,7 @@ def test_efficient_logits_slice_one_shared_matrix():
     b = head.shared.bias.detach().numpy()
     logits = head(z)
     assert len(logits) == 3
-    for lg, m in zip(logits, (2, 4, 16)):
+    for lg, m in zip(logits, (2, 4, 16), strict=False):
         expected = np.array(
             [[sum(z[i, j].item() * w[c, j] for j in range(m)) + b[c] for c in range(5)] for i in range(7)]
         )
@@ -50,7 +50,7 @@ def test_separate_heads_see_their_prefix():
     torch.manual_seed(1)
     head = MatryoshkaHead(12, 3, [4, 12], efficient=False).double()
     z = torch.randn(5, 12, dtype=torch.float64)
-    for lg, lin, m in zip(head(z), head.heads, (4, 12)):
+    for lg, lin, m in zip(head(z), head.heads, (4, 12), strict=False):
         expected = z[:, :m].numpy() @ lin.weight.detach().numpy().T + lin.bias.detach().numpy()
         np.testing.assert_allclose(lg.detach().numpy(), expected, rtol=1e-12)
 
@@ -77,7 +77,7 @@ def test_nested_cross_entropy_weights():
     logits = [rng.standard_normal((9, 6)) for _ in range(3)]
     y = rng.integers(0, 6, size=9)
     weights = [0.25, 0.0, 3.0]
-    expected = sum(c * cross_entropy(lg, y) for c, lg in zip(weights, logits))
+    expected = sum(c * cross_entropy(lg, y) for c, lg in zip(weights, logits, strict=False))
     got = nested_cross_entropy([torch.from_numpy(lg) for lg in logits], torch.from_numpy(y), weights)
     assert got.item() == pytest.approx(expected, rel=1e-12)
     unweighted = nested_cross_entropy([torch.from_numpy(lg) for lg in logits], torch.from_numpy(y))

@@ -52,7 +52,9 @@ def _write(out: Path, task: str, captions_per_image: int, images: int = 24) -> P
             if task == "labels":
                 writer.add_split(split, ids, ids, feats, labels=ids % 3)
                 continue
-            texts = [f"w{i} c{k}" for i, k in zip(ids, np.tile(np.arange(captions_per_image), n))]
+            texts = [
+                f"w{i} c{k}" for i, k in zip(ids, np.tile(np.arange(captions_per_image), n), strict=False)
+            ]
             if split == "train":
                 writer.vocab = Vocab.build(texts, min_count=1)
             writer.add_split(split, ids, np.arange(len(ids)) + first, feats, texts)

@@ -82,7 +82,10 @@ def test_least_squares_baseline_is_sklearn_ridge(subset: Path) -> None:
     (x_train, b_train), (x_test, b_test) = (split_views(subset, s, vocab) for s in ("train", "test"))
     ridge = Ridge(alpha=1e-3 * len(x_train)).fit(x_train, b_train)
     centred = b_train.mean(0)
-    unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)
+
+    def unit(x):
+        return x / np.linalg.norm(x, axis=1, keepdims=True)
+
     want = retrieval_metrics(
         unit(ridge.predict(x_test) - centred), unit(b_test - centred), np.arange(len(x_test))
     )

@@ -72,7 +72,7 @@ def _brute_cascade(db: np.ndarray, q: np.ndarray, dims: list[int], keeps: list[i
     out = []
     for query in q:
         rows = np.arange(len(db))
-        for dim, keep in zip(dims, keeps):
+        for dim, keep in zip(dims, keeps, strict=False):
             scores = _unit(db[rows, :dim]) @ _unit(query[None, :dim])[0]
             rows = rows[np.argsort(-scores, kind="stable")[:keep]]
         out.append(rows.tolist())
@@ -116,7 +116,7 @@ def test_embed_returns_the_embedders_vectors_and_prefixes(pairs_run, retriever):
     jobs = [retriever.parse(_body(texts=[t], dim=32), search=False) for t in QUERIES]
     together = retriever.run(jobs)
     alone = [retriever.run([job])[0] for job in jobs]
-    for a, b in zip(together, alone):
+    for a, b in zip(together, alone, strict=False):
         np.testing.assert_allclose(a["embeddings"], b["embeddings"], atol=1e-6)
 
 

@@ -127,7 +127,9 @@ def test_one_caption_per_image_per_epoch_follows_the_seeded_rule(shapes):
     cfg = pairs_config(shapes, **{"train.seed": 5})
     task = build_task(cfg, DataInfo.from_dataset(shapes))
     table = read_split(shapes, "train")
-    captions = dict(zip(table.column("sample_id").to_pylist(), table.column("captions").to_pylist()))
+    captions = dict(
+        zip(table.column("sample_id").to_pylist(), table.column("captions").to_pylist(), strict=False)
+    )
     vocab = Vocab.load(shapes / "vocab.json")
     batches = one_batch_epochs(cfg, task)
     used: dict[int, set[str]] = {sid: set() for sid in captions}
@@ -139,7 +141,7 @@ def test_one_caption_per_image_per_epoch_follows_the_seeded_rule(shapes):
         tokens, lengths = vocab.encode_batch(want, cfg.data.max_caption_len)
         assert np.array_equal(batch["lengths"], lengths)
         assert np.array_equal(batch["tokens"][:, : tokens.shape[1]], tokens)
-        for sid, text in zip(batch["sample_id"], want):
+        for sid, text in zip(batch["sample_id"], want, strict=False):
             used[int(sid)].add(text)
         if epoch in (1, 5):  # after each full cycle every caption of every image has been used
             assert all(
@@ -154,7 +156,7 @@ def test_every_epoch_draws_new_views_and_a_rerun_the_same_pixels(shapes):
     cfg = pairs_config(shapes, **{"train.seed": 2, "data.crop": "resized", "data.flip": True})
     task = build_task(cfg, DataInfo.from_dataset(shapes))
     table = read_split(shapes, "train")
-    raw = dict(zip(table.column("sample_id").to_pylist(), table.column("image").to_pylist()))
+    raw = dict(zip(table.column("sample_id").to_pylist(), table.column("image").to_pylist(), strict=False))
     first = one_batch_epochs(cfg, task)
     e0, e1 = the_batch(first, 0), the_batch(first, 1)
     rerun = the_batch(one_batch_epochs(cfg, task), 1)
@@ -168,7 +170,9 @@ def test_every_epoch_draws_new_views_and_a_rerun_the_same_pixels(shapes):
                 decode_image(raw[sid], 3), size, view_rng(2, epoch, sid), flip=True, mean=mean, std=std
             )
             np.testing.assert_array_equal(batch["image"][row], want)
-    by_id = [{int(s): img for s, img in zip(b["sample_id"], b["image"])} for b in (e0, e1, rerun)]
+    by_id = [
+        {int(s): img for s, img in zip(b["sample_id"], b["image"], strict=False)} for b in (e0, e1, rerun)
+    ]
     changed = [not np.array_equal(by_id[0][s], by_id[1][s]) for s in raw]
     assert sum(changed) > 0.9 * len(raw), "epoch 1 must not reuse epoch 0's crops"
     assert all(np.array_equal(by_id[1][s], by_id[2][s]) for s in raw)

@@ -76,7 +76,7 @@ def test_every_step_and_epoch_is_logged_and_matches_the_history(tiny_dataset, tm
         (1, cfg.train.batch_size, cfg.train.batch_size)
     }
     assert [h["world"] for h in history] == [1, 1]
-    for h, first in zip(history, [0, history[0]["step"]]):
+    for h, first in zip(history, [0, history[0]["step"]], strict=False):
         mine = [s for s in steps if first < s["step"] <= h["step"]]
         assert {s["epoch"] for s in mine} == {h["epoch"]}
         # the loop's epoch means are the means of the per-step values (one rank)

@@ -202,7 +202,7 @@ def reference_grads(cfg, task, model: nn.Module, batch, chunk: int, rank: int, w
     extras = dict(parts[0].extras)
     logits = extras.get("logits")
     if isinstance(logits, list):  # Matryoshka: one per nested dim
-        extras["logits"] = [torch.cat(z) for z in zip(*(p.extras["logits"] for p in parts))]
+        extras["logits"] = [torch.cat(z) for z in zip(*(p.extras["logits"] for p in parts), strict=False)]
     elif logits is not None:
         extras["logits"] = torch.cat([p.extras["logits"] for p in parts])
     encoded = Encoded(
@@ -214,10 +214,10 @@ def reference_grads(cfg, task, model: nn.Module, batch, chunk: int, rank: int, w
     plan = StepPlan(cfg.train.batch_size, None, world)
     negative_set = plan.draw(rank, step_generator(cfg.train.seed, 0))
     loss = task.loss(encoded, gathered, negative_set, StepContext(0, 0, rank, world), {})
-    names, params = zip(*model.named_parameters())
+    names, params = zip(*model.named_parameters(), strict=False)
     grads = torch.autograd.grad(loss, params, allow_unused=True)
     out = {}
-    for name, p, g in zip(names, params, grads):
+    for name, p, g in zip(names, params, grads, strict=False):
         g = torch.zeros_like(p) if g is None else g
         out[name] = all_gather_tensor(g[None]).mean(0) if world > 1 else g
     return out

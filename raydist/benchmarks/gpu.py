@@ -152,7 +152,9 @@ def row_faiss() -> dict:
     for nprobe in (16, 64):
         gpu_ivf.nprobe = nprobe
         (_, ids), s = timed(lambda: gpu_ivf.search(queries, FAISS_K))
-        recall = np.mean([len(np.intersect1d(a, b)) for a, b in zip(ids, exact)]) / FAISS_K * 100
+        recall = (
+            np.mean([len(np.intersect1d(a, b)) for a, b in zip(ids, exact, strict=False)]) / FAISS_K * 100
+        )
         parts.append(
             f"IVF{nlist} nprobe {nprobe}: {FAISS_QUERIES / s:,.0f} queries/s, R@10 vs flat {recall:.1f} %"
         )

@@ -88,7 +88,7 @@ class EpochClock:
 
     @property
     def rates(self) -> list[float]:
-        return [n / t for n, t in zip(self.images, self.seconds)]
+        return [n / t for n, t in zip(self.images, self.seconds, strict=False)]
 
     @property
     def steady(self) -> float:
@@ -181,7 +181,7 @@ class ObjectStoreWatch:
         while not self._stop.wait(self.period):
             self._record()
 
-    def __enter__(self) -> ObjectStoreWatch:  # noqa: PYI034 (typing.Self is 3.11+)
+    def __enter__(self) -> ObjectStoreWatch:
         self._record()
         self._thread.start()
         return self

@@ -383,7 +383,7 @@ def pixels_vs_vectors(
             print(f"[raydist] pixels-vs-vectors: {name}: {_summary(task, m)}", flush=True)
         names = (f"pixels: {encoder} (defaults)", "vectors: linear on flattened pixels")
         with contextlib.nullcontext() if in_process else ray_instance():
-            for name, cfg in zip(names, (pixels_cfg, vectors_cfg)):
+            for name, cfg in zip(names, (pixels_cfg, vectors_cfg), strict=False):
                 results[name] = train(cfg, in_process)
                 m = results[name]
                 print(

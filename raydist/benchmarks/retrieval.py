@@ -244,7 +244,7 @@ def cascade_search(index, units: dict[int, np.ndarray], queries: np.ndarray, cas
     :func:`raydist.eval.adaptive.funnel_retrieval`). Shortlists must not exceed N."""
     dims, sizes = cascade.dims, cascade.shortlists
     _, candidates = index.search(queries[:, : dims[0]], sizes[0])
-    for dim, keep in zip(dims[1:], [*sizes[1:], k]):
+    for dim, keep in zip(dims[1:], [*sizes[1:], k], strict=False):
         candidates = rerank_unit(units[dim], unit_rows(queries[:, :dim]), candidates, keep)
     return candidates
 
@@ -354,7 +354,7 @@ def ivf_cascade_methods(database: np.ndarray, queries: np.ndarray, sizes: Sizes)
     def method(name: str, nprobe: int, cascade: Cascade) -> Method:
         _, probes = index.coarse.search(queries[:, :dc], nprobe)
         scanned = round(float(list_sizes[probes].sum(1).mean()))
-        rerank = list(zip(cascade.shortlists, cascade.dims[1:]))
+        rerank = list(zip(cascade.shortlists, cascade.dims[1:], strict=False))
         cost = mflops_per_query(index.nlist, dc, [(scanned, dc), *rerank])
         search = _probed(index, nprobe, lambda q: cascade_search(index, units, q, cascade))
         return Method(
@@ -477,7 +477,7 @@ def selection_table(database: np.ndarray, queries: np.ndarray, sizes: Sizes, rep
         f"| vs faiss reservoir | same top {SHORTLIST} as faiss (%) |"
     )
     lines = [header, "|---|---:|---:|---:|"]
-    for (name, _), got, t in zip(methods, ids, times):
+    for (name, _), got, t in zip(methods, ids, times, strict=False):
         same = "—" if "floor" in name else f"{exact_recall(got, ids[0]):.1f}"
         lines.append(f"| {name} | {ms_spread(t, '{:.3g}')} | {statistics.median(t) / ref:.2f}× | {same} |")
     return "\n".join(lines)
@@ -486,7 +486,9 @@ def selection_table(database: np.ndarray, queries: np.ndarray, sizes: Sizes, rep
 def exact_recall(ids: np.ndarray, exact: np.ndarray) -> float:
     """Mean over queries of |ids row ∩ exact row| / k, in %."""
     k = exact.shape[1]
-    return 100.0 * float(np.mean([len(np.intersect1d(a[:k], b)) for a, b in zip(ids, exact)])) / k
+    return (
+        100.0 * float(np.mean([len(np.intersect1d(a[:k], b)) for a, b in zip(ids, exact, strict=False)])) / k
+    )
 
 
 def _one_at_a_time(search: Callable[[np.ndarray], np.ndarray], queries: np.ndarray) -> None:
@@ -506,7 +508,7 @@ def measure(methods: list[Method], queries: np.ndarray, targets: np.ndarray, siz
             batched[i].append(seconds(lambda m=m, b=block: m.search(b)) / len(block))
             one[i].append(seconds(lambda m=m: _one_at_a_time(m.search, single)) / len(single))
     rows = []
-    for m, ids, b, o in zip(methods, results, batched, one):
+    for m, ids, b, o in zip(methods, results, batched, one, strict=False):
         rows.append(
             {
                 "name": m.name,

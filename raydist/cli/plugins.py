@@ -39,7 +39,7 @@ def registered_lines(kind: str | None = None) -> list[str]:
     chosen = [registry(kind.replace("-", " ").replace("_", " "))] if kind else list(registries().values())
     lines: list[str] = []
     for reg in sorted(chosen, key=lambda r: r.kind):
-        shown = list(zip(reg.shown_names(), reg.entries()))
+        shown = list(zip(reg.shown_names(), reg.entries(), strict=False))
         width = max((len(s) for s, _ in shown), default=0)
         lines.append(f"{reg.kind} ({len(shown)})")
         lines.extend(f"  {s:<{width}}  {entry.module}" for s, entry in shown)

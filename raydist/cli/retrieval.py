@@ -70,9 +70,9 @@ def run_search(args: argparse.Namespace) -> int:
         f"index {args.index}: {len(meta['database_ids'])} {meta['task']} vectors of {meta['split']}, dim {result.dim}; "
         f"queries embedded by {result.checkpoint.path}"
     )
-    for q, (ids, scores) in enumerate(zip(result.ids, result.scores)):
+    for q, (ids, scores) in enumerate(zip(result.ids, result.scores, strict=False)):
         print(f"query {q}: {queries[q]!r}" if isinstance(queries, list) else f"query {q}")
-        for rank, (i, score) in enumerate(zip(ids, scores), 1):
+        for rank, (i, score) in enumerate(zip(ids, scores, strict=False), 1):
             print(f"  {rank:>3}  id {int(i):>10}  score {float(score):.4f}")
     return 0
 

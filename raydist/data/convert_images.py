@@ -161,7 +161,7 @@ def convert_karpathy(
             raise RaydistDataError(f"{path}: images[{k}]: field 'filename': expected a string")
     ids, id_rule = _karpathy_image_ids(entries, path)
     members: dict[str, list[_Captioned]] = {s: [] for s in SPLITS}
-    for k, (entry, image_id) in enumerate(zip(entries, ids)):
+    for k, (entry, image_id) in enumerate(zip(entries, ids, strict=False)):
         name = str(Path(entry.get("filepath") or "") / entry["filename"])
         where = f"{path}: images[{k}] ({name})"
         split = entry.get("split")

@@ -316,6 +316,6 @@ class ImageTransform:
         epoch = self.epoch if epoch is None else epoch
         dtype = np.uint8 if self.uint8 and self.train else np.float32
         out = np.empty((len(images), self.channels, *view_shape(self.size)), dtype=dtype)
-        for i, (image, sample_id) in enumerate(zip(images, ids)):
+        for i, (image, sample_id) in enumerate(zip(images, ids, strict=False)):
             out[i] = self.view(image, int(sample_id), epoch)
         return {**batch, self.column: out}

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from raydist.dataset_task import MANIFEST_NAME  # noqa: F401  (re-exported: the data layer's name for it)
+
 FORMAT_VERSION = 1
 TASKS = ("pairs", "labels")  # the shipped tasks; any other registered task uses the labelled layout
 SPLITS = ("train", "val", "test")
-from raydist.dataset_task import MANIFEST_NAME  # noqa: F401  (re-exported: the data layer's name for it)
 
 VOCAB_NAME = "vocab.json"
 SHARD_PATTERN = "part-{index:05d}.parquet"

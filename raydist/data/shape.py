@@ -17,7 +17,7 @@ from raydist.presets import SMALL_MAX_IMAGES, DataShape
 def shared_caption_images(image_ids: list[int], captions: list[list[str]]) -> int:
     """How many images have a caption (compared as lower-cased word tokens) that a different image also has."""
     owners: dict[str, set[int]] = defaultdict(set)
-    for image_id, texts in zip(image_ids, captions):
+    for image_id, texts in zip(image_ids, captions, strict=False):
         for text in texts:
             owners[" ".join(tokenize(text))].add(image_id)
     return len({i for ids in owners.values() if len(ids) > 1 for i in ids})

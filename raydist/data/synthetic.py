@@ -171,7 +171,9 @@ def _features(rng: np.random.Generator, combos: list[np.ndarray], dim: int) -> l
 
 def _caption(r: random.Random, combo: np.ndarray) -> str:
     """One caption for an attribute combination: a random template, synonyms, filler, maybe a drop."""
-    words = {a: r.choice(ATTRIBUTES[a][list(ATTRIBUTES[a])[int(v)]]) for a, v in zip(NAMES, combo)}
+    words = {
+        a: r.choice(ATTRIBUTES[a][list(ATTRIBUTES[a])[int(v)]]) for a, v in zip(NAMES, combo, strict=False)
+    }
     if r.random() < DROP_PROB:
         words[r.choice(DROPPABLE)] = ""
     text = r.choice(TEMPLATES).format(
@@ -238,7 +240,7 @@ def make_synthetic(
     writer_args = {"rows_per_shard": rows_per_shard} if rows_per_shard else {}
     with DatasetWriter(out_dir, source=source, overwrite=overwrite, **writer_args) as writer:
         first_image = 0
-        for split, combo, feat in zip(("train", "val", "test"), combos, feats):
+        for split, combo, feat in zip(("train", "val", "test"), combos, feats, strict=False):
             n = len(combo)
             captions = [_caption(text_rng, c) for c in combo for _ in range(captions_per_image)]
             image_ids = np.repeat(np.arange(first_image, first_image + n), captions_per_image)

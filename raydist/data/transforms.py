@@ -145,7 +145,7 @@ class EpochViews:
             seed = self.images.seed
             chosen = [
                 caps[epoch_caption_index(seed, epoch, int(sid), len(caps))]
-                for caps, sid in zip(batch["captions"], sample_ids)
+                for caps, sid in zip(batch["captions"], sample_ids, strict=False)
             ]
             out.update(self.captions.tokens(np.array(chosen, dtype=object)))
             out["image_id"] = np.asarray(batch["image_id"], dtype=np.int64)

@@ -127,7 +127,7 @@ def table_problems(
                 Problem(file, name, f"required column missing (task {task!r}, image_format {image_format!r})")
             )
     usable = set()
-    for name, typ in zip(table.column_names, table.schema.types):
+    for name, typ in zip(table.column_names, table.schema.types, strict=False):
         why = column_type_problem(name, typ, feature_dim, image_format)
         if (
             why is None

@@ -219,7 +219,7 @@ def webdataset_index(folder: str | Path, *, min_count: int = 1) -> Path:
             table, keys, left_out = tar_table(path, task, split)
             where = str(path.relative_to(folder))
             problems += [f"{where}: {p}" for p in left_out]
-            for key, sid in zip(keys, table.column(SAMPLE_ID).to_pylist()):
+            for key, sid in zip(keys, table.column(SAMPLE_ID).to_pylist(), strict=False):
                 if sid in seen:
                     problems.append(f"{where}: key {key}: the key is in {split}/ twice (also {seen[sid]})")
                 seen[sid] = where

@@ -107,7 +107,7 @@ def _gather_packed(tensors: Mapping[str, Tensor], gather: Callable[[Tensor], Ten
         flat = [tensors[n].reshape(tensors[n].shape[0], -1) for n in names]
         widths = [f.shape[1] for f in flat]
         packed = gather(torch.cat(flat, dim=1))
-        for name, part in zip(names, packed.split(widths, dim=1)):
+        for name, part in zip(names, packed.split(widths, dim=1), strict=False):
             part = part.reshape(packed.shape[0], *tensors[name].shape[1:])
             # ids are searched and indexed (contiguous copies are cheap); embeddings stay views of the gather
             out[name] = part if part.is_floating_point() else part.contiguous()

@@ -121,7 +121,7 @@ def funnel_retrieval(
         raise ValueError(f"shortlists={shortlists}: expected non-increasing sizes, all >= k={k}")
     sizes = [min(s, n) for s in shortlists]
     _, candidates = shortlist_search(db, queries, dims[0], sizes[0], index_kind)
-    for dim, keep in zip(dims[1:], [*sizes[1:], k]):
+    for dim, keep in zip(dims[1:], [*sizes[1:], k], strict=False):
         scores, candidates = rerank(db, queries, candidates, dim, keep)
     return scores, candidates
 

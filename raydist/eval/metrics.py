@@ -86,7 +86,9 @@ def shared_caption_pairs(cap_to_img: np.ndarray, groups: np.ndarray) -> tuple[np
     caption's group (its own image always does)."""
     owner = np.asarray(cap_to_img, dtype=np.int64)
     images_of: dict[int, list[int]] = {}
-    for g, images in zip(*np.unique(np.stack([groups, owner]), axis=1)):  # sorted (group, image) pairs
+    for g, images in zip(
+        *np.unique(np.stack([groups, owner]), axis=1), strict=False
+    ):  # sorted (group, image) pairs
         images_of.setdefault(int(g), []).append(int(images))
     caps, imgs = [], []
     for c, g in enumerate(groups):

@@ -59,7 +59,9 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     columns = [key for key in ROW_KEYS if any(key in row for row in rows)] + metrics + costs
     cells = [[_cell(key, row) for key in columns] for row in rows]
     widths = [max(len(key), *(len(line[i]) for line in cells)) for i, key in enumerate(columns)]
-    lines = ["  ".join(text.rjust(w) for text, w in zip(line, widths)) for line in [columns, *cells]]
+    lines = [
+        "  ".join(text.rjust(w) for text, w in zip(line, widths, strict=False)) for line in [columns, *cells]
+    ]
     if any(row.get("interpolated") for row in rows):
         lines.append("* interpolated dim: the geometric midpoint of two neighbouring evaluated dims")
     return "\n".join(lines)
@@ -84,11 +86,16 @@ def plot_metric_vs_dim(rows: Sequence[dict[str, Any]], path: str | Path, metric:
             (row["dim"], row[metric]) for row in rows if row["method"] == method and metric in row
         )
         if points:
-            ax.plot(*zip(*points), marker="o", label=label)
+            ax.plot(*zip(*points, strict=False), marker="o", label=label)
     rings = [(row["dim"], row[metric]) for row in rows if row.get("interpolated") and metric in row]
     if rings:
         ax.scatter(
-            *zip(*rings), s=110, facecolors="none", edgecolors="black", label="interpolated dim", zorder=3
+            *zip(*rings, strict=False),
+            s=110,
+            facecolors="none",
+            edgecolors="black",
+            label="interpolated dim",
+            zorder=3,
         )
     ax.set_xscale("log", base=2)
     ax.set(xlabel="dimension", ylabel=metric, title=f"{metric} vs dimension")
@@ -104,7 +111,7 @@ def plot_metric_vs_mflops(
     """Per ``(metric, cost key)`` panel: metric against MFLOPs/query (log x) for single-shot (labelled by
     dim), adaptive (by ``D_s>D_r``) and funnel (by cascade) rows. Written as PNG to ``path``."""
     fig, axes = _axes(len(panels))
-    for ax, (metric, cost) in zip(axes, panels):
+    for ax, (metric, cost) in zip(axes, panels, strict=False):
         for method, label in COST_METHODS.items():
             points = sorted(
                 (row[cost], row[metric], row.get("cascade", str(row["dim"])))
@@ -113,7 +120,7 @@ def plot_metric_vs_mflops(
             )
             if not points:
                 continue
-            xs, ys, _ = zip(*points)
+            xs, ys, _ = zip(*points, strict=False)
             ax.plot(xs, ys, marker="o", linestyle="-" if method != "funnel" else "none", label=label)
             for x, y, name in points:
                 ax.annotate(name, (x, y), textcoords="offset points", xytext=(3, 3), fontsize=7)

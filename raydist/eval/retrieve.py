@@ -103,7 +103,9 @@ def concat_sets(sets: Sequence[RetrievalSet]) -> RetrievalSet:
     offsets = np.cumsum([0] + [len(s.database) for s in sets[:-1]]) if sets[0].two_way else [0] * len(sets)
 
     def joined(name: str, offset: bool = False) -> np.ndarray:
-        return np.concatenate([getattr(s, name) + (o if offset else 0) for s, o in zip(sets, offsets)])
+        return np.concatenate(
+            [getattr(s, name) + (o if offset else 0) for s, o in zip(sets, offsets, strict=False)]
+        )
 
     return replace(
         sets[0],
@@ -154,7 +156,7 @@ def interpolated_dims(dims: Sequence[int]) -> list[int]:
     it lies strictly between a and b (the nested model was never trained at these prefix lengths)."""
     ordered = sorted(dims)
     mids = [round(math.sqrt(a * b)) for a, b in itertools.pairwise(ordered)]
-    return [m for m, (a, b) in zip(mids, itertools.pairwise(ordered)) if a < m < b]
+    return [m for m, (a, b) in zip(mids, itertools.pairwise(ordered), strict=False) if a < m < b]
 
 
 def default_funnel(dims: Sequence[int], full: int, shortlist: int = 200, k: int = 10) -> Cascade:
@@ -275,7 +277,7 @@ def cascade_search(
     sizes = [min(s, n) for s in cascade.shortlists]
     _, candidates = index.search(queries[:, : cascade.dims[0]], sizes[0])
     scores = np.empty((len(queries), 0), dtype=np.float32)
-    for dim, size in zip(cascade.dims[1:], [*sizes[1:], keep]):
+    for dim, size in zip(cascade.dims[1:], [*sizes[1:], keep], strict=False):
         scores, candidates = rerank(database, queries, candidates, dim, size)
     return scores, candidates
 
@@ -283,7 +285,7 @@ def cascade_search(
 def cascade_mflops(num_database: int, cascade: Cascade) -> float:
     """MFLOPs/query of a funnel: ``(N·D_s + Σ_i min(s_i, N)·D_{i+1}) / 10⁶``."""
     sizes = [min(s, num_database) for s in cascade.shortlists]
-    return mflops_per_query(num_database, cascade.dims[0], zip(sizes, cascade.dims[1:]))
+    return mflops_per_query(num_database, cascade.dims[0], zip(sizes, cascade.dims[1:], strict=False))
 
 
 def retrieval_scores(rset: RetrievalSet, ids: np.ndarray, k: int = 10) -> dict[str, float]:
@@ -400,7 +402,7 @@ def evaluate_cascades(
     first = check_dims([c.dims[0] for c in cascades], rset.dim)
     for direction in rset.directions():
         indexes = build_indexes(direction, first, kind, **index_options)
-        for row, c in zip(rows, cascades):
+        for row, c in zip(rows, cascades, strict=False):
             _measure(
                 direction,
                 row,
@@ -432,7 +434,7 @@ def evaluate_adaptive(
     rows = evaluate_cascades(
         rset, cascades, method="adaptive", kind=kind, k=k, repeats=repeats, **index_options
     )
-    return [{**row, "shortlist_dim": c.dims[0]} for row, c in zip(rows, cascades)]
+    return [{**row, "shortlist_dim": c.dims[0]} for row, c in zip(rows, cascades, strict=False)]
 
 
 def baseline_projection(rset: RetrievalSet, method: str, m: int, seed: int = 0) -> np.ndarray | None:

@@ -25,7 +25,7 @@ def caption_of(right_half: np.ndarray, threshold: int = INK_THRESHOLD) -> str:
     """Words ``r{row}c{col}`` (col 4–7) for the pixels of an 8×4 right half with intensity >= ``threshold``,
     row-major; ``"blank"`` when none is inked (never happens at the default threshold)."""
     rows, cols = np.nonzero(right_half >= threshold)
-    words = [f"r{r}c{c + 4}" for r, c in zip(rows, cols)]
+    words = [f"r{r}c{c + 4}" for r, c in zip(rows, cols, strict=False)]
     return " ".join(words) or "blank"
 
 

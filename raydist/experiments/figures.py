@@ -25,7 +25,7 @@ def spread_line(
 ) -> None:
     """The mean of each x's ``samples`` (one value per seed) as a line with markers, and the min–max over
     seeds as a shaded band (x values without a finite sample are left out)."""
-    points = [(x, spread(s)) for x, s in zip(xs, samples)]
+    points = [(x, spread(s)) for x, s in zip(xs, samples, strict=False)]
     points = [(x, s) for x, s in points if s.n]
     if not points:
         return

@@ -40,7 +40,7 @@ def duplicates(data_dir: Path) -> int | None:
 
 
 def _at(record: TrialRecord, key: str) -> dict[int, float]:
-    return dict(zip(*record.curve(key)))
+    return dict(zip(*record.curve(key), strict=False))
 
 
 def _distortion(record: TrialRecord) -> dict[int, float]:

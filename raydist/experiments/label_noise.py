@@ -141,7 +141,7 @@ def _plot_eta(groups: dict[tuple, list[TrialRecord]], path: Path, k: int) -> Pat
     """Measured η₋ vs p per miner (log y), with the largest tolerated η₋ = 1/(2·q₋(p))."""
     kinds = sorted({kind for kind, _, _ in groups})
     fig, axes = panels(1, len(kinds))
-    for ax, kind in zip(axes, kinds):
+    for ax, kind in zip(axes, kinds, strict=False):
         for m, miner in enumerate(MINERS):
             spread_line(
                 ax, *_curves(groups, kind, m, mean_eta), miner, marker=MARKERS[m], markersize=9 - 2 * m

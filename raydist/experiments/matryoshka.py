@@ -80,7 +80,7 @@ def summarise(records: list[TrialRecord], out: Path, setup: Setup) -> Summary:
 def _plot(rows: list[dict[str, Any]], path: Path) -> Path:
     fig, axes = panels(1, 2)
     dims = sorted({r["dim"] for r in rows})
-    for ax, metric in zip(axes, ("rsum", "t2i_r1")):
+    for ax, metric in zip(axes, ("rsum", "t2i_r1"), strict=False):
         for method, label in METHODS.items():
             samples = [[r[metric] for r in rows if r["method"] == method and r["dim"] == d] for d in dims]
             spread_line(ax, dims, samples, label)

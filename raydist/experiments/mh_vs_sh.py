@@ -113,12 +113,14 @@ def _plot_curves(groups: dict[tuple, list[TrialRecord]], path: Path, key: str) -
     the loss figure also draws the collapse value 2·B·α."""
     fractions = sorted({f for f, _ in groups})
     fig, axes = panels(1, len(fractions))
-    for ax, fraction in zip(axes, fractions):
+    for ax, fraction in zip(axes, fractions, strict=False):
         for (f, v), trials in groups.items():
             if f != fraction:
                 continue
             epochs = sorted({e for r in trials for e in r.curve(key)[0]})
-            samples = [[dict(zip(*r.curve(key))).get(e, math.nan) for r in trials] for e in epochs]
+            samples = [
+                [dict(zip(*r.curve(key), strict=False)).get(e, math.nan) for r in trials] for e in epochs
+            ]
             spread_line(ax, epochs, samples, VARIANTS[v])
         if key == "train/loss":
             ax.set_yscale("log")

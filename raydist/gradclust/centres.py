@@ -157,15 +157,15 @@ def batch_terms(
         clusters = prepared[stacked[0]].d.shape[0]
         bias = [prepared[n].c_bias is not None for n in stacked]
         buffers = (buffers or StackedBuffers()).prepare(first, len(stacked), first.shape[0], clusters, bias)
-        for l, name in enumerate(stacked):
+        for layer, name in enumerate(stacked):
             f, prep = factors[name], prepared[name]
-            torch.mm(prep.d, f.flat_grads.T, out=buffers.grad_rows[l])
+            torch.mm(prep.d, f.flat_grads.T, out=buffers.grad_rows[layer])
             if prep.c_bias_col is None:
-                torch.mm(prep.c_main, f.flat_inputs.T, out=buffers.input_rows[l])
+                torch.mm(prep.c_main, f.flat_inputs.T, out=buffers.input_rows[layer])
             else:
-                torch.addmm(prep.c_bias_col, prep.c_main, f.flat_inputs.T, out=buffers.input_rows[l])
-            torch.linalg.vector_norm(f.flat_inputs, dim=1, out=buffers.a_rows[l])
-            torch.linalg.vector_norm(f.flat_grads, dim=1, out=buffers.g_rows[l])
+                torch.addmm(prep.c_bias_col, prep.c_main, f.flat_inputs.T, out=buffers.input_rows[layer])
+            torch.linalg.vector_norm(f.flat_inputs, dim=1, out=buffers.a_rows[layer])
+            torch.linalg.vector_norm(f.flat_grads, dim=1, out=buffers.g_rows[layer])
         buffers.norms.square_()
         grad_sq = buffers.a_norm.add_(buffers.bias_col).mul_(buffers.g_norm).sum(0)
         cross = (buffers.grad_proj * buffers.input_proj).sum(0).T
@@ -230,8 +230,8 @@ def update_factors(
         [torch.where(ok, prior / total, 1.0), torch.where(ok, (held * total).reciprocal_(), 0.0)]
     )
     olds = [c.c if inputs else c.d for c in centres]
-    keep = [k.to(x.dtype) for k, x in zip(coeff[0].unsqueeze(2), olds)]
-    add = [a.to(x.dtype) for a, x in zip(coeff[1].unsqueeze(2), olds)]
+    keep = [k.to(x.dtype) for k, x in zip(coeff[0].unsqueeze(2), olds, strict=False)]
+    add = [a.to(x.dtype) for a, x in zip(coeff[1].unsqueeze(2), olds, strict=False)]
     out = torch._foreach_mul(olds, keep)
     torch._foreach_addcmul_(out, sums, add)
     return list(out)

@@ -39,7 +39,7 @@ def _sum_over_workers(parts: list[Tensor]) -> Iterator[Tensor]:
         yield from parts
         return
     flat = all_reduce_sum(torch.cat([p.reshape(-1).double() for p in parts]))
-    for part, chunk in zip(parts, flat.split([p.numel() for p in parts])):
+    for part, chunk in zip(parts, flat.split([p.numel() for p in parts]), strict=False):
         yield chunk.view(part.shape).to(part.dtype)
 
 
@@ -229,12 +229,12 @@ class GradientClustering:
                 (buffers.grad_proj, buffers.grad_rows) if inputs else (buffers.input_proj, buffers.input_rows)
             )
             coeff *= mask.T  # [L, K, B]; the projections are not needed after this
-            for l, name in enumerate(terms.stacked):
+            for layer, name in enumerate(terms.stacked):
                 f = factors[name]
                 if inputs:
-                    self._sum_parts[name][0].addmm_(rows[l], f.flat_inputs)
+                    self._sum_parts[name][0].addmm_(rows[layer], f.flat_inputs)
                 else:
-                    self._sums[name].addmm_(rows[l], f.flat_grads)
+                    self._sums[name].addmm_(rows[layer], f.flat_grads)
             if inputs and self._stacked_bias is not None:
                 self._stacked_bias += coeff.sum(2)  # bias columns, added to the sums in _fold
         for name, (grad_proj, input_proj) in terms.projections.items():
@@ -263,7 +263,9 @@ class GradientClustering:
         total = prior + counts
         centres = [self.centres[name] for name in names]
         inputs = self.updating_inputs
-        for centre, factor in zip(centres, update_factors(centres, sums, prior, total, inputs=inputs)):
+        for centre, factor in zip(
+            centres, update_factors(centres, sums, prior, total, inputs=inputs), strict=False
+        ):
             if inputs:
                 centre.c = factor
             else:
@@ -357,7 +359,7 @@ class GradientClustering:
     def _flush_bias(self) -> None:
         if self._stacked_bias is None:
             return
-        for row, name in zip(self._stacked_bias, self._stacked_bias_names):
+        for row, name in zip(self._stacked_bias, self._stacked_bias_names, strict=False):
             if self._bias[name]:
                 self._sums[name][:, -1] += row
         self._stacked_bias = torch.zeros_like(self._stacked_bias)  # (the old one may be an inference tensor)

@@ -115,7 +115,7 @@ class StratifiedSampler:
             indices = torch.randperm(self.num_rows, generator=generator)[: self.batch_size]
             return StratifiedBatch(indices, self._weights.clone())
         picks = []
-        for members, b in zip(self._members, self.draws.tolist()):
+        for members, b in zip(self._members, self.draws.tolist(), strict=False):
             if self.replacement or b > members.shape[0]:
                 picks.append(members[torch.randint(members.shape[0], (b,), generator=generator)])
             else:

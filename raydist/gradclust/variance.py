@@ -51,7 +51,9 @@ def _flat_gradient(
     params = [p for p in model.parameters() if p.requires_grad]
     loss = estimate(model, default_collate([dataset[i] for i in indices.tolist()]), weights)
     grads = torch.autograd.grad(loss, params, allow_unused=True)
-    return torch.cat([(torch.zeros_like(p) if g is None else g).flatten() for p, g in zip(params, grads)])
+    return torch.cat(
+        [(torch.zeros_like(p) if g is None else g).flatten() for p, g in zip(params, grads, strict=False)]
+    )
 
 
 def measure_gradient_variance(

@@ -59,7 +59,7 @@ def nested_sum(
     weights = check_weights(weights or None, len(dims))
     last = len(dims) - 1
     return torch.stack(
-        [c * loss_at(Prefix(m, i, i == last)) for i, (m, c) in enumerate(zip(dims, weights))]
+        [c * loss_at(Prefix(m, i, i == last)) for i, (m, c) in enumerate(zip(dims, weights, strict=False))]
     ).sum()
 
 
@@ -122,5 +122,5 @@ def nested_loss(
     default all 1.
     """
     ordered = check_nesting(dims, any_order=True)
-    weight_of = dict(zip(dims, check_weights(weights, len(ordered))))
+    weight_of = dict(zip(dims, check_weights(weights, len(ordered)), strict=False))
     return NestedLoss(loss_fn, ordered, tuple(weight_of[m] for m in ordered))

@@ -40,4 +40,4 @@ class MatryoshkaHead(nn.Module):
         if self.efficient:
             w, b = self.shared.weight, self.shared.bias
             return [F.linear(z[:, :m], w[:, :m], b) for m in self.nesting]
-        return [head(z[:, :m]) for head, m in zip(self.heads, self.nesting)]
+        return [head(z[:, :m]) for head, m in zip(self.heads, self.nesting, strict=False)]

@@ -275,8 +275,8 @@ class Retriever:
 
     def _results(self, scores: np.ndarray, rows: np.ndarray) -> list[list[dict[str, Any]]]:
         return [
-            [{"id": int(self.ids[r]), "score": float(s)} for s, r in zip(qs, qr) if r >= 0]
-            for qs, qr in zip(scores, rows)
+            [{"id": int(self.ids[r]), "score": float(s)} for s, r in zip(qs, qr, strict=False) if r >= 0]
+            for qs, qr in zip(scores, rows, strict=False)
         ]
 
 

@@ -197,7 +197,7 @@ def cached_step_backward(
     loss = loss_of(_rebuild(template, leaves, ids))
     backward(loss)
     after = RngState.capture(device)
-    for i, ((start, stop), state) in enumerate(zip(spans, states)):
+    for i, ((start, stop), state) in enumerate(zip(spans, states, strict=False)):
         last = i == len(spans) - 1
         state.restore()
         with _sync_context(model, last):

@@ -125,7 +125,7 @@ class WarmupDecay:
 
     def _apply(self) -> None:
         f = self.factor()
-        for group, base in zip(self.optimizer.param_groups, self.base_lrs):
+        for group, base in zip(self.optimizer.param_groups, self.base_lrs, strict=False):
             group["lr"] = base * f
 
     def after_step(self) -> None:

@@ -284,7 +284,10 @@ def trial_configs(space: SweepSpace, base: Config) -> list[Config]:
     candidate value of each key on its own, and every combination of the ``grid`` entries (all run)."""
     grid = [p for p in space.params if p.kind == "grid"]
     singles = [{p.key: value} for p in space.params for value in p.candidates()]
-    combos = [dict(zip([p.key for p in grid], combo)) for combo in itertools.product(*(p.args for p in grid))]
+    combos = [
+        dict(zip([p.key for p in grid], combo, strict=False))
+        for combo in itertools.product(*(p.args for p in grid))
+    ]
     return [_checked(space, base, values) for values in singles + combos]
 
 

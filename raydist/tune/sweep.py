@@ -493,8 +493,8 @@ def format_results(outcome: SweepOutcome) -> str:
     widths = [
         max(len(h), *(len(line[i]) for line in lines)) if lines else len(h) for i, h in enumerate(header)
     ]
-    out = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()]
-    out += ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
+    out = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=False)).rstrip()]
+    out += ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=False)).rstrip() for line in lines]
     out += [f"{r.trial} failed: {r.error}" for r in outcome.rows if r.status == "ERROR"]
     return "\n".join(out)
 
