@@ -4,12 +4,18 @@ builders, descriptors); ``@REG.register("name")`` adds one. A name ending in ``:
 takes the text after the colon (``timm:resnet18`` → ``resnet18``) as its first argument.
 
 Every registry is listed in :func:`registries` by its kind (what ``raydist plugins`` prints). The shipped
-components register when their modules are imported; a plugin (:mod:`raydist.plugins`) registers the same way.
+components register when their modules are imported: a registry made with ``package=`` imports every module of
+that package (names not starting with ``_``) the first time it is asked for a name (:meth:`Registry.discover`),
+so a new shipped component is one module dropped into its package. A plugin (:mod:`raydist.plugins`) registers
+the same way, from anywhere.
 """
 
 from __future__ import annotations
 
 import difflib
+import importlib
+import importlib.util
+import pkgutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, overload
@@ -35,16 +41,43 @@ class Entry(Generic[T]):
 class Registry(Generic[T]):
     """The objects of one ``kind`` ("image encoder", "loss", ...) by name. ``families``: names ending in ``:``
     take an argument after the colon. ``check``: called with (name, obj) before an object is added (raise to
-    refuse it)."""
+    refuse it). ``package``: the dotted name of the package whose modules register the shipped objects; they
+    are imported the first time the registry is read (:meth:`discover`)."""
 
     def __init__(
-        self, kind: str, *, families: bool = False, check: Callable[[str, T], None] | None = None
+        self,
+        kind: str,
+        *,
+        families: bool = False,
+        check: Callable[[str, T], None] | None = None,
+        package: str | None = None,
     ) -> None:
         if kind in _REGISTRIES:
             raise RegistryError(f"a registry of kind {kind!r} exists already")
         self.kind, self.families, self._check = kind, families, check
+        self.package, self._discovered = package, package is None
         self._entries: dict[str, Entry[T]] = {}
         _REGISTRIES[kind] = self
+
+    def discover(self) -> list[str]:
+        """Import every module of :attr:`package` whose name does not start with ``_`` (each registers its
+        objects), once per process; return the registered names. A module that fails to import is a
+        :class:`RegistryError` naming it and the error."""
+        if not self._discovered:
+            self._discovered = True  # set first: a module being imported may read the registry
+            spec = importlib.util.find_spec(self.package)
+            if spec is None or spec.submodule_search_locations is None:
+                raise RegistryError(f"{self.kind} registry: {self.package!r} is not a package")
+            for module in sorted(pkgutil.iter_modules(spec.submodule_search_locations), key=lambda m: m.name):
+                if module.name.startswith("_"):
+                    continue
+                name = f"{self.package}.{module.name}"
+                try:
+                    importlib.import_module(name)
+                except ImportError as e:
+                    self._discovered = False
+                    raise RegistryError(f"{self.kind} module {name} cannot be imported: {e}") from e
+        return sorted(self._entries)
 
     @overload
     def register(self, name: str, *, module: str | None = None) -> Callable[[T], T]: ...
@@ -86,7 +119,7 @@ class Registry(Generic[T]):
 
     def names(self) -> list[str]:
         """The registered names, sorted (a family's ends in ``:``)."""
-        return sorted(self._entries)
+        return self.discover()
 
     def shown_names(self) -> list[str]:
         """The names as a user writes them (``timm:<model>`` for a family)."""
@@ -94,15 +127,18 @@ class Registry(Generic[T]):
 
     def entries(self) -> Iterator[Entry[T]]:
         """Every entry, sorted by name."""
+        self.discover()
         return iter(self._entries[n] for n in self.names())
 
     def __contains__(self, name: object) -> bool:
         if not isinstance(name, str):
             return False
+        self.discover()
         family, sep, arg = name.partition(":")
         return (f"{family}:" in self._entries and bool(arg)) if sep else name in self._entries
 
     def __len__(self) -> int:
+        self.discover()
         return len(self._entries)
 
     def unknown(self, name: str) -> RegistryError:
@@ -114,6 +150,7 @@ class Registry(Generic[T]):
 
     def get(self, name: str) -> T:
         """The object registered as ``name`` (a plain name); unknown: :class:`RegistryError`."""
+        self.discover()
         if name not in self._entries or name.endswith(":"):
             raise self.unknown(name)
         return self._entries[name].obj
@@ -121,6 +158,7 @@ class Registry(Generic[T]):
     def resolve(self, name: str) -> tuple[T, tuple[str, ...]]:
         """The object of ``name`` and its leading arguments: ``()`` for a plain name, ``(model,)`` for
         ``family:model``; unknown: :class:`RegistryError`."""
+        self.discover()
         family, sep, arg = name.partition(":")
         key = f"{family}:" if sep else name
         if key not in self._entries or (sep and not arg):
@@ -129,6 +167,7 @@ class Registry(Generic[T]):
 
     def module_of(self, name: str) -> str:
         """The module that registered ``name``."""
+        self.discover()
         return self._entries[name].module
 
 
