@@ -4,13 +4,14 @@ raw-pixel baseline to beat.
     python bench/digits_png.py write OUT_SRC [SIZE]      # 1,797 greyscale PNGs (8×8, or upscaled to SIZE²)
     raydist convert image-folder --src OUT_SRC --out DATA --split-by image
     python bench/digits_png.py baseline DATA [SPLIT]     # raw-pixel 1-NN of SPLIT (default test)
-    python bench/digits_png.py splits OUT_SRC SIZE       # the same digits in train/ val/ test/ folders
+    python bench/digits_png.py splits OUT_SRC SIZE [SEED]  # the same digits in train/ val/ test/ folders
     python bench/digits_png.py halves OUT_SRC SIZE       # left halves (SIZE×SIZE/2 PNGs) + dataset_digits.json
     raydist convert karpathy --src OUT_SRC/dataset_digits.json --images OUT_SRC --out DATA
     python bench/digits_png.py backbone RUN OUT.pth       # a run's trained image backbone as a state-dict file
 
 ``splits`` and ``halves`` share one seeded split of the 1,797 digits (1,100 train, 300 val, 397 test; that
-of :mod:`raydist.experiments.digit_halves`), so the labels task and the pairs task see the same test digits.
+of :mod:`raydist.experiments.digit_halves`), so the labels task and the pairs task see the same test digits;
+``splits`` takes another split seed (default 0) to measure how much a result owes to the one split.
 A half's caption names the right half's inked pixels of the 8×8 scan (``r{row}c{col}``, the digit halves'
 words). The baseline is the protocol the run reports as `nn1`: each image of the split against the split's
 other images, cosine similarity, the nearest one's label. Needs scikit-learn (the `experiments` or `dev`
@@ -59,15 +60,16 @@ def write(root: Path, size: int = 8) -> None:
     print(f"wrote {len(scans)} {size}×{size} PNGs under {root}")
 
 
-def splits(root: Path, size: int) -> None:
-    """The digits as ``root/{train,val,test}/<digit>/<index>.png`` on the digit halves' split."""
+def splits(root: Path, size: int, seed: int = 0) -> None:
+    """The digits as ``root/{train,val,test}/<digit>/<index>.png`` on the digit halves' split (``seed`` 0) or
+    another split of the same sizes (``seed``)."""
     from raydist.experiments.digit_halves import split_indices
 
     scans, labels = digit_pixels(size)
-    for split, idx in split_indices(len(scans)).items():
+    for split, idx in split_indices(len(scans), seed).items():
         for k in idx:
             _save(scans[k], root / split / str(labels[k]) / f"{k:04d}.png")
-    print(f"wrote {len(scans)} {size}×{size} PNGs under {root}/{{train,val,test}}")
+    print(f"wrote {len(scans)} {size}×{size} PNGs under {root}/{{train,val,test}} (split seed {seed})")
 
 
 def halves(root: Path, size: int) -> None:
@@ -141,7 +143,7 @@ if __name__ == "__main__":
     if command == "write":
         write(first, int(sys.argv[3]) if len(sys.argv) > 3 else 8)
     elif command == "splits":
-        splits(first, int(sys.argv[3]))
+        splits(first, int(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else 0)
     elif command == "halves":
         halves(first, int(sys.argv[3]))
     elif command == "backbone":
