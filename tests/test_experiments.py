@@ -117,7 +117,7 @@ def test_gc_variance_defaults_to_duplicated_data_and_judges_the_half_of_the_clai
     from dataclasses import replace
 
     from raydist.data import load_manifest
-    from raydist.experiments.gc_variance import summarise
+    from raydist.experiments.gradclust_variance import summarise
 
     assert get_experiment("gc-variance").data == "duplicated" and get_experiment("label-noise").data is None
     dup, plain = (

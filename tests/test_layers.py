@@ -1,6 +1,8 @@
 """The package's layers point one way (docs/architecture.md, "Layers"): a module imports only from its own
-layer or a lower one -- at the top of the file or inside a function alike -- and no import circle exists,
-counting a package's ``__init__`` as a module. Read from the source with ``ast``, so nothing is imported."""
+layer or a lower one -- at the top of the file or inside a function alike -- no import circle exists, counting
+a package's ``__init__`` as a module, and no module sits in a package of a higher layer (importing a module
+runs every ``__init__`` above it, so that would be an arrow back up). Read from the source with ``ast``, so
+nothing is imported."""
 
 from __future__ import annotations
 
@@ -39,8 +41,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "raydist.models",
             "raydist.distributed",
             "raydist.checkpoint",
-            "raydist.train.malloc",
-            "raydist.tune.space",
+            "raydist.malloc",
+            "raydist.tune",
             "raydist.runtime",
         ),
     ),
@@ -48,7 +50,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("tasks", ("raydist.tasks", "raydist.recipe")),
     ("trained models", ("raydist.inference", "raydist.extract", ROOT)),
     ("serving", ("raydist.serving",)),
-    ("loop and hooks", ("raydist.train", "raydist.train.hooks", "raydist.gradclust.hook")),
+    ("loop and hooks", ("raydist.train",)),
     (
         "wiring and Ray Train",
         (
@@ -61,13 +63,14 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "drivers",
         (
-            "raydist.tune",
+            "raydist.tune.sweep",
+            "raydist.tune.auto",
             "raydist.benchmarks",
             "raydist.experiments",
             "raydist.simcluster",
             "raydist.local_s3",
             "raydist.autoscaling",
-            "raydist.train.preset_table",
+            "raydist.presets.table",
         ),
     ),
     ("command line", ("raydist.cli",)),
@@ -160,6 +163,40 @@ def cycles(g: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+def packages_above(name: str) -> list[str]:
+    """The packages whose ``__init__`` runs when ``name`` is imported, innermost first (the root's apart:
+    :func:`test_the_root_imports_nothing_when_imported`)."""
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(len(parts) - 1, 1, -1)]
+
+
+def sunk_modules(names: list[str]) -> list[str]:
+    """Modules in a lower layer than a package that contains them."""
+    return [
+        f"{m} ({LAYERS[layer_of(m)][0]}) sits in {p} ({LAYERS[layer_of(p)][0]})"
+        for m in sorted(names)
+        for p in packages_above(m)
+        if layer_of(m) < layer_of(p)
+    ]
+
+
+def import_time_imports(path: Path) -> list[str]:
+    """The raydist modules a file imports while it is being imported: statements of its body, not those inside
+    a function or an ``if TYPE_CHECKING:`` block."""
+    found = []
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            continue
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Import):
+                found += [a.name for a in sub.names if a.name.startswith(ROOT)]
+            elif isinstance(sub, ast.ImportFrom) and (sub.level or (sub.module or "").startswith(ROOT)):
+                found.append(sub.module or ".")
+    return found
+
+
 def test_no_import_circles():
     assert cycles(graph()) == []
 
@@ -175,11 +212,32 @@ def test_layers_point_one_way():
     assert upward == []
 
 
+def test_no_module_sits_in_a_package_of_a_higher_layer():
+    """Every package lives in one layer, or its modules sit above it (``train/wiring`` in ``train``); never
+    below (a ``train/malloc`` in the formats layer would load the training package to tune malloc)."""
+    assert sunk_modules(list(modules())) == []
+
+
+def test_the_root_imports_nothing_when_imported():
+    """``raydist/__init__`` runs for every module, so it imports none at import time (``raydist.Embedder``
+    is loaded by its ``__getattr__`` on first use); its layer is that of the lazy import."""
+    assert import_time_imports(PACKAGE / "__init__.py") == []
+
+
 def test_the_checks_can_fail(tmp_path, monkeypatch):
-    """A planted upward import and a planted circle are both caught."""
+    """A planted upward import, a planted circle, a module sunk below its package and a root that imports at
+    import time are all caught."""
     g = {"raydist.config": {"raydist.tasks"}, "raydist.tasks": {"raydist.config"}}
     assert cycles(g) == [["raydist.config", "raydist.tasks"]]
     assert layer_of("raydist.tasks") > layer_of("raydist.config")
+    planted = [
+        (layer, (*names, "raydist.train.malloc") if i == 1 else names)
+        for i, (layer, names) in enumerate(LAYERS)
+    ]
+    monkeypatch.setattr(__import__(__name__), "LAYERS", planted)
+    assert sunk_modules(["raydist.train.malloc", "raydist.train.wiring", "raydist.malloc"]) == [
+        "raydist.train.malloc (formats and numerics) sits in raydist.train (loop and hooks)"
+    ]
     pkg = tmp_path / "raydist"
     (pkg / "sub").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
@@ -188,6 +246,10 @@ def test_the_checks_can_fail(tmp_path, monkeypatch):
     (pkg / "sub" / "b.py").write_text("from . import a\n")
     monkeypatch.setattr(__import__(__name__), "PACKAGE", pkg)
     assert cycles(graph()) == [["raydist.sub.a", "raydist.sub.b"]]
+    (pkg / "__init__.py").write_text(
+        "from raydist.sub import a\nif TYPE_CHECKING:\n    from raydist import sub\n"
+    )
+    assert import_time_imports(pkg / "__init__.py") == ["raydist.sub"]
 
 
 @pytest.mark.parametrize("name", sorted(modules()))

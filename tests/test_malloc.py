@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
+from raydist import malloc
 from raydist.config import load_config
-from raydist.train import malloc
-from raydist.train.malloc import on_glibc, tune_malloc, worker_env
+from raydist.malloc import on_glibc, tune_malloc, worker_env
 
 # In a fresh process, optionally tuned: a non-main thread (as a Ray Train worker's loop) allocates BLOCKS × 8 MiB,
 # writes every page and frees them, 12 times; prints the minor page faults of each round.
@@ -21,7 +21,7 @@ ROUNDS = """
 import ctypes, json, resource, sys, threading
 BLOCKS = int(sys.argv[2])
 if sys.argv[1] == "tuned":
-    from raydist.train.malloc import tune_malloc
+    from raydist.malloc import tune_malloc
     assert tune_malloc()
 libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]

@@ -9,8 +9,8 @@ import torch
 from raydist.checkpoint import load_checkpoint
 from raydist.config import load_config
 from raydist.distributed import StepPlan
-from raydist.gradclust.hook import GradientClusteringHook
 from raydist.tasks import DataInfo, build_task
+from raydist.train.gradclust_hook import GradientClusteringHook
 from raydist.train.local import LocalRuntime
 from raydist.train.loop import run_loop
 from raydist.train.wiring import build_hooks

@@ -1,4 +1,4 @@
-"""Gradient caching (raydist/train/grad_cache.py, ``train.grad_cache_chunk``): the parameter gradients of a cached
+"""Gradient caching (raydist/train/gradient_caching.py, ``train.grad_cache_chunk``): the parameter gradients of a cached
 training step equal those of one backward through the whole batch's graph.
 
 The reference is computed here with plain autograd: the encoders run over the batch in the same chunks *with*
@@ -32,7 +32,7 @@ from raydist.distributed.spawn import spawn
 from raydist.models import image_encoders, unwrap_model
 from raydist.models.image_encoders import Backbone, register_image_encoder
 from raydist.tasks import DataInfo, Encoded, StepContext, build_task
-from raydist.train.grad_cache import check_grad_cache, check_model
+from raydist.train.gradient_caching import check_grad_cache, check_model
 from raydist.train.hooks import Hook
 from raydist.train.loop import Trainables, train_step
 

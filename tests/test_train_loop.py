@@ -308,7 +308,7 @@ def test_epoch_steps_cuts_every_epoch_and_each_draws_a_fresh_shuffle(tiny_datase
 def test_the_tiny_preset_is_the_quickest_run_and_presets_say_their_steps(capsys):
     from raydist.cli import main
     from raydist.data import ensure_default_dataset
-    from raydist.train.preset_table import schedule_of
+    from raydist.presets.table import schedule_of
 
     embedded = ensure_default_dataset()
 

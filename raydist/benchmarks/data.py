@@ -39,9 +39,9 @@ from raydist.data.stream import (
     train_transform,
 )
 from raydist.distributed import StepPlan
+from raydist.malloc import tune_malloc, worker_env
 from raydist.tasks import DataInfo, StepContext, Task, build_task, to_tensors
 from raydist.train.loop import Trainables, train_step
-from raydist.train.malloc import tune_malloc, worker_env
 
 # (images, captions per image, feature dim, rows per shard): 100,000 train rows of 256-d features + captions
 FULL_DATA, SMOKE_DATA = (5000, 20, 256, 4100), (40, 5, 16, 200)

@@ -199,8 +199,8 @@ def row_images() -> dict:
 def row_grad_cache() -> dict:
     """Gradient caching on the GPU: ``max_memory_allocated`` and step time of the pairs task's training step with
     the small CNN at 32 px, batch 1024 and 4096, ``train.grad_cache_chunk`` off vs 128 (each cell in this
-    process: the peak statistics are reset before it, :func:`raydist.benchmarks.grad_cache.measure_cell`)."""
-    from raydist.benchmarks.grad_cache import Sizes, measure_cell
+    process: the peak statistics are reset before it, :func:`raydist.benchmarks.gradient_caching.measure_cell`)."""
+    from raydist.benchmarks.gradient_caching import Sizes, measure_cell
 
     sizes = Sizes(batches=GRAD_CACHE_BATCHES, steps=2, device="cuda")
     parts = []

@@ -26,7 +26,7 @@ from raydist.benchmarks.catalog import register_benchmark
 from raydist.benchmarks.harness import held, row, spread
 from raydist.distributed.spawn import free_port, spawn
 from raydist.gradclust import GradientClustering
-from raydist.train.malloc import tune_malloc
+from raydist.malloc import tune_malloc
 
 TARGET = 1.2  # issue #11: a GC step at most 1.2× the plain step
 WARMUP = 5
@@ -157,7 +157,7 @@ def peak_rss_child() -> None:
 
 def peak_rss(sizes: Sizes, batch: int, on: bool) -> int:
     """Peak RSS (bytes) of :func:`peak_rss_child` with GC on or off."""
-    code = "from raydist.benchmarks.gc import peak_rss_child; peak_rss_child()"
+    code = "from raydist.benchmarks.gradclust import peak_rss_child; peak_rss_child()"
     args = [json.dumps(asdict(sizes)), str(batch), "on" if on else "off"]
     out = subprocess.run([sys.executable, "-c", code, *args], check=True, capture_output=True, text=True)
     return int(out.stdout.strip().splitlines()[-1])

@@ -93,9 +93,9 @@ def measure_cell(sizes: Sizes, encoder: str, batch: int, chunk: int) -> dict:
     from raydist.config import load_config
     from raydist.data import Vocab
     from raydist.distributed import StepPlan
+    from raydist.malloc import tune_malloc
     from raydist.tasks import DataInfo, StepContext, build_task
     from raydist.train.loop import Trainables, train_step
-    from raydist.train.malloc import tune_malloc
 
     tune_malloc()
     if encoder == RESNET and not _register_resnet():
@@ -170,7 +170,7 @@ def measure(sizes: Sizes, encoder: str, batch: int, chunk: int, *, fresh: bool =
     None when it fails (e.g. out of memory)."""
     if not fresh:
         return measure_cell(sizes, encoder, batch, chunk)
-    code = "from raydist.benchmarks.grad_cache import measure_child; measure_child()"
+    code = "from raydist.benchmarks.gradient_caching import measure_child; measure_child()"
     args = [json.dumps(asdict(sizes)), encoder, str(batch), str(chunk)]
     out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=False)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]

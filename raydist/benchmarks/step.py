@@ -24,11 +24,11 @@ from raydist.data import make_synthetic
 from raydist.data.stream import InMemoryBatches, train_arrays
 from raydist.distributed import StepPlan
 from raydist.distributed.spawn import free_port, spawn
+from raydist.malloc import tune_malloc
 from raydist.tasks import DataInfo, StepContext, build_task
 from raydist.train.hooks import Hook
 from raydist.train.loop import Trainables, train_step
 from raydist.train.loop import step_rate as progress_step_rate
-from raydist.train.malloc import tune_malloc
 
 # (train images, captions per image, feature dim): 5600 × 5 = 28000 rows = 218 steps of the default global
 # batch 128 in one epoch (about 9 s of steps: on a shared 2-core box a 2 s window, 54 steps, swung ±10 % from

@@ -16,7 +16,7 @@ def add_presets_arguments(p: argparse.ArgumentParser) -> None:
 def run_presets(args: argparse.Namespace) -> int:
     """Print the table of the shipped presets."""
     from raydist.data import ensure_default_dataset
-    from raydist.train.preset_table import preset_table
+    from raydist.presets.table import preset_table
 
     print(preset_table(Path(args.data) if args.data else ensure_default_dataset()))
     return 0

@@ -4,7 +4,7 @@ builds the name → :class:`~raydist.experiments.spec.Experiment` mapping the ru
 from __future__ import annotations
 
 from raydist.experiments.gather import EXPERIMENT as GATHER
-from raydist.experiments.gc_variance import EXPERIMENT as GC_VARIANCE
+from raydist.experiments.gradclust_variance import EXPERIMENT as GC_VARIANCE
 from raydist.experiments.label_noise import EXPERIMENT as LABEL_NOISE
 from raydist.experiments.matryoshka import EXPERIMENT as MATRYOSHKA
 from raydist.experiments.mh_vs_sh import EXPERIMENT as MH_VS_SH

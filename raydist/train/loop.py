@@ -31,12 +31,12 @@ from raydist.console import say
 from raydist.distributed import StepPlan, gather_step, step_generator
 from raydist.distributed.reduce import all_reduce_sum
 from raydist.inference import check_resume
+from raydist.malloc import tune_malloc
 from raydist.models import unwrap_model
 from raydist.tasks import Encoded, StepContext, Task, to_tensors
 from raydist.tasks.base import PROBE_LOSS
-from raydist.train.grad_cache import cached_step_backward, check_model
+from raydist.train.gradient_caching import cached_step_backward, check_model
 from raydist.train.hooks import Hook
-from raydist.train.malloc import tune_malloc
 from raydist.train.optim import BackboneFreeze, EpochStepLR, WarmupDecay, build_optimizer, build_schedule
 
 

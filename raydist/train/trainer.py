@@ -1,5 +1,5 @@
-"""Driver side of a training run: resolve and check data, start or join Ray, build the TorchTrainer, fit,
-and summarise (per-epoch table, best checkpoint by the task's validation metric, test metrics)."""
+"""Driver side of a training run: its plan (raydist.train.plan: data checked, schedule resolved, task built, once),
+start or join Ray, build the TorchTrainer (or run in process), fit, and summarise (per-epoch table, best checkpoint by the task's validation metric, test metrics)."""
 
 from __future__ import annotations
 
@@ -8,19 +8,17 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raydist.checkpoint import change_lines, format_changes, load_checkpoint, local_folder, newest_checkpoint
 from raydist.checkpoint.remote import remote_checkpoints
-from raydist.config import Config, ConfigError, epoch_steps, failure_retries
+from raydist.config import Config, ConfigError, failure_retries
 from raydist.console import route_ray_output
-from raydist.data import check_split_size, ensure_default_dataset, load_manifest, validate_dataset
-from raydist.data.remote import data_location, local_dataset
+from raydist.data.remote import data_location
 from raydist.data.stream import fits_in_memory, train_streams
-from raydist.distributed import StepPlan
+from raydist.malloc import worker_env
 from raydist.runfiles import HISTORY_FILE, LOG_FILE, STOP_FILE
 from raydist.runtime import (
     check_cluster_fits,
@@ -33,10 +31,7 @@ from raydist.runtime import (
     start_train_coordinator,
     storage_root,
 )
-from raydist.tasks import DataInfo, build_task, check_task_config, get_task, task_names
-from raydist.tasks.images import augmentation, check_image_config
-from raydist.train.grad_cache import check_grad_cache
-from raydist.train.malloc import worker_env
+from raydist.train.plan import RunPlan, prepare_run
 from raydist.train.stopping import stop_on_signals
 from raydist.uris import cache_path, check_bucket, delete, join, location_of, storage_env, write_bytes
 
@@ -76,113 +71,26 @@ class TrainOutcome:
     startup: dict[str, float] = field(default_factory=dict)
 
 
-def resolve_data_dir(cfg: Config) -> Path:
-    """The configured dataset folder (absolute; a URI's local copy: :func:`raydist.data.remote.local_dataset`),
-    or the embedded default dataset (generated once)."""
-    if cfg.data.path:
-        return local_dataset(cfg.data.path)
-    return ensure_default_dataset()
-
-
-def checked_data_dir(cfg: Config, configs: Iterable[Config] = ()) -> Path:
-    """The dataset folder, fully validated, with a train split big enough for one step of ``cfg`` and of
-    every config in ``configs`` (e.g. all trials of a sweep); every config fits the dataset's task
-    (:func:`raydist.tasks.check_task_config`; those of ``configs`` with any loss kind the task trains)."""
-    data_dir = resolve_data_dir(cfg)
-    validate_dataset(data_dir, tasks=task_names()).raise_if_problems()
-    configs = tuple(configs)
-    info = DataInfo.from_dataset(data_dir)
-    check_task_config(cfg, info)
-    for c in configs:
-        check_task_config(c, info, any_loss_kind=True)
-    for c in (cfg, *configs):  # an image encoder that fits the data's image format, memory for encoded images
-        check_image_config(c, info)
-        check_grad_cache(c, info)  # train.grad_cache_chunk: no BatchNorm in the image encoder
-    check_split_size(data_dir, "train", max(StepPlan.from_config(c).rows_per_step for c in (cfg, *configs)))
-    return data_dir
-
-
-def resolve_schedule(cfg: Config, data_dir: Path) -> tuple[Config, str]:
-    """Epochs from steps: ``train.epochs`` is raised until the run has ``train.min_steps`` optimizer steps
-    and ``loss.warmup_sh_epochs`` until SH runs ``loss.warmup_sh_steps`` steps (small datasets have few
-    steps per epoch; only for a task that has an SH warm-up). When the epochs are raised,
-    ``train.lr_decay_epoch`` and ``train.freeze_backbone_epochs`` are scaled by the same factor, so the LR
-    still drops, and the backbone is still released, at the same fraction of the run. A null
-    ``train.early_stop_patience`` becomes the task's default (``Task.early_stop_patience``).
-    Returns the config to run and a one-line description of the schedule."""
-    import math
-
-    manifest = load_manifest(data_dir)
-    task = get_task(manifest.task)
-    rows = manifest.splits["train"].rows * cfg.data.train_fraction
-    full = max(int(rows) // StepPlan.from_config(cfg).rows_per_step, 1)
-    t, lo = cfg.train, cfg.loss
-    steps = epoch_steps(t, full)
-    epochs = max(t.epochs, math.ceil(t.min_steps / steps))
-    has_warmup = lo.hardest and task.reads("loss.warmup_sh_epochs", task.loss_kind(cfg))
-    warmup = max(lo.warmup_sh_epochs, math.ceil(lo.warmup_sh_steps / steps)) if has_warmup else 0
-    patience = task.early_stop_patience(cfg)
-
-    def scaled(n: int) -> int:  # an epoch count at the same fraction of the raised run (0 stays 0)
-        return max(1, round(n * epochs / t.epochs)) if n and epochs != t.epochs else n
-
-    decay, freeze = scaled(t.lr_decay_epoch), scaled(t.freeze_backbone_epochs)
-    note = f"schedule: {epochs} epochs × {steps} steps = {epochs * steps} steps"
-    if steps < full:
-        note += f" (epochs cut from {full} steps by train.epoch_steps={t.epoch_steps})"
-    if epochs != t.epochs:
-        note += f" (train.epochs {t.epochs} raised for train.min_steps={t.min_steps}"
-        if t.lr_decay_factor != 1.0 and t.lr_decay_epoch <= t.epochs:
-            note += f"; LR decay at epoch {decay}, scaled from train.lr_decay_epoch={t.lr_decay_epoch}"
-        if freeze != t.freeze_backbone_epochs:
-            note += f"; backbone frozen {freeze} epochs, scaled from train.freeze_backbone_epochs={t.freeze_backbone_epochs}"
-        note += ")"
-    if warmup:
-        note += f"; SH warm-up {warmup} epochs" + (
-            f" (raised for loss.warmup_sh_steps={lo.warmup_sh_steps})"
-            if warmup != lo.warmup_sh_epochs
-            else ""
-        )
-    if t.num_workers and t.min_workers is not None and (retries := failure_retries(t)):
-        note += (
-            f"; elastic: up to {retries} restarts from the last checkpoint after a lost worker "
-            f"(train.max_failures{'' if t.max_failures is not None else ' default for elastic runs'})"
-        )
-    if patience and t.early_stop_patience is None:
-        note += (
-            f"; early stop after {patience} epochs without a better val metric (data.label_noise="
-            f"{cfg.data.label_noise}; train.early_stop_patience=0 turns it off)"
-        )
-    resolved = cfg.model_copy(deep=True)
-    resolved.train.epochs, resolved.loss.warmup_sh_epochs = epochs, max(warmup, lo.warmup_sh_epochs)
-    resolved.train.lr_decay_epoch, resolved.train.early_stop_patience = decay, patience
-    resolved.train.freeze_backbone_epochs = freeze
-    info = DataInfo.from_dataset(data_dir)
-    if info.encoded:  # data.crop/flip=auto decided once, here, so workers and checkpoints hold the choice
-        for key, value in augmentation(cfg, info).overrides().items():
-            setattr(resolved.data, key.split(".")[1], value)
-    return resolved, note
-
-
 def build_trainer(
-    cfg: Config,
-    data_dir: Path,
+    plan: RunPlan,
     *,
     resume_from: str | None = None,
     callbacks: list[Any] | None = None,
     run_name_override: str | None = None,
     storage_path: str | None = None,
 ) -> Any:
-    """A ``TorchTrainer`` for ``cfg`` (gloo on CPU, nccl on GPU via ``train.use_gpu``). A train split that
-    fits ``data.in_memory_max_mb`` is read once by every worker; a larger one streams through Ray Data."""
+    """A ``TorchTrainer`` for the run ``plan`` describes (gloo on CPU, nccl on GPU via ``train.use_gpu``). A train
+    split that fits ``data.in_memory_max_mb`` is read once by every worker; a larger one streams through Ray
+    Data."""
     from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     from raydist.train.elastic import FreshCapacityOnRestart
     from raydist.train.ray_worker import train_loop_per_worker
 
-    task = build_task(cfg, DataInfo.from_dataset(data_dir))
-    source = "memory" if fits_in_memory(data_dir, "train", cfg.data.in_memory_max_mb) else "stream"
+    cfg, task, data_dir, manifest = plan.cfg, plan.task, plan.data_dir, plan.info.manifest
+    in_memory = fits_in_memory(data_dir, "train", cfg.data.in_memory_max_mb, manifest=manifest)
+    source = "memory" if in_memory else "stream"
     datasets, views = {}, None
     if source == "stream":
         datasets, views = train_streams(
@@ -196,13 +104,14 @@ def build_trainer(
             num_cpus=cfg.data.transform_cpus,
             concurrency=cfg.data.transform_concurrency,
             shards_at=data_location(cfg.data.path) if cfg.data.path else None,  # a URI: read from the store
+            manifest=manifest,
         )
     storage = storage_root(cfg, storage_path)
     name = run_name(cfg, run_name_override)
     loop_config = {
         "cfg": cfg.to_dict(),
         # as configured (absolute): each node resolves it (a URI's copy, a WebDataset folder's index: local_dataset)
-        "data_dir": data_location(cfg.data.path) if cfg.data.path else str(data_dir),
+        "data_dir": plan.location,
         "source": source,
         "epoch_boards": None if views is None else {split: v.board.token for split, v in views.items()},
         "resume_from": str(resume_from) if resume_from else None,
@@ -282,14 +191,10 @@ def run_training(
     from raydist.inference import resume_checkpoint
     from raydist.train.ray_worker import UNSCORED
 
-    data_dir = checked_data_dir(cfg)
-    info = DataInfo.from_dataset(data_dir)
-    if info.encoded:
-        print(f"[raydist] {augmentation(cfg, info).line()}", flush=True)
-    cfg, schedule = resolve_schedule(cfg, data_dir)
-    print(f"[raydist] {schedule}", flush=True)
-    for note in build_task(cfg, DataInfo.from_dataset(data_dir)).data_notes():
-        print(f"[raydist] {note}", flush=True)
+    plan = prepare_run(cfg)
+    cfg, data_dir = plan.cfg, plan.data_dir
+    for line in plan.console_lines():
+        print(f"[raydist] {line}", flush=True)
     if resume_from:
         checked = str(resume_checkpoint(resume_from, cfg, data_dir))
         resume_from = resume_from if is_uri(resume_from) else checked  # a URI: the workers copy it
@@ -298,8 +203,8 @@ def run_training(
     if is_uri(storage_root(cfg)):
         check_bucket(storage_root(cfg))
     if cfg.train.num_workers == 0:
-        outcome = train_in_process(cfg, data_dir, resume_from=resume_from)
-        return _finish(outcome, data_dir, evaluate_test)
+        outcome = train_in_process(plan, resume_from=resume_from)
+        return _finish(outcome, plan, evaluate_test)
     joining = address or os.environ.get("RAY_ADDRESS")
     print(
         f"[raydist] {'joining the Ray cluster at ' + joining if joining else 'starting a local Ray instance'} …",
@@ -323,14 +228,14 @@ def run_training(
     )
     local_run = cache_path(join(storage, name)) if is_uri(storage) else Path(storage) / name  # a URI: a copy
     route_ray_output(local_run / LOG_FILE)
-    trainer = build_trainer(cfg, data_dir, resume_from=resume_from, run_name_override=name)
+    trainer = build_trainer(plan, resume_from=resume_from, run_name_override=name)
     try:
         with stop_on_signals(join(storage, name, STOP_FILE)):
             result = _fit_off_main_thread(trainer)
     except TrainingFailedError as e:
         raise training_failure(e, cfg, None if is_uri(storage) else str(Path(storage) / name)) from e
     returned = result.return_value if isinstance(result.return_value, dict) else {}
-    task = build_task(cfg, DataInfo.from_dataset(data_dir))
+    task = plan.task
     metric = f"val/{task.primary_metric}"
     best_ckpt = result.get_best_checkpoint(metric, "max") if result.best_checkpoints else None
     best_metrics = next(
@@ -355,7 +260,7 @@ def run_training(
         stopped=bool(returned.get("stopped")),
         startup={**startup, **returned.get("startup", {})},
     )
-    return _finish(outcome, data_dir, evaluate_test)
+    return _finish(outcome, plan, evaluate_test)
 
 
 def _fit_off_main_thread(trainer: Any) -> Any:
@@ -524,26 +429,26 @@ def _session_log_dir() -> str:
 
 
 def train_in_process(
-    cfg: Config,
-    data_dir: Path,
+    plan: RunPlan,
     *,
     resume_from: str | None = None,
     run_dir: Path | None = None,
     on_report: ReportListener | None = None,
     shared: SharedSplit | None = None,
 ) -> TrainOutcome:
-    """``train.num_workers=0``: the same loop in this process, no Ray (raydist.train.local.LocalRuntime); the
-    run folder (``run_dir``, default ``storage/run_name``) holds its checkpoints, and a run restarted under
-    its name resumes. ``on_report(metrics, checkpoint)`` hears every report (a Tune trial forwards them);
-    ``shared``: a train split already read and decoded (:class:`raydist.train.local.SharedSplit`)."""
+    """``train.num_workers=0``: the run ``plan`` describes, with the same loop in this process and no Ray
+    (raydist.train.local.LocalRuntime); the run folder (``run_dir``, default ``storage/run_name``) holds its
+    checkpoints, and a run restarted under its name resumes. ``on_report(metrics, checkpoint)`` hears every
+    report (a Tune trial forwards them); ``shared``: a train split already read and decoded
+    (:class:`raydist.train.local.SharedSplit`)."""
     import torch
 
     from raydist.train.local import LocalRuntime
     from raydist.train.loop import run_loop
     from raydist.train.wiring import build_hooks
 
-    task = build_task(cfg, DataInfo.from_dataset(data_dir))
-    plan = StepPlan(cfg.train.batch_size, cfg.loss.negative_set_size, 1)
+    cfg, task = plan.cfg, plan.task
+    step = plan.step_plan()
     if run_dir is None:
         storage = storage_root(cfg)
         if is_uri(storage):
@@ -551,14 +456,14 @@ def train_in_process(
         run_dir = Path(storage) / run_name(cfg)
     device = "cuda" if cfg.train.use_gpu and torch.cuda.is_available() else "cpu"
     runtime = LocalRuntime(
-        cfg, task, plan, run_dir, device, keep=cfg.train.keep_checkpoints, on_report=on_report, shared=shared
+        cfg, task, step, run_dir, device, keep=cfg.train.keep_checkpoints, on_report=on_report, shared=shared
     )
     with stop_on_signals(run_dir / STOP_FILE):
         result = run_loop(
             cfg,
             task,
             runtime,
-            plan,
+            step,
             hooks=build_hooks(cfg, task, runtime, str(run_dir)),
             resume_from=resume_from,
         )
@@ -579,21 +484,16 @@ def train_in_process(
     )
 
 
-def _finish(outcome: TrainOutcome, data_dir: Path, evaluate_test: bool) -> TrainOutcome:
+def _finish(outcome: TrainOutcome, plan: RunPlan, evaluate_test: bool) -> TrainOutcome:
     """Evaluate the best checkpoint on the test split; write ``history.json``, ``best_checkpoint.json``
     (:func:`raydist.inference.record_best_checkpoint`) and the plots (raydist.plots.plot_run) into a local
     run folder."""
     from raydist.inference import evaluate_checkpoint, record_best_checkpoint
     from raydist.plots import plot_run
 
-    outcome.data_dir = str(data_dir)
-    if (
-        evaluate_test
-        and not outcome.stopped
-        and outcome.best_checkpoint
-        and "test" in load_manifest(data_dir).splits
-    ):
-        outcome.test_metrics = evaluate_checkpoint(outcome.best_checkpoint, data_dir, "test")
+    outcome.data_dir = str(plan.data_dir)
+    if evaluate_test and not outcome.stopped and outcome.best_checkpoint and "test" in plan.info.manifest.splits:
+        outcome.test_metrics = evaluate_checkpoint(outcome.best_checkpoint, plan.data_dir, "test")
     if is_uri(outcome.run_dir):  # the same records, on object storage (no plots there)
         write_bytes(join(outcome.run_dir, HISTORY_FILE), json.dumps(outcome.history, indent=1).encode())
         if outcome.best_checkpoint and outcome.best_by:

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from raydist.config import Config
-from raydist.gradclust.hook import GradientClusteringHook
 from raydist.runfiles import STOP_FILE
 from raydist.tasks import Task
 from raydist.train.faults import FailAtStep, SlowSteps
+from raydist.train.gradclust_hook import GradientClusteringHook
 from raydist.train.hooks import Hook, HookSite, ValidationHook, register_hook, registered_hooks
 from raydist.train.stopping import StopFileHook
 from raydist.train.tracking import TrackingHook
