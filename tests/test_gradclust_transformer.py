@@ -22,6 +22,7 @@ from raydist.gradclust import (
 )
 from raydist.gradclust.layers import factor_shape
 from raydist.models import build_model
+from raydist.train.plan import prepare_run
 from raydist.train.trainer import train_in_process
 
 DTYPE = torch.float64
@@ -190,7 +191,7 @@ def test_measure_runs_in_process_with_nesting(tiny_dataset, tmp_path, capsys) ->
             "gc.variance_batches": 2,
         },
     )
-    outcome = train_in_process(cfg, tiny_dataset)
+    outcome = train_in_process(prepare_run(cfg))
     last = outcome.history[-1]
     for key in ("gvar/sgd_var", "gvar/gc_var", "gc/distortion", "val/min_dim_rsum"):
         assert key in last and last[key] > 0, key

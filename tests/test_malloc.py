@@ -88,6 +88,7 @@ def test_tune_malloc_is_on_by_default_and_can_be_turned_off() -> None:
 
 def test_ray_train_workers_get_the_arena_env_only_when_tuned(tmp_path) -> None:
     from raydist.data import make_synthetic
+    from raydist.train.plan import prepare_run
     from raydist.train.trainer import build_trainer
 
     data = make_synthetic(
@@ -95,9 +96,9 @@ def test_ray_train_workers_get_the_arena_env_only_when_tuned(tmp_path) -> None:
     )
     for on in (True, False):
         cfg = load_config("tiny", overrides={"data.path": str(data), "train.tune_malloc": on})
-        env = build_trainer(cfg, data, storage_path=str(tmp_path / "runs")).run_config.worker_runtime_env[
-            "env_vars"
-        ]
+        env = build_trainer(
+            prepare_run(cfg), storage_path=str(tmp_path / "runs")
+        ).run_config.worker_runtime_env["env_vars"]
         assert ("MALLOC_ARENA_MAX" in env) == (on and on_glibc())
 
 

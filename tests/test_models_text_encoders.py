@@ -17,6 +17,7 @@ from raydist.data.tokenizer import TOKENIZER_NAME, train_dataset_tokenizer, trai
 from raydist.models import TextEncoder, build_text_encoder, text_encoder_names
 from raydist.models.text_encoders import PretrainedTextEncoder, TransformerTextEncoder, pool_tokens
 from raydist.tasks import DataInfo, build_task
+from raydist.train.plan import plan_for
 from raydist.train.trainer import train_in_process
 
 VOCAB, MAX_LEN, PAD = 40, 12, 0
@@ -170,7 +171,7 @@ def test_transformer_trains_in_process_and_eval_checks_the_tokenizer(tiny_datase
     )
     torch.manual_seed(cfg.train.seed)
     untrained = task.evaluate(task.build_model(), "val")
-    outcome = train_in_process(cfg, data)
+    outcome = train_in_process(plan_for(cfg, DataInfo.from_dataset(data)))
     trained = outcome.history[-1]
     assert trained["val/rsum"] > untrained["rsum"] + 40
     assert trained["val/min_dim_rsum"] > untrained["min_dim_rsum"] + 20  # the Matryoshka prefix learns too

@@ -11,8 +11,8 @@ import torch
 from raydist.config import load_config
 from raydist.data import Vocab, load_manifest, split_arrays
 from raydist.eval.evaluate import evaluate_arrays
-from raydist.inference import evaluate_checkpoint
 from raydist.models import build_model
+from raydist.retrieval.trained import evaluate_checkpoint
 from raydist.train.trainer import run_training
 
 
@@ -78,12 +78,14 @@ def test_the_train_controller_polls_every_half_second_unless_the_user_sets_it(
     """Ray Train's controller reads its poll interval from the environment fit() runs in: raydist sets 0.5 s
     (a run ends at the first poll after its workers return; Ray's 2 s default costs seconds per run) and keeps
     a value the user exported."""
+    from raydist.train.plan import prepare_run
     from raydist.train.trainer import POLL_INTERVAL_ENV, build_trainer
 
     cfg = load_config("tiny", overrides={"data.path": str(tiny_dataset)})
     monkeypatch.delenv(POLL_INTERVAL_ENV, raising=False)
-    build_trainer(cfg, tiny_dataset, storage_path=str(tmp_path))
+    plan = prepare_run(cfg)
+    build_trainer(plan, storage_path=str(tmp_path))
     assert float(os.environ[POLL_INTERVAL_ENV]) == 0.5
     monkeypatch.setenv(POLL_INTERVAL_ENV, "3")
-    build_trainer(cfg, tiny_dataset, storage_path=str(tmp_path))
+    build_trainer(plan, storage_path=str(tmp_path))
     assert os.environ[POLL_INTERVAL_ENV] == "3"

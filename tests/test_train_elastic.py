@@ -13,6 +13,7 @@ from raydist.config import ConfigError, load_config
 from raydist.data.stream import InMemoryBatches
 from raydist.distributed import StepPlan
 from raydist.runtime import Capacity, check_cluster_fits, check_storage_reachable, run_cpus, v1_autoscaling
+from raydist.tasks import DataInfo
 from raydist.train.trainer import describe_workers, training_failure, worker_range
 
 
@@ -217,17 +218,23 @@ def test_the_v1_monitor_of_a_plain_head_is_not_an_autoscaler():
 
 def test_an_elastic_run_retries_by_default_and_says_so(tiny_dataset):
     from raydist.config import ELASTIC_RETRIES, failure_retries
-    from raydist.train.trainer import resolve_schedule
+    from raydist.train.plan import resolve_schedule
 
     elastic = {"train.num_workers": 2, "train.min_workers": 1, "train.batch_size": 32}
     cfg = load_config("tiny", overrides=elastic)
     assert cfg.train.max_failures is None and failure_retries(cfg.train) == ELASTIC_RETRIES > 0
-    _, note = resolve_schedule(cfg, tiny_dataset)
+    _, note = resolve_schedule(cfg, DataInfo.from_dataset(tiny_dataset))
     assert f"elastic: up to {ELASTIC_RETRIES} restarts from the last checkpoint" in note
     told = load_config("tiny", overrides={**elastic, "train.max_failures": 0})
-    assert failure_retries(told.train) == 0 and "restarts" not in resolve_schedule(told, tiny_dataset)[1]
+    assert (
+        failure_retries(told.train) == 0
+        and "restarts" not in resolve_schedule(told, DataInfo.from_dataset(tiny_dataset))[1]
+    )
     fixed = load_config("tiny", overrides={"train.num_workers": 2})
-    assert failure_retries(fixed.train) == 0 and "restarts" not in resolve_schedule(fixed, tiny_dataset)[1]
+    assert (
+        failure_retries(fixed.train) == 0
+        and "restarts" not in resolve_schedule(fixed, DataInfo.from_dataset(tiny_dataset))[1]
+    )
 
 
 def test_a_run_without_retries_names_the_key_that_would_have_kept_it_going():

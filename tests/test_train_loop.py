@@ -112,18 +112,18 @@ def test_early_stopping_stops_every_rank_at_the_same_epoch(tiny_dataset, tmp_pat
 
 
 def test_schedule_by_steps(tiny_dataset):
-    from raydist.train.trainer import resolve_schedule
+    from raydist.train.plan import resolve_schedule
 
     cfg = load_config(
         "tiny",
         overrides={"data.path": str(tiny_dataset), "train.min_steps": 500, "loss.warmup_sh_steps": 100},
     )
-    resolved, note = resolve_schedule(cfg, tiny_dataset)
+    resolved, note = resolve_schedule(cfg, DataInfo.from_dataset(tiny_dataset))
     steps = 2000 // cfg.train.batch_size  # 400 images × 5 captions
     assert resolved.train.epochs == -(-500 // steps) and resolved.loss.warmup_sh_epochs == -(-100 // steps)
     assert f"{resolved.train.epochs} epochs × {steps} steps" in note and "train.min_steps=500" in note
     assert (
-        resolve_schedule(load_config("tiny"), tiny_dataset)[0].train.epochs
+        resolve_schedule(load_config("tiny"), DataInfo.from_dataset(tiny_dataset))[0].train.epochs
         == load_config("tiny").train.epochs
     )
 
@@ -131,7 +131,7 @@ def test_schedule_by_steps(tiny_dataset):
 def test_raised_epochs_scale_the_lr_decay_epoch(tiny_dataset):
     """The LR drops at the same fraction of the run when train.min_steps raises the epochs (4 of 5 epochs
     → 4·E′/5 of E′), and a decay that never happens in the configured run stays off."""
-    from raydist.train.trainer import resolve_schedule
+    from raydist.train.plan import resolve_schedule
 
     steps = 2000 // 128  # tiny_dataset: 400 images × 5 captions, batch 128 → 15 steps per epoch
     cfg = load_config(
@@ -144,11 +144,12 @@ def test_raised_epochs_scale_the_lr_decay_epoch(tiny_dataset):
             "train.min_steps": 40 * steps,
         },
     )
-    resolved, note = resolve_schedule(cfg, tiny_dataset)
+    resolved, note = resolve_schedule(cfg, DataInfo.from_dataset(tiny_dataset))
     assert resolved.train.epochs == 40 and resolved.train.lr_decay_epoch == 32  # 4 · 40 / 5
     assert "LR decay at epoch 32, scaled from train.lr_decay_epoch=4" in note
     plain, _ = resolve_schedule(
-        cfg.model_copy(update={"train": cfg.train.model_copy(update={"min_steps": 0})}), tiny_dataset
+        cfg.model_copy(update={"train": cfg.train.model_copy(update={"min_steps": 0})}),
+        DataInfo.from_dataset(tiny_dataset),
     )
     assert (plain.train.epochs, plain.train.lr_decay_epoch) == (5, 4)
     # the fine-tuning switch too: frozen 2 of 5 epochs → 16 of 40 (an image encoder has a backbone to freeze)
@@ -163,7 +164,7 @@ def test_raised_epochs_scale_the_lr_decay_epoch(tiny_dataset):
             "train.min_steps": 40 * steps,
         },
     )
-    resolved, note = resolve_schedule(frozen, tiny_dataset)
+    resolved, note = resolve_schedule(frozen, DataInfo.from_dataset(tiny_dataset))
     assert (resolved.train.epochs, resolved.train.freeze_backbone_epochs) == (40, 16)
     assert "backbone frozen 16 epochs, scaled from train.freeze_backbone_epochs=2" in note
 
@@ -186,32 +187,35 @@ def _labels_config(data_dir, **overrides):
 
 
 def test_labels_schedule_has_no_sh_warmup_and_no_pairs_min_steps(labels_dataset, tiny_dataset):
-    from raydist.train.trainer import resolve_schedule
+    from raydist.train.plan import resolve_schedule
 
     cfg = _labels_config(labels_dataset)
-    resolved, note = resolve_schedule(cfg, labels_dataset)
+    resolved, note = resolve_schedule(cfg, DataInfo.from_dataset(labels_dataset))
     assert (resolved.train.epochs, resolved.loss.warmup_sh_epochs) == (cfg.train.epochs, 0)
     assert "SH warm-up" not in note and "raised" not in note and resolved.train.early_stop_patience == 0
     # the same preset on image–caption data keeps its step-based schedule and warm-up
     pairs = _labels_config(tiny_dataset)
     steps = 2000 // pairs.train.batch_size  # tiny_dataset: 400 images × 5 captions
-    resolved, note = resolve_schedule(pairs, tiny_dataset)
+    resolved, note = resolve_schedule(pairs, DataInfo.from_dataset(tiny_dataset))
     assert resolved.train.epochs == -(-pairs.train.min_steps // steps) and "SH warm-up" in note
 
 
 def test_label_noise_turns_early_stopping_on_by_default(labels_dataset):
     from raydist.tasks import LabelsTask
-    from raydist.train.trainer import resolve_schedule
+    from raydist.train.plan import resolve_schedule
 
     resolved, note = resolve_schedule(
-        _labels_config(labels_dataset, **{"data.label_noise": 0.2}), labels_dataset
+        _labels_config(labels_dataset, **{"data.label_noise": 0.2}), DataInfo.from_dataset(labels_dataset)
     )
     assert resolved.train.early_stop_patience == LabelsTask.noisy_label_patience > 0 and "early stop" in note
     for explicit in (0, 7):  # a value the user gives wins
         cfg = _labels_config(
             labels_dataset, **{"data.label_noise": 0.2, "train.early_stop_patience": explicit}
         )
-        assert resolve_schedule(cfg, labels_dataset)[0].train.early_stop_patience == explicit
+        assert (
+            resolve_schedule(cfg, DataInfo.from_dataset(labels_dataset))[0].train.early_stop_patience
+            == explicit
+        )
 
 
 def test_epochs_without_improvement_counts_from_the_first_best():
@@ -232,7 +236,7 @@ def test_epochs_without_improvement_counts_from_the_first_best():
 def test_noisy_labels_stop_early_in_process(labels_dataset, tmp_path):
     """Label noise, no patience given: the resolved default stops a run whose val metric never improves
     (a learning rate too small to change it) after that many epochs."""
-    from raydist.train.trainer import resolve_schedule
+    from raydist.train.plan import resolve_schedule
 
     cfg = _labels_config(
         labels_dataset,
@@ -244,7 +248,7 @@ def test_noisy_labels_stop_early_in_process(labels_dataset, tmp_path):
             "train.batch_size": 64,
         },
     )
-    cfg, _ = resolve_schedule(cfg, labels_dataset)
+    cfg, _ = resolve_schedule(cfg, DataInfo.from_dataset(labels_dataset))
     task = build_task(cfg, DataInfo.from_dataset(labels_dataset))
     plan = StepPlan.from_config(cfg)
     out = run_loop(cfg, task, LocalRuntime(cfg, task, plan, tmp_path), plan, hooks=[ValidationHook(task)])
@@ -284,11 +288,11 @@ def test_reported_training_loss_leaves_out_the_probe(labels_dataset, tmp_path):
 def test_epoch_steps_cuts_every_epoch_and_each_draws_a_fresh_shuffle(tiny_dataset, tmp_path):
     """train.epoch_steps=5 over 2 epochs: 5 optimizer steps each (counted by a hook), the schedule line says so,
     and the two epochs' batches are different rows (each epoch a fresh shuffle, not the same first 5 batches)."""
-    from raydist.train.trainer import resolve_schedule
+    from raydist.train.plan import resolve_schedule
 
     cfg, task, plan, runtime = _setup(tiny_dataset, tmp_path, **{"train.epochs": 2, "train.epoch_steps": 5})
     full = 2000 // cfg.train.batch_size
-    note = resolve_schedule(cfg, tiny_dataset)[1]
+    note = resolve_schedule(cfg, DataInfo.from_dataset(tiny_dataset))[1]
     assert f"2 epochs × 5 steps = 10 steps (epochs cut from {full} steps by train.epoch_steps=5)" in note
     seen: list[list[int]] = [[], []]
 

@@ -20,7 +20,7 @@ from raydist.recipe import run_recipe
 from raydist.tasks import DataInfo, build_task
 from raydist.tasks.images import augmentation
 from raydist.train.local import LocalRuntime, SharedSplit
-from raydist.train.trainer import resolve_schedule
+from raydist.train.plan import resolve_schedule
 from raydist.tune.auto import asha_grace, auto_knobs, plan_trials, trial_base, trial_threads
 
 IMAGE_KNOBS = ["train.lr", "data.crop", "data.crop_pad", "data.flip", "model.cnn_width", "model.cnn_grid"]
@@ -48,7 +48,7 @@ def knobs_of(data, overrides=None):
     """The knobs `raydist train --data DATA key=value …` searches, with the resolved config they start from."""
     overrides = dict(overrides or {})
     cfg = run_recipe(data, overrides=overrides).config
-    full, _ = resolve_schedule(cfg, Path(data))
+    full, _ = resolve_schedule(cfg, DataInfo.from_dataset(Path(data)))
     return auto_knobs(full, DataInfo.from_dataset(data), fixed=overrides), full
 
 
@@ -147,11 +147,13 @@ def test_a_trial_is_the_full_schedule_cut_short(shapes_data):
             "train.lr_decay_factor": "0.1",
         },
     ).config
-    full, _ = resolve_schedule(cfg, Path(shapes_data))
+    full, _ = resolve_schedule(cfg, DataInfo.from_dataset(Path(shapes_data)))
     trial = trial_base(full, 10, threads=1)
     assert (trial.train.epochs, trial.train.lr_decay_epoch, trial.train.min_steps) == (10, 8, 0)
     assert (trial.train.num_workers, trial.train.cpus_per_worker, trial.train.run_name) == (0, 1, "")
-    assert resolve_schedule(trial, Path(shapes_data))[0].train.epochs == 10  # no step floor raises it again
+    assert (
+        resolve_schedule(trial, DataInfo.from_dataset(Path(shapes_data)))[0].train.epochs == 10
+    )  # no step floor raises it again
 
 
 def test_an_in_process_run_takes_a_shared_split_that_fits_it(colour_labels, tmp_path):

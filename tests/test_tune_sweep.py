@@ -12,6 +12,7 @@ import yaml
 from raydist.cli import main
 from raydist.config import ConfigError, load_config
 from raydist.runtime import cluster_capacity
+from raydist.tasks import DataInfo
 from raydist.train.trainer import run_training
 from raydist.tune.space import parse_space, resolve_base_config, trial_config
 from raydist.tune.sweep import (
@@ -74,7 +75,7 @@ def test_trials_schedule_by_steps_like_train(tiny_dataset):
     expected = {b: max(cfg.train.epochs, -(-400 // per_epoch[b])) for b in (16, 64)}
     assert expected[64] > expected[16] > cfg.train.epochs  # 13 vs 7 epochs; the preset runs 3
     for batch, epochs in expected.items():
-        assert trial_epochs(cfg, {"train.batch_size": batch}, Path(tiny_dataset)) == epochs
+        assert trial_epochs(cfg, {"train.batch_size": batch}, DataInfo.from_dataset(tiny_dataset)) == epochs
     assert trial_epochs(cfg, {"train.batch_size": 64}, None) == cfg.train.epochs
     assert _scheduler(space, cfg, Path(tiny_dataset))._max_t == expected[64]
 

@@ -171,6 +171,12 @@ def write_manifest(dataset_dir: str | Path, manifest: Manifest) -> Path:
     return path
 
 
+def manifest_or_load(dataset_dir: str | Path, manifest: Manifest | None) -> Manifest:
+    """``manifest`` when the caller has read it already (a run plan reads a dataset's manifest once and hands
+    it down), else the folder's (:func:`load_manifest`)."""
+    return manifest if manifest is not None else load_manifest(dataset_dir)
+
+
 def load_manifest(dataset_dir: str | Path) -> Manifest:
     """Read and check ``manifest.json``; every defect raises RaydistDataError naming file and field."""
     path = Path(dataset_dir) / MANIFEST_NAME

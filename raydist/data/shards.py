@@ -22,7 +22,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raydist.data.image_bytes import ImageInfo, dataset_channels, median_size
-from raydist.data.manifest import Manifest, ShardInfo, SplitInfo, load_manifest, sha256_file, write_manifest
+from raydist.data.manifest import (
+    Manifest,
+    ShardInfo,
+    SplitInfo,
+    manifest_or_load,
+    sha256_file,
+    write_manifest,
+)
 from raydist.data.schema import (
     CAPTION,
     CAPTIONS,
@@ -440,9 +447,10 @@ class DatasetWriter:
             self.abort()
 
 
-def split_files(path: str | Path, split: str) -> list[str]:
-    """Absolute paths of a split's shards in manifest order (input for ``ray.data.read_parquet``)."""
-    manifest = load_manifest(path)
+def split_files(path: str | Path, split: str, *, manifest: Manifest | None = None) -> list[str]:
+    """Absolute paths of a split's shards in manifest order (input for ``ray.data.read_parquet``); ``manifest``:
+    the folder's, when read already."""
+    manifest = manifest_or_load(path, manifest)
     _known(split, manifest)
     root = Path(path).resolve()
     return [str(root / s.file) for s in manifest.splits[split].shards]
@@ -453,15 +461,18 @@ def _known(split: str, manifest: Manifest) -> None:
         raise RaydistDataError(f"unknown split {split!r}; expected one of {list(manifest.splits)}")
 
 
-def read_split(path: str | Path, split: str, verify: bool = True) -> pa.Table:
+def read_split(
+    path: str | Path, split: str, verify: bool = True, *, manifest: Manifest | None = None
+) -> pa.Table:
     """One split as a single Arrow table with ``image`` as float32 (encoded images: binary) and ``caption``
     as string (``captions`` as list<string>).
 
     ``verify=True`` checks sha256, schema, dims and values of every shard (see validate.py), decoding every
-    encoded image, and raises RaydistDataError on the first problem.
+    encoded image, and raises RaydistDataError on the first problem. ``manifest``: the folder's, when read
+    already.
     """
     path = Path(path)
-    manifest = load_manifest(path)
+    manifest = manifest_or_load(path, manifest)
     _known(split, manifest)
     tables: list[pa.Table] = []
     if verify:
@@ -508,10 +519,10 @@ def feature_matrix(column: pa.Array | pa.ChunkedArray | np.ndarray) -> np.ndarra
 
 
 def split_arrays(
-    path: str | Path, split: str, verify: bool = True
+    path: str | Path, split: str, verify: bool = True, *, manifest: Manifest | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
     """``(image_ids int64 [N], sample_ids int64 [N], features float32 [N, D], captions [N])`` of a split."""
-    table = read_split(path, split, verify=verify)
+    table = read_split(path, split, verify=verify, manifest=manifest)
     if table.schema.field(IMAGE).type == pa.binary():
         raise RaydistDataError(
             f"{path}: split {split!r} holds encoded images, not feature vectors (read_split gives its table)"

@@ -16,7 +16,7 @@ import pyarrow as pa
 import torch
 
 from raydist.data.epoch_board import EPOCH_COLUMN, EpochBoard
-from raydist.data.manifest import load_manifest
+from raydist.data.manifest import Manifest, manifest_or_load
 from raydist.data.schema import IMAGE
 from raydist.data.shards import feature_matrix, read_split, split_files
 from raydist.data.transforms import EpochTransform, EpochViews, PassViews, train_transform
@@ -27,10 +27,10 @@ Batch = dict[str, np.ndarray]
 Transform = Callable[[Batch], Batch]
 
 
-def memory_mb(data_dir: str | Path, split: str) -> float:
+def memory_mb(data_dir: str | Path, split: str, *, manifest: Manifest | None = None) -> float:
     """MiB an in-memory split takes: float32 features, or for encoded images their decoded uint8 pixels
-    (rows × the manifest's median height × width × channels)."""
-    manifest = load_manifest(data_dir)
+    (rows × the manifest's median height × width × channels). ``manifest``: the folder's, when read already."""
+    manifest = manifest_or_load(data_dir, manifest)
     rows = manifest.splits[split].rows
     if manifest.image_format == "encoded":
         height, width = manifest.image_size
@@ -38,15 +38,24 @@ def memory_mb(data_dir: str | Path, split: str) -> float:
     return rows * manifest.feature_dim * 4 / 2**20
 
 
-def fits_in_memory(data_dir: str | Path, split: str, max_mb: int) -> bool:
+def fits_in_memory(
+    data_dir: str | Path, split: str, max_mb: int, *, manifest: Manifest | None = None
+) -> bool:
     """Whether the split takes at most ``max_mb`` MiB in memory (:func:`memory_mb`; 0 = never)."""
-    return max_mb > 0 and memory_mb(data_dir, split) <= max_mb
+    return max_mb > 0 and memory_mb(data_dir, split, manifest=manifest) <= max_mb
 
 
-def split_columns(data_dir: str | Path, split: str, columns: Sequence[str], *, verify: bool = False) -> Batch:
+def split_columns(
+    data_dir: str | Path,
+    split: str,
+    columns: Sequence[str],
+    *,
+    verify: bool = False,
+    manifest: Manifest | None = None,
+) -> Batch:
     """Columns of a split as numpy arrays: ``image`` as float32 [N, D] (features) or an object array of bytes
     (encoded images), ``captions`` as an object array of lists of strings, the rest as they are."""
-    table = read_split(data_dir, split, verify=verify)
+    table = read_split(data_dir, split, verify=verify, manifest=manifest)
     out = {}
     for c in columns:
         column = table.column(c)
@@ -68,9 +77,12 @@ def train_arrays(
     *,
     fraction: float = 1.0,
     seed: int = 0,
+    manifest: Manifest | None = None,
 ) -> Batch:
     """The whole train split, subset and transformed once (the in-memory path)."""
-    return train_transform(transform, fraction, seed)(split_columns(data_dir, "train", columns))
+    return train_transform(transform, fraction, seed)(
+        split_columns(data_dir, "train", columns, manifest=manifest)
+    )
 
 
 class InMemoryBatches:
@@ -121,10 +133,12 @@ class InMemoryBatches:
 READ_TASK_MB = 24
 
 
-def read_tasks(data_dir: str | Path, files: int) -> int:
+def read_tasks(data_dir: str | Path, files: int, *, manifest: Manifest | None = None) -> int:
     """Read tasks for the train split: about :data:`READ_TASK_MB` MiB of float32 features (or decoded pixels)
     each, whole shards per task, at least ``min(files, 4)`` tasks and at most one per shard."""
-    return max(min(files, 4), min(files, math.ceil(memory_mb(data_dir, "train") / READ_TASK_MB)))
+    return max(
+        min(files, 4), min(files, math.ceil(memory_mb(data_dir, "train", manifest=manifest) / READ_TASK_MB))
+    )
 
 
 # Encoded images per block of the train stream. Their transform (decode, then the epoch's crop, resize, flip and
@@ -134,11 +148,11 @@ def read_tasks(data_dir: str | Path, files: int) -> int:
 IMAGES_PER_BLOCK = 256
 
 
-def train_blocks(data_dir: str | Path, files: int) -> int:
+def train_blocks(data_dir: str | Path, files: int, *, manifest: Manifest | None = None) -> int:
     """Blocks of the train stream: one per read task (:func:`read_tasks`: the transform runs in the read task);
     for encoded images one per :data:`IMAGES_PER_BLOCK` images when that is more."""
-    tasks = read_tasks(data_dir, files)
-    manifest = load_manifest(data_dir)
+    manifest = manifest_or_load(data_dir, manifest)
+    tasks = read_tasks(data_dir, files, manifest=manifest)
     if manifest.image_format != "encoded":
         return tasks
     return max(tasks, math.ceil(manifest.splits["train"].rows / IMAGES_PER_BLOCK))
@@ -159,6 +173,7 @@ def train_dataset(
     num_cpus: float | None = None,
     concurrency: int | None = None,
     shards_at: str | None = None,
+    manifest: Manifest | None = None,
 ) -> Any:
     """The Ray Data stream of the train split: shards → selected columns → the task's transform, read and
     transformed in one Ray task per :func:`read_tasks` group of consecutive shards, one block each. The shards
@@ -171,9 +186,10 @@ def train_dataset(
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True  # deterministic row order for a fixed seed
     ctx.enable_progress_bars = False
-    files = split_files(data_dir, "train")
+    manifest = manifest_or_load(data_dir, manifest)
+    files = split_files(data_dir, "train", manifest=manifest)
     if shards_at is not None:
-        files = [join(shards_at, shard.file) for shard in load_manifest(data_dir).splits["train"].shards]
+        files = [join(shards_at, shard.file) for shard in manifest.splits["train"].shards]
     # Ray 2.60's default Parquet reader (DataSourceV2) plans a split of small shards as one read task that
     # yields one block: nothing streams, and every epoch waits for the whole split to be read and transformed
     # before its first batch (bench/RESULTS.md, "data"). The V1 reader makes one read task per group of
@@ -181,10 +197,10 @@ def train_dataset(
     # transform out of the read task (5× the tasks).
     v2 = getattr(ctx, "use_datasource_v2", False)
     ctx.use_datasource_v2 = False
-    blocks = train_blocks(data_dir, len(files))
+    blocks = train_blocks(data_dir, len(files), manifest=manifest)
     try:
         if is_tar_shard(files[0]):  # WebDataset shards: the same columns as Parquet shards of encoded images
-            ds = webdataset_stream(files, load_manifest(data_dir).task, "train", blocks=blocks)
+            ds = webdataset_stream(files, manifest.task, "train", blocks=blocks)
         else:
             ds = ray.data.read_parquet(files, override_num_blocks=blocks)
     finally:
@@ -207,6 +223,7 @@ def train_streams(
     num_cpus: float | None = None,
     concurrency: int | None = None,
     shards_at: str | None = None,
+    manifest: Manifest | None = None,
 ) -> tuple[dict[str, Any], dict[str, PassViews] | None]:
     """The Ray Data datasets of a streamed train split by Ray Train dataset name (:func:`train_splits`), each
     :func:`train_dataset` of the :func:`train_subset` (``fraction``, ``seed``) of ``transform``. With an
@@ -226,6 +243,7 @@ def train_streams(
             num_cpus=num_cpus,
             concurrency=concurrency,
             shards_at=shards_at,
+            manifest=manifest,
         )
     return datasets, views
 

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 
-from raydist.data.manifest import load_manifest
 from raydist.data.schema import MANIFEST_NAME, RaydistDataError
 from raydist.data.shards import DatasetWriter
 from raydist.data.vocab import Vocab
@@ -273,8 +272,7 @@ def ensure_default_dataset() -> Path:
     """The default synthetic dataset, generated on first use; concurrent callers and crashed runs never
     expose a partial dataset (it is built in a private folder and renamed into place)."""
     final = default_dataset_dir()
-    if (final / MANIFEST_NAME).is_file():
-        load_manifest(final)
+    if (final / MANIFEST_NAME).is_file():  # its manifest is read (and checked) by whoever uses it
         return final
     tmp = final.with_name(f".{final.name}.build-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-from raydist.data.manifest import load_manifest, write_manifest
+from raydist.data.manifest import Manifest, load_manifest, manifest_or_load, write_manifest
 from raydist.data.schema import CAPTION, CAPTIONS, RaydistDataError
 from raydist.data.vocab import PAD_ID, Vocab
 from raydist.data.webdataset import read_shard, shard_columns
@@ -232,9 +232,10 @@ def load_caption_tokenizer(files: dict[str, Path], kind: Literal["vocab", "subwo
     return SubwordTokenizer.load(files[TOKENIZER_NAME])
 
 
-def train_captions(data_dir: str | Path) -> Iterator[str]:
-    """The train split's captions, shard by shard (a ``caption`` column, or every caption of a ``captions`` list)."""
-    for shard in load_manifest(data_dir).splits["train"].shards:
+def train_captions(data_dir: str | Path, *, manifest: Manifest | None = None) -> Iterator[str]:
+    """The train split's captions, shard by shard (a ``caption`` column, or every caption of a ``captions`` list);
+    ``manifest``: the folder's, when read already."""
+    for shard in manifest_or_load(data_dir, manifest).splits["train"].shards:
         file = Path(data_dir) / shard.file
         table = read_shard(file, [c for c in (CAPTION, CAPTIONS) if c in shard_columns(file)])
         for name in table.column_names:

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from raydist.data.image_bytes import ImageInfo, check_image
-from raydist.data.manifest import Manifest, ShardInfo, load_manifest, sha256_file
+from raydist.data.manifest import Manifest, ShardInfo, manifest_or_load, sha256_file
 from raydist.data.schema import (
     CAPTION,
     CAPTIONS,
@@ -512,18 +512,20 @@ def validate_dataset(
     tasks: Collection[str] | None = None,
     image_sample: int | None = None,
     seed: int = 0,
+    manifest: Manifest | None = None,
 ) -> ValidationReport:
     """Check a dataset folder completely (manifest, vocab, standardisation file, every shard's bytes, schema and values,
     cross-shard and cross-split ids, every encoded image decoded); ``min_rows`` maps split → minimum rows
     required; ``tasks``, when given, the task names the manifest may name (the registered tasks: the data
     layer knows none itself); ``image_sample``, when given, decodes only that many encoded images per split,
-    drawn with a generator seeded by (``seed``, split) -- the other checks still read every row."""
+    drawn with a generator seeded by (``seed``, split) -- the other checks still read every row. ``manifest``: the
+    folder's, already read (and checked) by the caller."""
     if image_sample is not None and image_sample < 0:
         raise RaydistDataError(f"image_sample must be >= 0, got {image_sample}")
     path = Path(path)
     report = ValidationReport(str(path))
     try:
-        manifest = load_manifest(path)
+        manifest = manifest_or_load(path, manifest)
     except RaydistDataError as e:
         message = str(e).removeprefix(f"{path / MANIFEST_NAME}: ")
         report.problems.append(Problem(MANIFEST_NAME, None, message))
@@ -599,9 +601,12 @@ def validate_dataset(
     return report
 
 
-def check_split_size(path: str | Path, split: str, global_batch: int) -> int:
-    """Rows of ``split`` per the manifest; raises RaydistDataError when fewer than one global batch."""
-    manifest = load_manifest(path)
+def check_split_size(
+    path: str | Path, split: str, global_batch: int, *, manifest: Manifest | None = None
+) -> int:
+    """Rows of ``split`` per the manifest (``manifest``: the folder's, when read already); raises
+    RaydistDataError when fewer than one global batch."""
+    manifest = manifest_or_load(path, manifest)
     if split not in manifest.splits:
         raise RaydistDataError(f"unknown split {split!r}; expected one of {list(manifest.splits)}")
     rows = manifest.splits[split].rows

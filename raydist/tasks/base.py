@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from raydist.config import Config, ConfigError, option_kinds
-from raydist.data.manifest import load_manifest
+from raydist.data.manifest import Manifest, load_manifest
 from raydist.distributed import GatheredBatch, NegativeSet
 from raydist.eval.retrieve import RetrievalSet
 from raydist.losses import LossInputs, LossKind, get_loss, nested_rank_loss
@@ -33,6 +33,9 @@ class DataInfo:
     image_format: str = "features"  # "features" (vectors) or "encoded" (PNG/JPEG bytes, one row per image)
     image_channels: int | None = None  # encoded images: 1 when every image is greyscale, else 3
     image_size: tuple[int, int] | None = None  # encoded images: the train split's median [height, width]
+    # the dataset's manifest as read once by from_dataset (a run plan hands it down: nothing reads it again);
+    # None for facts from a checkpoint
+    manifest: Manifest | None = field(default=None, compare=False, repr=False)
 
     @property
     def encoded(self) -> bool:
@@ -40,10 +43,10 @@ class DataInfo:
         return self.image_format == "encoded"
 
     @classmethod
-    def from_dataset(cls, data_dir: str | Path) -> DataInfo:
-        """From a dataset folder's manifest."""
+    def from_dataset(cls, data_dir: str | Path, manifest: Manifest | None = None) -> DataInfo:
+        """From a dataset folder's manifest (``manifest``: when read already), which it keeps."""
         data_dir = Path(data_dir)
-        m = load_manifest(data_dir)
+        m = manifest if manifest is not None else load_manifest(data_dir)
         files = {name: data_dir / name for name in (m.vocab, m.standardization, m.tokenizer) if name}
         return cls(
             m.task,
@@ -54,6 +57,7 @@ class DataInfo:
             m.image_format,
             m.image_channels,
             tuple(m.image_size) if m.image_size else None,
+            m,
         )
 
     @classmethod

@@ -58,7 +58,7 @@ class LabelsTask(Task):
         """A warning for each split that lacks classes another split shares (with the rows per split)."""
         if self.info.data_dir is None:
             return []
-        manifest = load_manifest(self.info.data_dir)
+        manifest = self.info.manifest or load_manifest(self.info.data_dir)
         source = manifest.source or {}
         names = manifest.class_names or source.get("classes")
         return missing_class_notes(split_class_counts(self.info.data_dir), names)
@@ -134,14 +134,14 @@ class LabelsTask(Task):
         """(embeddings [N, d], logits [N, K], clean labels [N]) of a split."""
         if self.info.encoded:  # the split's labels and images (decoded once when they fit) are kept
             if split not in self._eval_images:
-                table = read_split(self.info.data_dir, split, verify=False)
+                table = read_split(self.info.data_dir, split, verify=False, manifest=self.info.manifest)
                 images = table.column(IMAGE).to_numpy(zero_copy_only=False)
                 labels = table.column(CLEAN_LABEL if CLEAN_LABEL in table.column_names else LABEL).to_numpy()
                 self._eval_images[split] = (eval_images(self.cfg, self.info, split, images), labels)
             images, labels = self._eval_images[split]
             inputs = ImageViews(images, image_transform(self.cfg, self.info, train=False))
         else:
-            table = read_split(self.info.data_dir, split, verify=False)
+            table = read_split(self.info.data_dir, split, verify=False, manifest=self.info.manifest)
             labels = table.column(CLEAN_LABEL if CLEAN_LABEL in table.column_names else LABEL).to_numpy()
             inputs = feature_matrix(table.column(IMAGE))
         emb, logits = self._forward(model, inputs, device)

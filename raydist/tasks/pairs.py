@@ -254,14 +254,16 @@ class PairsTask(Task):
     def _arrays(self, split: str) -> tuple:
         """``(image_ids, sample_ids, features, captions)`` of a split, read once."""
         if split not in self._splits:
-            self._splits[split] = split_arrays(self.info.data_dir, split, verify=False)
+            self._splits[split] = split_arrays(
+                self.info.data_dir, split, verify=False, manifest=self.info.manifest
+            )
         return self._splits[split]
 
     def data_notes(self) -> list[str]:
         """The tokenizer and how many train captions it cuts at ``data.max_caption_len``."""
         if self.info.data_dir is None:
             return []
-        captions = list(train_captions(self.info.data_dir))
+        captions = list(train_captions(self.info.data_dir, manifest=self.info.manifest))
         limit = self.cfg.data.max_caption_len
         cut = count_truncated(self.tokenizer, captions, limit)
         name = "word vocab (vocab.json)" if self.tokenizer_kind == "vocab" else f"subword {TOKENIZER_NAME}"

@@ -57,6 +57,7 @@ class SharedSplit:
                 task.transform,
                 fraction=cfg.data.train_fraction,
                 seed=cfg.train.seed,
+                manifest=task.info.manifest,
             ),
         )
 
@@ -106,6 +107,7 @@ class LocalRuntime:
                 task.transform,
                 fraction=cfg.data.train_fraction,
                 seed=cfg.train.seed,
+                manifest=task.info.manifest,
             )
         self.batches = InMemoryBatches(
             arrays,

@@ -30,9 +30,9 @@ from raydist.config import Config, epoch_steps
 from raydist.console import say
 from raydist.distributed import StepPlan, gather_step, step_generator
 from raydist.distributed.reduce import all_reduce_sum
-from raydist.inference import check_resume
 from raydist.malloc import tune_malloc
 from raydist.models import unwrap_model
+from raydist.retrieval.trained import check_resume
 from raydist.tasks import Encoded, StepContext, Task, to_tensors
 from raydist.tasks.base import PROBE_LOSS
 from raydist.train.gradient_caching import cached_step_backward, check_model

@@ -15,7 +15,6 @@ import ray.train.torch
 from torch import nn
 
 from raydist.config import Config, from_saved
-from raydist.data import load_manifest
 from raydist.data.epoch_board import EpochBoard
 from raydist.data.remote import local_dataset
 from raydist.data.stream import InMemoryBatches, StreamedEpochs, train_arrays, train_splits
@@ -23,6 +22,7 @@ from raydist.data.transforms import PassViews
 from raydist.distributed import StepPlan
 from raydist.tasks import DataInfo, Task, build_task
 from raydist.train.loop import run_loop
+from raydist.train.plan import step_plan
 from raydist.train.wiring import build_hooks
 
 # The score of a checkpoint without validation (mid-epoch, or a stop on request) as Ray Train gets it. The loop
@@ -41,7 +41,7 @@ class RayRuntime:
         ctx = ray.train.get_context()
         self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
         self.device = ray.train.torch.get_device()
-        self.cfg, self.plan, self._data_dir = cfg, plan, task.info.data_dir
+        self.cfg, self.plan, self._manifest = cfg, plan, task.info.manifest
         self._memory: InMemoryBatches | None = None
         self._stream: StreamedEpochs | None = None
         self.arrays = None  # the transformed in-memory train split (None when streaming)
@@ -52,6 +52,7 @@ class RayRuntime:
                 task.transform,
                 fraction=cfg.data.train_fraction,
                 seed=cfg.train.seed,
+                manifest=task.info.manifest,
             )
             self._memory = InMemoryBatches(
                 arrays,
@@ -84,7 +85,7 @@ class RayRuntime:
     def steps_per_epoch(self) -> int:
         if self._memory is not None:
             return self._memory.steps_per_epoch()
-        rows = load_manifest(self._data_dir).splits["train"].rows  # streaming_split(equal=True): N // W each
+        rows = self._manifest.splits["train"].rows  # streaming_split(equal=True): N // W each
         return rows // self.world // self.plan.rows_per_worker
 
     def train_batches(self, epoch: int) -> Iterable[dict[str, np.ndarray]]:
@@ -117,9 +118,8 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any] | None:
     (``workers_started``: Ray Train's worker group is up) and its train split was ready (``data_ready``)."""
     workers_started = time.time()
     cfg = from_saved(loop_config["cfg"])
-    task = build_task(cfg, DataInfo.from_dataset(local_dataset(loop_config["data_dir"])))
-    world = ray.train.get_context().get_world_size()
-    plan = StepPlan(cfg.train.batch_size, cfg.loss.negative_set_size, world)
+    task = build_task(cfg, DataInfo.from_dataset(local_dataset(loop_config["data_dir"])))  # this node's copy
+    plan = step_plan(cfg, ray.train.get_context().get_world_size())
     runtime = RayRuntime(cfg, task, plan, loop_config["source"], loop_config.get("epoch_boards"))
     data_ready = time.time()
     hooks = build_hooks(cfg, task, runtime, loop_config.get("run_dir"), loop_config.get("stop_file"))

@@ -188,7 +188,7 @@ def run_training(
     KeyboardInterrupt at once (:func:`raydist.train.stopping.stop_on_signals`)."""
     from ray.train import TrainingFailedError
 
-    from raydist.inference import resume_checkpoint
+    from raydist.retrieval.trained import resume_checkpoint
     from raydist.train.ray_worker import UNSCORED
 
     plan = prepare_run(cfg)
@@ -353,7 +353,7 @@ def named_run_decision(cfg: Config, *, force: bool = False) -> tuple[str, Existi
 def _continue_or_start_named_run(cfg: Config, data_dir: Path, *, force: bool) -> None:
     """Act on :func:`named_run_decision`: say which run continues (after the data-fit check of
     :func:`raydist.inference.resume_checkpoint`), or remove the folder of a run ``force`` starts over."""
-    from raydist.inference import resume_checkpoint
+    from raydist.retrieval.trained import resume_checkpoint
 
     action, run = named_run_decision(cfg, force=force)
     if run is None:
@@ -488,11 +488,17 @@ def _finish(outcome: TrainOutcome, plan: RunPlan, evaluate_test: bool) -> TrainO
     """Evaluate the best checkpoint on the test split; write ``history.json``, ``best_checkpoint.json``
     (:func:`raydist.inference.record_best_checkpoint`) and the plots (raydist.plots.plot_run) into a local
     run folder."""
-    from raydist.inference import evaluate_checkpoint, record_best_checkpoint
+    from raydist.checkpoint import record_best_checkpoint
     from raydist.plots import plot_run
+    from raydist.retrieval.trained import evaluate_checkpoint
 
     outcome.data_dir = str(plan.data_dir)
-    if evaluate_test and not outcome.stopped and outcome.best_checkpoint and "test" in plan.info.manifest.splits:
+    if (
+        evaluate_test
+        and not outcome.stopped
+        and outcome.best_checkpoint
+        and "test" in plan.info.manifest.splits
+    ):
         outcome.test_metrics = evaluate_checkpoint(outcome.best_checkpoint, plan.data_dir, "test")
     if is_uri(outcome.run_dir):  # the same records, on object storage (no plots there)
         write_bytes(join(outcome.run_dir, HISTORY_FILE), json.dumps(outcome.history, indent=1).encode())

@@ -28,10 +28,10 @@ from typing import Any
 from raydist.config import Config, ConfigError, apply_overrides, dump_yaml
 from raydist.console import say
 from raydist.data.stream import fits_in_memory
-from raydist.distributed import StepPlan
 from raydist.runtime import is_uri, run_name, storage_root
 from raydist.tasks import DataInfo, Task, build_task, get_task
 from raydist.tasks.images import PAD_CROP_MAX_SIDE, augmentation, crop_size, image_config_problems
+from raydist.train.plan import prepare_run, step_plan
 from raydist.tune.space import parse_space, trial_config
 from raydist.tune.sweep import SweepOutcome, TrialRow, TrialSetup, run_sweep
 
@@ -88,7 +88,7 @@ class AutoOutcome:
 
 def auto_knobs(cfg: Config, info: DataInfo, fixed: Collection[str] = ()) -> list[Knob]:
     """The knobs searched for ``cfg`` (its schedule and augmentation resolved, as
-    :func:`raydist.train.trainer.resolve_schedule` gives it) on the data ``info`` describes; keys in ``fixed``
+    :func:`raydist.train.plan.resolve_schedule` gives it) on the data ``info`` describes; keys in ``fixed``
     (the command line's) and keys the task does not read are left out. The crop knobs follow the crop the
     images get (:func:`raydist.tasks.images.augmentation`): up to :data:`PAD_CROP_MAX_SIDE` px pad-and-crop or
     none with the padding; above, the lower bound of the random resized crop's area."""
@@ -216,7 +216,7 @@ def probe_seconds(cfg: Config, task: Task, arrays: Mapping[str, Any], threads: i
     from raydist.train.loop import StepContext, Trainables, train_step
 
     device = torch.device("cuda" if cfg.train.use_gpu and torch.cuda.is_available() else "cpu")
-    plan = StepPlan(cfg.train.batch_size, cfg.loss.negative_set_size, 1)
+    plan = step_plan(cfg)
     batches = InMemoryBatches(
         dict(arrays),
         rows=plan.rows_per_worker,
@@ -259,7 +259,6 @@ def auto_search(
     against the defaults' trial, write the winner as a preset (:data:`AUTO_CONFIG_FILE`) in the run's folder,
     and return the config the run trains with (``train.run_name`` set to that folder's name)."""
     from raydist.train.local import SharedSplit
-    from raydist.train.trainer import checked_data_dir, resolve_schedule
 
     started = time.time()
     deadline = started + budget_min * 60
@@ -278,9 +277,8 @@ def auto_search(
         )
     run_cfg = apply_overrides(cfg, {"train.run_name": run_name(cfg)})
     run_dir = Path(storage) / run_cfg.train.run_name
-    data_dir = checked_data_dir(cfg)
-    info = DataInfo.from_dataset(data_dir)
-    full, _ = resolve_schedule(cfg, data_dir)
+    plan = prepare_run(cfg)
+    full, info, data_dir = plan.cfg, plan.info, plan.data_dir
     knobs = auto_knobs(full, info, fixed)
     if not knobs:
         line = "[raydist] auto: nothing to search (every knob is set on the command line or does not apply)"
@@ -291,9 +289,12 @@ def auto_search(
     probe_cfg = trial_config(trial_base(full, 1, threads), defaults)
     task = build_task(probe_cfg, info)
     shared = SharedSplit.read(probe_cfg, task)
-    steps_per_epoch = len(next(iter(shared.arrays.values()))) // StepPlan.from_config(probe_cfg).rows_per_step
+    steps_per_epoch = len(next(iter(shared.arrays.values()))) // step_plan(probe_cfg).rows_per_step
     step_s, eval_s = probe_seconds(probe_cfg, task, shared.arrays, threads)
-    if not fits_in_memory(data_dir, "train", cfg.data.in_memory_max_mb) or not shared.travels():
+    if (
+        not fits_in_memory(data_dir, "train", cfg.data.in_memory_max_mb, manifest=info.manifest)
+        or not shared.travels()
+    ):
         shared = (
             None  # too big to hand every trial a copy, or no trial could tell it fits: each reads its own
         )
@@ -309,7 +310,7 @@ def auto_search(
         concurrent=concurrent,
         trials=TRIALS,
     )
-    metric = f"val/{build_task(full, info).primary_metric}"
+    metric = f"val/{plan.task.primary_metric}"
     space = parse_space(
         {
             "metric": metric,

@@ -30,7 +30,9 @@ from raydist.runtime import (
     init_ray,
     run_cpus,
 )
-from raydist.train.trainer import build_trainer, checked_data_dir, resolve_schedule
+from raydist.tasks import DataInfo
+from raydist.train.plan import check_run, open_dataset, plan_for, resolve_schedule
+from raydist.train.trainer import build_trainer
 from raydist.tune.space import SweepSpace, parse_space, trial_config, trial_configs
 
 if TYPE_CHECKING:
@@ -132,7 +134,7 @@ def trial_driver(
     config: dict[str, Any],
     *,
     base: dict[str, Any],
-    data_dir: str,
+    info: DataInfo,
     experiment_path: str,
     setup: TrialSetup | None = None,
 ) -> None:
@@ -148,7 +150,10 @@ def trial_driver(
     from raydist.train.trainer import train_in_process
 
     setup = setup or TrialSetup()
-    cfg, _ = resolve_schedule(trial_config(from_saved(base), config), Path(data_dir))
+    plan = plan_for(
+        trial_config(from_saved(base), config), info
+    )  # the data was checked by the sweep's driver
+    cfg = plan.cfg
     trial_folder = f"{experiment_path}/{Path(tune.get_context().get_trial_dir()).name}"
     if cfg.train.num_workers == 0:
 
@@ -161,11 +166,10 @@ def trial_driver(
 
             torch.set_num_threads(setup.threads)
         with _trial_console(run_dir if setup.quiet else None):
-            train_in_process(cfg, Path(data_dir), run_dir=run_dir, on_report=forward, shared=setup.shared)
+            train_in_process(plan, run_dir=run_dir, on_report=forward, shared=setup.shared)
         return
     trainer = build_trainer(
-        cfg,
-        Path(data_dir),
+        plan,
         callbacks=[TuneReportCallback()],
         run_name_override=TRAIN_RUN_NAME,
         storage_path=trial_folder,
@@ -329,7 +333,8 @@ def run_sweep(
 
     setup = setup or TrialSetup()
     search_alg = _search_alg(space, setup)
-    data_dir = _checked_data(space, cfg)
+    info = open_dataset(cfg)
+    check_run(cfg, info, trial_configs(space, cfg))  # every trial config against the data, before Ray starts
     storage = _absolute(storage_path or cfg.train.storage_path or "runs")
     name = f"tune-{space.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     experiment_path = f"{storage}/{name}"
@@ -344,12 +349,17 @@ def run_sweep(
         experiment_path,
         SWEEP_FILE,
         yaml.safe_dump(
-            {"name": space.name, "space": space.source, "config": cfg.to_dict(), "data_dir": str(data_dir)},
+            {
+                "name": space.name,
+                "space": space.source,
+                "config": cfg.to_dict(),
+                "data_dir": str(info.data_dir),
+            },
             sort_keys=False,
         ),
     )
     tuner = tune.Tuner(
-        _trainable(space, cfg, data_dir, experiment_path, setup),
+        _trainable(space, cfg, info, experiment_path, setup),
         param_space=tune_param_space(space),
         tune_config=tune.TuneConfig(
             metric=space.metric,
@@ -357,7 +367,7 @@ def run_sweep(
             num_samples=space.num_samples,
             # a BasicVariantGenerator of ours limits itself (Tune's limit applies to Searchers only)
             max_concurrent_trials=None if _generates(search_alg) else space.max_concurrent_trials,
-            scheduler=_scheduler(space, cfg, data_dir),
+            scheduler=_scheduler(space, cfg, info),
             search_alg=search_alg,
             trial_dirname_creator=trial_dirname,
             reuse_actors=setup.reuse_actors,
@@ -373,7 +383,7 @@ def run_sweep(
     )
     with quiet_tune_console():
         grid = tuner.fit()
-    return summarise(grid, space, cfg, experiment_path, data_dir)
+    return summarise(grid, space, cfg, experiment_path, info)
 
 
 def resume_sweep(path: str, *, resume_errored: bool = False, address: str | None = None) -> SweepOutcome:
@@ -389,10 +399,11 @@ def resume_sweep(path: str, *, resume_errored: bool = False, address: str | None
     if not tune.Tuner.can_restore(experiment_path):
         raise ConfigError(f"{path} has no Tune experiment state to resume from")
     space, cfg = parse_space(saved["space"], name=saved["name"]), from_saved(saved["config"])
+    info = DataInfo.from_dataset(saved["data_dir"])  # checked when the sweep started
     _start_ray(space, cfg, address, experiment_path)
     tuner = tune.Tuner.restore(
         experiment_path,
-        trainable=_trainable(space, cfg, Path(saved["data_dir"]), experiment_path),
+        trainable=_trainable(space, cfg, info, experiment_path),
         resume_errored=resume_errored,
     )
     run_config = (
@@ -401,17 +412,17 @@ def resume_sweep(path: str, *, resume_errored: bool = False, address: str | None
     run_config.callbacks, run_config.verbose = [trial_lines_callback(space)], tune_verbosity()
     with quiet_tune_console():
         grid = tuner.fit()
-    return summarise(grid, space, cfg, experiment_path, Path(saved["data_dir"]))
+    return summarise(grid, space, cfg, experiment_path, info)
 
 
 def summarise(
-    grid: Any, space: SweepSpace, base: Config, experiment_path: str, data_dir: Path | None = None
+    grid: Any, space: SweepSpace, base: Config, experiment_path: str, info: DataInfo | None = None
 ) -> SweepOutcome:
-    """Results table rows from a Tune ``ResultGrid``; writes the best trial's config as a preset. With
-    ``data_dir``, a trial's planned epochs are those of its resolved schedule (``train.min_steps``)."""
+    """Results table rows from a Tune ``ResultGrid``; writes the best trial's config as a preset. With the
+    dataset's ``info``, a trial's planned epochs are those of its resolved schedule (``train.min_steps``)."""
     rows, checkpoints = [], {}
     for result in grid:
-        row, checkpoints[Path(result.path).name] = _trial_row(result, space, base, data_dir)
+        row, checkpoints[Path(result.path).name] = _trial_row(result, space, base, info)
         rows.append(row)
     rows.sort(key=lambda r: r.trial)
     best = _best_row(grid, space, rows)
@@ -441,15 +452,15 @@ def _best_row(grid: Any, space: SweepSpace, rows: list[TrialRow]) -> TrialRow | 
     return next((r for r in rows if r.trial == name and r.metric is not None), None)
 
 
-def trial_epochs(base: Config, values: dict[str, Any], data_dir: Path | None) -> int:
+def trial_epochs(base: Config, values: dict[str, Any], info: DataInfo | None) -> int:
     """The epochs a trial with these swept ``values`` runs: its config's, raised by ``train.min_steps``
-    for the data in ``data_dir`` (as ``trial_driver`` resolves it)."""
+    for the dataset ``info`` describes (as ``trial_driver`` resolves it)."""
     cfg = trial_config(base, values)
-    return resolve_schedule(cfg, data_dir)[0].train.epochs if data_dir else cfg.train.epochs
+    return resolve_schedule(cfg, info)[0].train.epochs if info else cfg.train.epochs
 
 
 def _trial_row(
-    result: Any, space: SweepSpace, base: Config, data_dir: Path | None = None
+    result: Any, space: SweepSpace, base: Config, info: DataInfo | None = None
 ) -> tuple[TrialRow, str | None]:
     """A trial's table row and the checkpoint of its best report (per ``metric``/``mode``)."""
     import pandas as pd
@@ -463,7 +474,7 @@ def _trial_row(
         metric = reports[space.metric]
         best = reports.loc[metric.idxmax() if space.mode == "max" else metric.idxmin()]
     epochs = int(df["epoch"].max()) if "epoch" in df and len(df) else 0
-    planned = trial_epochs(base, values, data_dir)
+    planned = trial_epochs(base, values, info)
     row = TrialRow(
         trial=Path(result.path).name,
         values=values,
@@ -499,11 +510,6 @@ def format_results(outcome: SweepOutcome) -> str:
     return "\n".join(out)
 
 
-def _checked_data(space: SweepSpace, cfg: Config) -> Path:
-    """The dataset folder, validated and big enough for the most rows per step any trial embeds."""
-    return checked_data_dir(cfg, trial_configs(space, cfg))
-
-
 def _start_ray(space: SweepSpace, cfg: Config, address: str | None, experiment_path: str) -> None:
     """Start or join Ray, check the sweep fits, and send worker output to the experiment's raydist.log."""
     init_ray(sweep_cpus(space, cfg), address, plugins=cfg.plugins)
@@ -515,13 +521,13 @@ def _start_ray(space: SweepSpace, cfg: Config, address: str | None, experiment_p
 
 
 def _trainable(
-    space: SweepSpace, cfg: Config, data_dir: Path, experiment_path: str, setup: TrialSetup | None = None
+    space: SweepSpace, cfg: Config, info: DataInfo, experiment_path: str, setup: TrialSetup | None = None
 ) -> Any:
     from ray import tune
 
     options = {} if setup is None else {"setup": setup}  # with_parameters puts it in Ray's object store once
     driver = tune.with_parameters(
-        trial_driver, base=cfg.to_dict(), data_dir=str(data_dir), experiment_path=experiment_path, **options
+        trial_driver, base=cfg.to_dict(), info=info, experiment_path=experiment_path, **options
     )
     return tune.with_resources(driver, partial(trial_resources, space.trial_cpus, cfg.to_dict()))
 
@@ -535,7 +541,7 @@ def trial_resources(trial_cpus: float, base: dict[str, Any], config: dict[str, A
     return {"cpu": trial_cpus + train.cpus_per_worker, **({"gpu": 1} if train.use_gpu else {})}
 
 
-def _scheduler(space: SweepSpace, cfg: Config, data_dir: Path) -> Any:
+def _scheduler(space: SweepSpace, cfg: Config, info: DataInfo) -> Any:
     """FIFO, or ASHA on epochs; ASHA's ``max_t`` defaults to the most epochs a checked trial config runs
     after ``train.min_steps`` raised them (a bigger swept batch has fewer steps per epoch)."""
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
@@ -543,7 +549,7 @@ def _scheduler(space: SweepSpace, cfg: Config, data_dir: Path) -> Any:
     s = space.scheduler
     if s.kind == "fifo":
         return FIFOScheduler()
-    planned = [resolve_schedule(c, data_dir)[0].train.epochs for c in [cfg, *trial_configs(space, cfg)]]
+    planned = [resolve_schedule(c, info)[0].train.epochs for c in [cfg, *trial_configs(space, cfg)]]
     return ASHAScheduler(
         time_attr="epoch",
         max_t=s.max_t or max(planned),
