@@ -124,9 +124,9 @@ def backbone(run: Path, out: Path) -> None:
     import torch
 
     from raydist.checkpoint import load_checkpoint
-    from raydist.inference import choose_checkpoint
+    from raydist.retrieval.trained import choose_trained
 
-    chosen = choose_checkpoint(run)
+    chosen = choose_trained(run)
     state = load_checkpoint(chosen.path)[0]["model"]
     trunk = {k.split(".backbone.", 1)[1]: v for k, v in state.items() if ".backbone." in k}
     if not trunk:

@@ -7,16 +7,16 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from raydist.inference import Embedder
+    from raydist.retrieval.embedder import Embedder
 
 __all__ = ["Embedder", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
-    """``raydist.Embedder`` on first use: importing :mod:`raydist.inference` loads torch (seconds), which
+    """``raydist.Embedder`` on first use: importing :mod:`raydist.retrieval.embedder` loads torch (seconds), which
     ``import raydist`` and the command line's start must not pay."""
     if name == "Embedder":
-        from raydist.inference import Embedder
+        from raydist.retrieval.embedder import Embedder
 
         return Embedder
     raise AttributeError(f"module 'raydist' has no attribute {name!r}")

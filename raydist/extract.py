@@ -29,8 +29,8 @@ from raydist.data.stream import split_columns
 from raydist.data.tokenizer import SubwordTokenizer, save_dataset_tokenizer
 from raydist.data.transforms import ImageViews
 from raydist.data.vocab import Vocab
-from raydist.inference import load_trained
 from raydist.models.image_encoders import BackboneEncoder, build_image_encoder
+from raydist.retrieval.trained import load_trained
 from raydist.tasks.images import MAX_DEFAULT_SIZE, embed_views, image_transform
 
 Output = Literal["backbone", "head"]

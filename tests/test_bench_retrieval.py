@@ -20,7 +20,7 @@ from raydist.benchmarks.retrieval import (
 )
 from raydist.eval.adaptive import adaptive_retrieval, funnel_retrieval
 from raydist.eval.faiss_index import build_index
-from raydist.eval.retrieve import Cascade, default_funnel
+from raydist.retrieval.search import Cascade, default_funnel
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ from raydist.eval.adaptive import (
     project_first_m,
     project_random,
     project_svd,
-    timed_search,
 )
 from raydist.eval.faiss_index import build_index
 
@@ -152,11 +151,3 @@ def test_project_first_m():
     np.testing.assert_array_equal(project_first_m(x, 2), [[0, 1], [4, 5], [8, 9]])
     with pytest.raises(ValueError):
         project_first_m(x, 5)
-
-
-@pytest.mark.parametrize("batched", [True, False])
-def test_timed_search_calls(batched):
-    calls = []
-    per_query = timed_search(lambda q: calls.append(len(q)), np.zeros((4, 3)), batched=batched, repeats=2)
-    assert calls == ([4, 4] if batched else [1] * 8)
-    assert 0 <= per_query < 1

@@ -18,11 +18,9 @@ from raydist.eval.adaptive import funnel_retrieval, mflops_per_query
 from raydist.eval.faiss_index import build_index
 from raydist.eval.metrics import retrieval_metrics
 from raydist.eval.retrieve import (
-    Cascade,
     build_indexes,
     cascade_ids,
     default_dims,
-    default_funnel,
     drop_self,
     evaluate_adaptive,
     evaluate_cascades,
@@ -32,7 +30,8 @@ from raydist.eval.retrieve import (
     load_indexes,
     search_ids,
 )
-from raydist.inference import checkpoint_retrieval_report, evaluate_checkpoint, load_trained
+from raydist.retrieval.search import Cascade, default_funnel
+from raydist.retrieval.trained import checkpoint_retrieval_report, evaluate_checkpoint, load_trained
 from raydist.tasks import DataInfo, build_task
 from raydist.train.local import LocalRuntime
 from raydist.train.loop import run_loop

@@ -17,8 +17,8 @@ from raydist.config import ConfigError, load_config
 from raydist.data import Vocab, dataset_task, load_manifest, read_split, validate_dataset
 from raydist.data.image_transforms import decode_image, default_mean_std, eval_view
 from raydist.extract import extract_features, pretrained_encoder
-from raydist.inference import load_trained
 from raydist.models.image_encoders import BackboneEncoder, build_image_encoder
+from raydist.retrieval.trained import load_trained
 from raydist.train.trainer import run_training
 
 

@@ -1,4 +1,4 @@
-"""raydist.inference: one loader from a checkpoint to a model (weights, data checks, dims), and resume
+"""raydist.retrieval.trained: one loader from a checkpoint to a model (weights, data checks, dims), and resume
 compatibility judged from the saved state (tensor names and shapes), not from a list of config keys."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from raydist.cli import main
 from raydist.config import ConfigError, load_config
 from raydist.data.synthetic_labels import make_synthetic_labels
 from raydist.distributed import StepPlan
-from raydist.inference import load_trained, resume_checkpoint
+from raydist.retrieval.trained import load_trained, resume_checkpoint
 from raydist.tasks import DataInfo, build_task
 from raydist.train.local import LocalRuntime
 from raydist.train.loop import run_loop

@@ -1,5 +1,5 @@
 """A run folder given to eval / retrieve / index / the Embedder means its best checkpoint by the run's val metric
-(raydist.inference.choose_checkpoint): the record a finished run writes, else each checkpoint's own reported
+(raydist.retrieval.trained.choose_trained, raydist.checkpoint.choose_checkpoint): the record a finished run writes, else each checkpoint's own reported
 metric; ``--latest`` gives the newest; the output names the checkpoint and why."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from raydist.checkpoint import save_checkpoint
+from raydist.checkpoint import record_best_checkpoint, save_checkpoint
 from raydist.cli import main
 from raydist.config import load_config
 from raydist.dataset_task import dataset_task
-from raydist.inference import choose_checkpoint, evaluate_checkpoint, record_best_checkpoint
+from raydist.retrieval.trained import choose_trained, evaluate_checkpoint
 from raydist.runfiles import BEST_CHECKPOINT_FILE
 from raydist.tasks import DataInfo, build_task
 from raydist.train.trainer import run_training
@@ -63,11 +63,11 @@ def run_dir(labels_dataset, tmp_path) -> Path:
 
 def test_a_run_folder_means_its_best_checkpoint_and_latest_its_newest(run_dir):
     older, newer = run_dir / "checkpoint_00000010", run_dir / "checkpoint_00000020"
-    best = choose_checkpoint(run_dir)
+    best = choose_trained(run_dir)
     assert best.path == older and best.reason == f"best by {METRIC} = 90"
-    latest = choose_checkpoint(run_dir, latest=True)
+    latest = choose_trained(run_dir, latest=True)
     assert latest.path == newer and latest.reason == "latest"
-    given = choose_checkpoint(newer, latest=False)
+    given = choose_trained(newer, latest=False)
     assert given.path == newer and given.reason == "the checkpoint given"
     assert str(best) == f"{older} (best by {METRIC} = 90)"
 
@@ -99,27 +99,27 @@ def test_retrieve_and_index_name_the_checkpoint_they_use(run_dir, tmp_path, caps
 def test_the_record_of_a_finished_run_wins_until_a_newer_checkpoint_makes_it_stale(run_dir, labels_dataset):
     newer = run_dir / "checkpoint_00000020"
     record_best_checkpoint(run_dir, newer, METRIC, 40.0)  # contradicts the scores: shows the record is read
-    chosen = choose_checkpoint(run_dir)
+    chosen = choose_trained(run_dir)
     assert chosen.path == newer and chosen.reason == f"best by {METRIC} = 40"
     _checkpoint(run_dir, labels_dataset, 30, 50.0, seed=3)  # a resumed run went on without finishing
-    assert choose_checkpoint(run_dir).path == run_dir / "checkpoint_00000010"
+    assert choose_trained(run_dir).path == run_dir / "checkpoint_00000010"
     shutil.rmtree(run_dir / "checkpoint_00000030")
     (run_dir / BEST_CHECKPOINT_FILE).write_text("{not json")
     with pytest.raises(ValueError, match=re.escape(str(run_dir / BEST_CHECKPOINT_FILE))):
-        choose_checkpoint(run_dir)
+        choose_trained(run_dir)
 
 
 def test_without_scored_checkpoints_the_newest_is_used_and_said_so(labels_dataset, tmp_path):
     run = tmp_path / "run"
     _checkpoint(run, labels_dataset, 10, None, seed=1)  # no val metric (mid-epoch)
     _checkpoint(run, labels_dataset, 20, None, seed=2)
-    chosen = choose_checkpoint(run)
+    chosen = choose_trained(run)
     assert (
         chosen.path == run / "checkpoint_00000020"
         and chosen.reason == f"latest: no checkpoint has a {METRIC}"
     )
     with pytest.raises(FileNotFoundError, match="neither a checkpoint folder"):
-        choose_checkpoint(tmp_path)
+        choose_trained(tmp_path)
 
 
 def test_a_finished_run_records_the_best_checkpoint_it_reports(labels_dataset, tmp_path):
@@ -140,4 +140,4 @@ def test_a_finished_run_records_the_best_checkpoint_it_reports(labels_dataset, t
     assert record["checkpoint"] == Path(outcome.best_checkpoint).name and record["metric"] == METRIC
     scores = {m["step"]: m[METRIC] for m in outcome.history}
     assert record["value"] == pytest.approx(max(scores.values()))
-    assert choose_checkpoint(outcome.run_dir).path == Path(outcome.best_checkpoint)
+    assert choose_trained(outcome.run_dir).path == Path(outcome.best_checkpoint)

@@ -20,7 +20,9 @@ from raydist.checkpoint import TASK_FILE, save_checkpoint
 from raydist.cli import main
 from raydist.config import ConfigError, load_config
 from raydist.dataset_task import dataset_task
-from raydist.inference import Embedder, load_trained, search_index, write_checkpoint_indexes
+from raydist.retrieval.embedder import Embedder
+from raydist.retrieval.query import search_index
+from raydist.retrieval.trained import load_trained, write_checkpoint_indexes
 from raydist.tasks import DataInfo, build_task
 from raydist.tasks.base import to_tensors
 

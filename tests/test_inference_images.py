@@ -14,7 +14,8 @@ from test_inference_embedder import _checkpoint
 from test_tasks_images import write_colour_folders, write_shapes
 
 from raydist.data.convert_images import convert_karpathy
-from raydist.inference import Embedder, load_trained
+from raydist.retrieval.embedder import Embedder
+from raydist.retrieval.trained import load_trained
 
 
 @pytest.fixture(scope="module")

@@ -46,9 +46,21 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "raydist.runtime",
         ),
     ),
-    ("metrics and statistics", ("raydist.eval", "raydist.gradclust", "raydist.plots")),
+    (
+        "metrics and statistics",
+        ("raydist.eval", "raydist.retrieval", "raydist.gradclust", "raydist.plots"),
+    ),
     ("tasks", ("raydist.tasks", "raydist.recipe")),
-    ("trained models", ("raydist.inference", "raydist.extract", ROOT)),
+    (
+        "trained models",
+        (
+            "raydist.retrieval.trained",
+            "raydist.retrieval.embedder",
+            "raydist.retrieval.query",
+            "raydist.extract",
+            ROOT,
+        ),
+    ),
     ("serving", ("raydist.serving",)),
     ("loop and hooks", ("raydist.train",)),
     (

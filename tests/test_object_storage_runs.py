@@ -22,7 +22,7 @@ from object_store import upload
 from raydist.cli import main
 from raydist.data import ensure_default_dataset
 from raydist.data.synthetic_webdataset import write_webdataset
-from raydist.inference import Embedder
+from raydist.retrieval.embedder import Embedder
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

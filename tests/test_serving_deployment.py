@@ -24,7 +24,8 @@ from test_serving_service import BAD_REQUESTS, QUERIES
 
 from raydist.cli import main
 from raydist.distributed.spawn import free_port
-from raydist.inference import Embedder, write_checkpoint_indexes
+from raydist.retrieval.embedder import Embedder
+from raydist.retrieval.trained import write_checkpoint_indexes
 from raydist.serving.deployment import deploy, stop
 from raydist.serving.service import ServeOptions
 

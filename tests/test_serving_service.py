@@ -15,7 +15,9 @@ from object_store import upload
 from test_inference_embedder import _checkpoint
 from test_inference_images import shapes_ckpt  # noqa: F401  (a module fixture)
 
-from raydist.inference import Embedder, search_index, write_checkpoint_indexes
+from raydist.retrieval.embedder import Embedder
+from raydist.retrieval.query import search_index
+from raydist.retrieval.trained import write_checkpoint_indexes
 from raydist.serving.service import RequestError, ServeOptions, load_retriever
 
 QUERIES = ["a white child sitting in the park", "two dogs on the grass", "a red bus", "zebra zebra"]

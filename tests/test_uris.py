@@ -23,8 +23,9 @@ from raydist.checkpoint.remote import remote_checkpoints
 from raydist.cli import main
 from raydist.data import make_synthetic, validate_dataset
 from raydist.data.remote import local_dataset
-from raydist.inference import Embedder, choose_checkpoint
 from raydist.local_s3 import local_s3_server
+from raydist.retrieval.embedder import Embedder
+from raydist.retrieval.trained import choose_trained
 from raydist.train.stopping import StopFileHook, stop_on_signals
 from raydist.uris import (
     StorageError,
@@ -186,12 +187,12 @@ def test_a_run_on_the_server_loads_as_the_local_run_it_was_uploaded_from(
     runs = tmp_path / "runs"
     _train_in_process(small_pairs, runs, "local")
     uri = upload(runs / "local", s3_server.create_bucket("runs") + "/exp/local")
-    local_best, remote_best = choose_checkpoint(runs / "local"), choose_checkpoint(uri)
+    local_best, remote_best = choose_trained(runs / "local"), choose_trained(uri)
     assert remote_best.path.name == local_best.path.name and remote_best.reason == local_best.reason
     assert remote_best.reason.startswith("best by val/rsum")
     newest = remote_checkpoints(uri)[-1]
-    assert choose_checkpoint(uri, latest=True).path.name == newest
-    given = choose_checkpoint(f"{uri}/{newest}")
+    assert choose_trained(uri, latest=True).path.name == newest
+    given = choose_trained(f"{uri}/{newest}")
     assert given.reason == "the checkpoint given" and (given.path / "state.pt").is_file()
 
     texts = ["a white child sitting in the park", "two dogs"]
@@ -210,7 +211,7 @@ def test_a_run_on_the_server_loads_as_the_local_run_it_was_uploaded_from(
     kept = remote_checkpoints(uri)
     for key in _keys("runs", f"exp/local/{kept[0]}/"):  # the store prunes the older checkpoint
         boto3.client("s3").delete_object(Bucket="runs", Key=key)
-    copy = choose_checkpoint(uri, latest=True).path.parent
+    copy = choose_trained(uri, latest=True).path.parent
     assert sorted(p.name for p in copy.glob("checkpoint_*")) == kept[1:]
 
 

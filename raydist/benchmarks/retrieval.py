@@ -64,9 +64,10 @@ from raydist.benchmarks.catalog import register_benchmark
 from raydist.benchmarks.harness import ms_spread, seconds
 from raydist.eval.adaptive import mflops_per_query
 from raydist.eval.faiss_index import build_index, unit_rows
-from raydist.eval.retrieve import Cascade, cascade_mflops, default_funnel
+from raydist.eval.retrieve import cascade_mflops
 from raydist.losses import ranking_loss
 from raydist.losses.nested import nested_loss
+from raydist.retrieval.search import Cascade, default_funnel
 
 K = 10
 SHORTLIST = 200

@@ -11,7 +11,7 @@ What is measured (full mode; smoke mode is the same at tiny sizes, :data:`SMOKE`
 2. **Server.** :func:`raydist.serving.deployment.deploy` with that index folder: one replica of 0.5 logical CPU,
    ``@serve.batch`` up to 16 requests waiting at most 5 ms, on 127.0.0.1. Each request is one caption,
    ``{"texts": [q], "k": 10, "mode": M}`` at the full dim; adaptive shortlists 200 rows at 32 dims and re-ranks
-   at 256; funnel re-ranks 32→64→128→256 keeping 200, 100, 50 (:func:`raydist.eval.retrieve.default_funnel`).
+   at 256; funnel re-ranks 32→64→128→256 keeping 200, 100, 50 (:func:`raydist.retrieval.search.default_funnel`).
 3. **Clients.** 8 threads, each with one keep-alive HTTP connection, send their share of the requests one
    after another; requests/s = requests / wall time from the first send to the last answer; p50 / p99 of
    the per-request latencies, pooled over the rounds. 16 requests warm the server up first.
@@ -46,8 +46,9 @@ from raydist.config import load_config
 from raydist.data import make_synthetic
 from raydist.data.tokenizer import train_captions
 from raydist.eval.retrieve import RetrievalSet, build_indexes
-from raydist.inference import Embedder
-from raydist.serving.service import MODES, ServeOptions, load_retriever
+from raydist.retrieval.embedder import Embedder
+from raydist.retrieval.search import MODES
+from raydist.serving.service import ServeOptions, load_retriever
 from raydist.tasks import DataInfo, build_task
 
 FULL = {"database": 100_000, "requests": 800, "clients": 8}

@@ -1,5 +1,12 @@
-"""raydist.checkpoint: checkpoint folders (save, load, find, compatibility) and the state registry."""
+"""raydist.checkpoint: checkpoint folders (save, load, find, compatibility), which checkpoint a run folder means,
+and the state registry."""
 
+from raydist.checkpoint.choice import (
+    ChosenCheckpoint,
+    checkpoint_score,
+    choose_checkpoint,
+    record_best_checkpoint,
+)
 from raydist.checkpoint.io import (
     CONFIG_FILE,
     STATE_FILE,
@@ -28,10 +35,13 @@ __all__ = [
     "CONFIG_FILE",
     "STATE_FILE",
     "TASK_FILE",
+    "ChosenCheckpoint",
     "StateRegistry",
     "Stateful",
     "change_lines",
+    "checkpoint_score",
     "check_model_fits",
+    "choose_checkpoint",
     "config_changes",
     "find_checkpoint",
     "format_changes",
@@ -40,6 +50,7 @@ __all__ = [
     "local_folder",
     "newest_checkpoint",
     "read_config",
+    "record_best_checkpoint",
     "recorded_dataset",
     "resumed_config",
     "rng_state",

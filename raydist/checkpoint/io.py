@@ -219,7 +219,7 @@ def load_task_info(folder: str | Path) -> dict[str, Any]:
 def resumed_config(checkpoint: str | Path, overrides: dict[str, Any]) -> tuple[Config, list[str]]:
     """The config a resumed run uses: the checkpoint's own, with ``overrides`` applied. Returns the config
     and one ``key: old -> new`` line per changed key. Whether the saved model still fits is checked from the
-    state itself before training starts (:func:`raydist.inference.resume_checkpoint`)."""
+    state itself before training starts (:func:`raydist.retrieval.trained.resume_checkpoint`)."""
     saved = read_config(find_checkpoint(checkpoint))
     cfg = apply_overrides(saved, overrides)
     validate(cfg)

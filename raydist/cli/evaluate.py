@@ -31,9 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Evaluate the chosen checkpoint and print (and optionally write) its metrics."""
     from raydist.eval.metrics import format_metrics
-    from raydist.inference import choose_checkpoint, evaluate_checkpoint
+    from raydist.retrieval.trained import choose_trained, evaluate_checkpoint
 
-    chosen = choose_checkpoint(args.checkpoint, latest=args.latest)
+    chosen = choose_trained(args.checkpoint, latest=args.latest)
     metrics = evaluate_checkpoint(chosen.path, args.data, args.split, folds=args.folds)
     print(f"{args.split} split, checkpoint {chosen}" + (f", {args.folds} folds" if args.folds else ""))
     print(format_metrics(metrics))

@@ -24,9 +24,9 @@ def add_index_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_index(args: argparse.Namespace) -> int:
     """Write the indexes of the chosen checkpoint's embeddings."""
-    from raydist.inference import choose_checkpoint, write_checkpoint_indexes
+    from raydist.retrieval.trained import choose_trained, write_checkpoint_indexes
 
-    chosen = choose_checkpoint(args.checkpoint, latest=args.latest)
+    chosen = choose_trained(args.checkpoint, latest=args.latest)
     print(f"checkpoint {chosen}")
     rset, written = write_checkpoint_indexes(
         chosen.path,
@@ -59,7 +59,7 @@ def add_search_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_search(args: argparse.Namespace) -> int:
     """Embed the queries and print each one's top k."""
-    from raydist.inference import read_queries, search_index
+    from raydist.retrieval.query import read_queries, search_index
 
     if (args.query is None) == (args.queries is None):
         raise ValueError("give one of --query TEXT or --queries FILE")
@@ -92,9 +92,9 @@ def add_retrieve_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_retrieve(args: argparse.Namespace) -> int:
     """Print the retrieval report of the chosen checkpoint (and the files it wrote)."""
-    from raydist.inference import checkpoint_retrieval_report, choose_checkpoint
+    from raydist.retrieval.trained import checkpoint_retrieval_report, choose_trained
 
-    chosen = choose_checkpoint(args.checkpoint, latest=args.latest)
+    chosen = choose_trained(args.checkpoint, latest=args.latest)
     print(f"checkpoint {chosen}")
     funnel = None
     if args.funnel:

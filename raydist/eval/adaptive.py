@@ -1,21 +1,19 @@
 """Adaptive and funnel retrieval with nested embeddings (Kusupati et al. 2022), their cost and baselines.
 
-Owns shortlist-then-re-rank search over re-normalised prefixes, the MFLOPs/query formula
-(docs/algorithms.md#retrieval-cost), projections for non-nested models (first m dims, SVD, Gaussian JL)
-and a wall-clock timer.
+Owns the whole-database adaptive and funnel retrieval of two arrays (an index built on the spot, then
+:func:`raydist.retrieval.search.search`), the MFLOPs/query formula (docs/algorithms.md#retrieval-cost) and
+projections for non-nested models (first m dims, SVD, Gaussian JL).
 """
 
 from __future__ import annotations
 
 import itertools
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from raydist.eval.faiss_index import build_index, unit_rows
-
-RERANK_CHUNK_FLOATS = 1 << 22  # gathered candidate rows per re-rank chunk (16 MiB of float32)
+from raydist.eval.faiss_index import build_index
+from raydist.retrieval.search import Cascade, search
 
 
 def mflops_per_query(num_database: int, shortlist_dim: int, rerank: Iterable[tuple[int, int]] = ()) -> float:
@@ -36,38 +34,6 @@ def _check_pair(db: np.ndarray, queries: np.ndarray) -> tuple[np.ndarray, np.nda
 def _check_dim(name: str, dim: int, full: int) -> None:
     if not 1 <= dim <= full:
         raise ValueError(f"{name}={dim}: expected 1 <= {name} <= {full} (embedding dim)")
-
-
-def shortlist_search(
-    db: np.ndarray, queries: np.ndarray, dim: int, size: int, index_kind: str = "flat"
-) -> tuple[np.ndarray, np.ndarray]:
-    """Top-``size`` of the whole db by ``⟨normalize(q[:dim]), normalize(x[:dim])⟩`` (:func:`build_index`)."""
-    index = build_index(unit_rows(db[:, :dim]), index_kind)
-    return index.search(unit_rows(queries[:, :dim]), size)
-
-
-def rerank(
-    db: np.ndarray, queries: np.ndarray, candidates: np.ndarray, dim: int, keep: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Re-score each query's candidate ids at ``dim`` and keep the best ``keep``: (scores, ids) [Q, keep].
-
-    Score ``⟨normalize(q[:dim]), normalize(x[:dim])⟩`` in float32; ties keep the candidates' order;
-    id −1 (no candidate) scores −inf.
-    """
-    q_unit = unit_rows(queries[:, :dim])
-    n_query, n_cand = candidates.shape
-    scores = np.empty((n_query, keep), dtype=np.float32)
-    ids = np.empty((n_query, keep), dtype=np.int64)
-    chunk = max(1, RERANK_CHUNK_FLOATS // max(1, n_cand * dim))
-    for lo in range(0, n_query, chunk):
-        cand = candidates[lo : lo + chunk]
-        rows = unit_rows(db[np.maximum(cand, 0).ravel(), :dim]).reshape(*cand.shape, dim)
-        s = np.einsum("qd,qkd->qk", q_unit[lo : lo + chunk], rows)
-        s[cand < 0] = -np.inf
-        order = np.argsort(-s, axis=1, kind="stable")[:, :keep]
-        scores[lo : lo + chunk] = np.take_along_axis(s, order, 1)
-        ids[lo : lo + chunk] = np.take_along_axis(cand, order, 1)
-    return scores, ids
 
 
 def adaptive_retrieval(
@@ -119,11 +85,8 @@ def funnel_retrieval(
         raise ValueError(f"k={k}: expected 1 <= k <= {n} (database size)")
     if any(a < b for a, b in itertools.pairwise(shortlists)) or shortlists[-1] < k:
         raise ValueError(f"shortlists={shortlists}: expected non-increasing sizes, all >= k={k}")
-    sizes = [min(s, n) for s in shortlists]
-    _, candidates = shortlist_search(db, queries, dims[0], sizes[0], index_kind)
-    for dim, keep in zip(dims[1:], [*sizes[1:], k], strict=False):
-        scores, candidates = rerank(db, queries, candidates, dim, keep)
-    return scores, candidates
+    index = build_index(db[:, : dims[0]], index_kind)
+    return search({dims[0]: index}, queries, k, cascade=Cascade(tuple(dims), tuple(shortlists)), database=db)
 
 
 def project_first_m(x: np.ndarray, m: int) -> np.ndarray:
@@ -149,22 +112,3 @@ def project_random(d: int, m: int, seed: int = 0) -> np.ndarray:
     """Gaussian Johnson–Lindenstrauss map ``P`` [d, m], ``P_ij ~ N(0, 1/m)``, so ``E‖xP‖² = ‖x‖²``."""
     _check_dim("m", m, d)
     return (np.random.default_rng(seed).standard_normal((d, m)) / np.sqrt(m)).astype(np.float32)
-
-
-def timed_search(
-    fn: Callable[[np.ndarray], object], queries: np.ndarray, *, batched: bool = True, repeats: int = 3
-) -> float:
-    """Wall seconds per query, best of ``repeats``: ``fn(queries)`` once (batched) or ``fn(queries[i:i+1])``
-    for every i (one at a time), divided by the number of queries."""
-    if repeats < 1 or len(queries) == 0:
-        raise ValueError("need repeats >= 1 and at least one query")
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        if batched:
-            fn(queries)
-        else:
-            for i in range(len(queries)):
-                fn(queries[i : i + 1])
-        best = min(best, time.perf_counter() - start)
-    return best / len(queries)

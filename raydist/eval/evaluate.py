@@ -1,5 +1,5 @@
 """Embed an image–caption split with a VSE model and compute its retrieval metrics, on arrays: no task, no
-checkpoint (loading a checkpoint for evaluation is :mod:`raydist.inference`)."""
+checkpoint (loading a checkpoint for evaluation is :mod:`raydist.retrieval.trained`)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from raydist.eval.adaptive import mflops_per_query, project_first_m, project_random, project_svd, rerank
+from raydist.eval.adaptive import mflops_per_query, project_first_m, project_random, project_svd
 from raydist.eval.faiss_index import FaissIndex, PrefixIVFIndex, build_index
 from raydist.eval.label_metrics import map_at_k, precision_at_k
 from raydist.eval.retrieval_plots import (
@@ -30,6 +30,7 @@ from raydist.eval.retrieval_plots import (
     plot_metric_vs_dim,
     plot_metric_vs_mflops,
 )
+from raydist.retrieval.search import Cascade, default_funnel, search
 
 INDEX_META = "indexes.json"
 DATABASE_IDS = "database_ids.npy"
@@ -119,25 +120,6 @@ def concat_sets(sets: Sequence[RetrievalSet]) -> RetrievalSet:
     )
 
 
-@dataclass(frozen=True)
-class Cascade:
-    """A funnel: search all of the database at ``dims[0]`` keeping ``shortlists[0]``, re-rank that list at
-    ``dims[i]`` keeping ``shortlists[i]``, the last stage keeping k (``len(shortlists) == len(dims) − 1``,
-    the convention of :func:`raydist.eval.adaptive.funnel_retrieval`). Adaptive retrieval is
-    ``Cascade((D_s, D_r), (shortlist,))``."""
-
-    dims: tuple[int, ...]
-    shortlists: tuple[int, ...]
-
-    def __post_init__(self) -> None:
-        if len(self.dims) < 2 or len(self.shortlists) != len(self.dims) - 1:
-            raise ValueError(
-                f"need len(shortlists) == len(dims) - 1 >= 1, got {self.dims}, {self.shortlists}"
-            )
-        if any(a < b for a, b in itertools.pairwise(self.shortlists)):
-            raise ValueError(f"shortlists={self.shortlists}: expected non-increasing sizes")
-
-
 def check_dims(dims: Sequence[int], full: int) -> list[int]:
     """``dims`` sorted and de-duplicated; each must lie in [1, full]."""
     out = sorted({int(d) for d in dims})
@@ -157,15 +139,6 @@ def interpolated_dims(dims: Sequence[int]) -> list[int]:
     ordered = sorted(dims)
     mids = [round(math.sqrt(a * b)) for a, b in itertools.pairwise(ordered)]
     return [m for m, (a, b) in zip(mids, itertools.pairwise(ordered), strict=False) if a < m < b]
-
-
-def default_funnel(dims: Sequence[int], full: int, shortlist: int = 200, k: int = 10) -> Cascade:
-    """The smallest (up to) four dims below ``full``, then ``full``; shortlists halve from ``shortlist``
-    (never below k + 1): with dims 8…128 and D = 256, ``8→16→32→64→256`` keeping 200, 100, 50, 25."""
-    stages = [d for d in sorted(dims) if d < full][:4]
-    if not stages:
-        raise ValueError(f"dims={list(dims)}: a funnel needs a dim below the embedding dim {full}")
-    return Cascade((*stages, full), tuple(max(shortlist >> i, k + 1) for i in range(len(stages))))
 
 
 def build_indexes(
@@ -233,8 +206,9 @@ def drop_self(ids: np.ndarray, k: int) -> np.ndarray:
 def search_ids(
     index: FaissIndex | PrefixIVFIndex, queries: np.ndarray, k: int, exclude_self: bool
 ) -> np.ndarray:
-    """Top-k database rows of each query [Q, k], best first (k + 1 searched, then :func:`drop_self`)."""
-    _, ids = index.search(queries, k + int(exclude_self))
+    """Top-k database rows of each query [Q, k], best first, by flat search of ``index``
+    (:func:`raydist.retrieval.search.search`; k + 1 searched, then :func:`drop_self`)."""
+    _, ids = search({index.dim: index}, queries, k + int(exclude_self))
     return drop_self(ids, k) if exclude_self else ids
 
 
@@ -245,9 +219,9 @@ def cascade_ids(
     index: FaissIndex | PrefixIVFIndex | None = None,
     kind: str = "flat",
 ) -> np.ndarray:
-    """Top-k rows [Q, k] by the funnel ``cascade`` (:class:`Cascade`): the shortlist comes from ``index``
-    (an index over ``dims[0]``; built with ``kind`` when None), each re-rank is
-    :func:`raydist.eval.adaptive.rerank`. Shortlists larger than N are cut to N; with ``exclude_self`` the
+    """Top-k rows [Q, k] by the funnel ``cascade`` (:class:`raydist.retrieval.search.Cascade`, searched by
+    :func:`raydist.retrieval.search.search`): the shortlist comes from ``index`` (an index over ``dims[0]``;
+    built with ``kind`` when None). Shortlists larger than N are cut to N; with ``exclude_self`` the
     query's own row stays in the lists (it scores 1) and is dropped at the end."""
     n = len(rset.database)
     keep = k + int(rset.exclude_self)
@@ -258,28 +232,10 @@ def cascade_ids(
             f"{keep} rows (k, plus the query itself when it is in the database)"
         )
     index = build_index(rset.database[:, : cascade.dims[0]], kind) if index is None else index
-    _, candidates = cascade_search(rset.database, rset.queries, cascade, keep, index)
+    _, candidates = search(
+        {cascade.dims[0]: index}, rset.queries, keep, cascade=cascade, database=rset.database
+    )
     return drop_self(candidates, k) if rset.exclude_self else candidates
-
-
-def cascade_search(
-    database: np.ndarray,
-    queries: np.ndarray,
-    cascade: Cascade,
-    keep: int,
-    index: FaissIndex | PrefixIVFIndex,
-) -> tuple[np.ndarray, np.ndarray]:
-    """The funnel ``cascade`` over ``database`` [N, ≥ dims[-1]] (raw or unit rows; every prefix is
-    re-normalised): the first shortlist from ``index`` (over ``dims[0]``), then each re-rank
-    (:func:`raydist.eval.adaptive.rerank`), the last keeping ``keep``: (scores, rows) [Q, keep], best first.
-    Shortlists larger than N are cut to N."""
-    n = len(database)
-    sizes = [min(s, n) for s in cascade.shortlists]
-    _, candidates = index.search(queries[:, : cascade.dims[0]], sizes[0])
-    scores = np.empty((len(queries), 0), dtype=np.float32)
-    for dim, size in zip(cascade.dims[1:], [*sizes[1:], keep], strict=False):
-        scores, candidates = rerank(database, queries, candidates, dim, size)
-    return scores, candidates
 
 
 def cascade_mflops(num_database: int, cascade: Cascade) -> float:

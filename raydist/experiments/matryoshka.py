@@ -34,7 +34,7 @@ def retrieval_rows(records: list[TrialRecord], out: Path, data_dir: Path) -> lis
     """Per seed with a nested and a plain checkpoint: the nested model's single-shot rows at its trained
     dims and the plain model's baseline rows at the same dims (``checkpoint_retrieval_report`` on the test split; its
     own table and figures go to ``out/retrieval/seed<s>``)."""
-    from raydist.inference import checkpoint_retrieval_report
+    from raydist.retrieval.trained import checkpoint_retrieval_report
 
     rows = []
     for seed, trials in group_by(

@@ -139,7 +139,7 @@ def trial_records(
 ) -> list[TrialRecord]:
     """A record per trial of a finished sweep: history from its ``result.json``, best epoch by the sweep's
     metric, and the test metrics of that epoch's checkpoint (copied under ``cache`` when remote)."""
-    from raydist.inference import evaluate_checkpoint
+    from raydist.retrieval.trained import evaluate_checkpoint
 
     records = []
     for row in outcome.rows:

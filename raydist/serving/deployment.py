@@ -19,7 +19,7 @@ from ray import serve
 
 from raydist.checkpoint import read_config
 from raydist.data.schema import SPLITS
-from raydist.inference import ALL_SPLITS, choose_checkpoint
+from raydist.retrieval.trained import ALL_SPLITS, choose_trained
 from raydist.runtime import init_ray
 from raydist.serving.service import (
     EmbedRequest,
@@ -136,7 +136,7 @@ def deploy(
     if replicas < 1 or replica_cpus < 0:
         raise ValueError(f"--replicas {replicas}, --replica-cpus {replica_cpus}: expected >= 1 and >= 0")
     check_index_arg(index)
-    chosen = choose_checkpoint(checkpoint, latest=latest)
+    chosen = choose_trained(checkpoint, latest=latest)
     # a missing or unreadable checkpoint: a clear error now, not in a replica's log (its plugins imported here)
     plugins = read_config(chosen.path).plugins
     cluster = bool(address or os.environ.get("RAY_ADDRESS"))

@@ -22,10 +22,12 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from raydist.data.schema import SPLITS
 from raydist.eval.faiss_index import FaissIndex, unit_rows
-from raydist.eval.retrieve import Cascade, build_indexes, cascade_search, default_funnel
-from raydist.inference import ALL_SPLITS, Embedder, load_trained, open_index
+from raydist.eval.retrieve import build_indexes
+from raydist.retrieval.embedder import Embedder
+from raydist.retrieval.query import index_database, open_index
+from raydist.retrieval.search import search
+from raydist.retrieval.trained import ALL_SPLITS, load_trained
 
-MODES = ("flat", "adaptive", "funnel")
 INPUT_FIELDS = ("texts", "images", "features")
 
 
@@ -99,9 +101,9 @@ class Job:
 
 
 class Retriever:
-    """A trained model (:class:`raydist.inference.Embedder`, full-dim outputs) and a FAISS index per dim over a
-    database whose rows carry dataset ids; ``database`` holds the unit rows at the largest indexed dim, which
-    the adaptive and funnel re-ranks re-normalise prefix by prefix."""
+    """A trained model (:class:`raydist.retrieval.embedder.Embedder`, full-dim outputs) and a FAISS index per
+    dim over a database whose rows carry dataset ids; ``database`` holds the unit rows at the largest indexed
+    dim, which the adaptive and funnel re-ranks re-normalise prefix by prefix."""
 
     def __init__(
         self,
@@ -237,19 +239,17 @@ class Retriever:
         return answers
 
     def search(self, queries: np.ndarray, *, k: int, dim: int, mode: str) -> tuple[np.ndarray, np.ndarray]:
-        """Top-k database rows [Q, k] and their cosines at ``dim``: ``flat`` searches the index at dim (what
-        ``raydist search`` does); ``adaptive`` shortlists at the smallest indexed dim and re-ranks at dim;
-        ``funnel`` re-ranks through up to four indexed dims below dim
-        (:func:`raydist.eval.retrieve.default_funnel`)."""
-        if mode == "flat":
-            return self.indexes[dim].search(queries[:, :dim], k)
-        below = sorted(d for d in self.indexes if d < dim)
-        shortlist = max(self.options.shortlist, k)
-        if mode == "adaptive":
-            cascade = Cascade((below[0], dim), (shortlist,))
-        else:
-            cascade = default_funnel(below, dim, shortlist, k)
-        return cascade_search(self.database, queries, cascade, k, self.indexes[cascade.dims[0]])
+        """Top-k database rows [Q, k] and their cosines at ``dim`` by ``mode`` (flat, adaptive or funnel, the
+        shortlist of :class:`ServeOptions`): :func:`raydist.retrieval.search.search`."""
+        return search(
+            self.indexes,
+            queries,
+            k,
+            dim=dim,
+            mode=mode,
+            shortlist=self.options.shortlist,
+            database=self.database,
+        )
 
     def _embed_all(self, jobs: Sequence[Job]) -> list[np.ndarray]:
         """Every job's full-dim embeddings, one model call per input kind."""
@@ -304,8 +304,8 @@ def load_retriever(
 ) -> Retriever:
     """A checkpoint (or run folder: its best checkpoint) and what it searches: ``index`` a split name or
     ``all`` (that split of the dataset embedded now, a flat index at each of
-    :meth:`raydist.inference.Trained.retrieval_dims`, as ``raydist index`` builds them), or an index folder
-    written by ``raydist index`` (its vectors, dims and ids; the checkpoint given embeds the queries)."""
+    :meth:`raydist.retrieval.trained.Trained.retrieval_dims`, as ``raydist index`` builds them), or an index
+    folder written by ``raydist index`` (its vectors, dims and ids; the checkpoint given embeds the queries)."""
     options = options or ServeOptions()
     if index in (*SPLITS, ALL_SPLITS):
         trained = load_trained(checkpoint, data_dir, latest=latest)
@@ -320,6 +320,5 @@ def load_retriever(
             "written by `raydist index`"
         )
     indexes, meta, embedder = open_index(folder, checkpoint)
-    top = indexes[max(indexes)].index
-    database = top.reconstruct_n(0, top.ntotal)
+    database = index_database(indexes)
     return Retriever(embedder, indexes, database, meta["database_ids"], str(folder), options)
