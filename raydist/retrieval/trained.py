@@ -107,12 +107,14 @@ def load_trained(
     device: torch.device | str = "cpu",
     latest: bool = False,
     need_data: bool = True,
+    data: DataInfo | None = None,
 ) -> Trained:
     """Load a checkpoint folder, or a run folder's best checkpoint (its newest with ``latest``;
     :func:`choose_trained`), for use on ``data_dir`` (default: the dataset it was trained on): its config
     with ``overrides`` (e.g. ``eval.folds``), its task and model with the saved weights. The data is checked
     against the checkpoint first (:func:`check_data_fits`); with ``need_data=False`` a checkpoint whose dataset
-    is gone still loads (``data_info.data_dir`` None: new inputs only, no splits)."""
+    is gone still loads (``data_info.data_dir`` None: new inputs only, no splits). ``data``: the facts of
+    ``data_dir`` when read already (a run plan's: its manifest is not read again)."""
     chosen = choose_trained(checkpoint, latest=latest)
     state, cfg, folder = load_checkpoint(chosen.path)
     if overrides:
@@ -123,7 +125,9 @@ def load_trained(
         data_dir = recorded_dataset(folder, data_dir)
     saved = DataInfo.from_checkpoint(folder, load_task_info(folder), data_dir)
     if data_dir is not None:
-        data = DataInfo.from_dataset(data_dir)
+        data = (
+            data if data is not None and data.data_dir == Path(data_dir) else DataInfo.from_dataset(data_dir)
+        )
         check_data_fits(saved, data, folder)
         saved = replace(saved, manifest=data.manifest)  # read once: the task's evaluation reads it no more
     task = build_task(cfg, saved)
@@ -139,11 +143,12 @@ def evaluate_checkpoint(
     split: str = "test",
     *,
     folds: int | None = None,
+    data: DataInfo | None = None,
 ) -> dict[str, float]:
-    """The task's metrics of a checkpoint on ``split`` (:func:`load_trained`); ``folds`` overrides
-    ``eval.folds`` (the pairs task's COCO 1K protocol)."""
+    """The task's metrics of a checkpoint on ``split`` (:func:`load_trained`; ``data``: the dataset's facts,
+    when read already); ``folds`` overrides ``eval.folds`` (the pairs task's COCO 1K protocol)."""
     overrides = {"eval.folds": folds} if folds is not None else None
-    return load_trained(checkpoint, data_dir, overrides=overrides).evaluate(split)
+    return load_trained(checkpoint, data_dir, overrides=overrides, data=data).evaluate(split)
 
 
 def check_resume(

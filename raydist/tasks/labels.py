@@ -61,7 +61,7 @@ class LabelsTask(Task):
         manifest = self.info.manifest or load_manifest(self.info.data_dir)
         source = manifest.source or {}
         names = manifest.class_names or source.get("classes")
-        return missing_class_notes(split_class_counts(self.info.data_dir), names)
+        return missing_class_notes(split_class_counts(self.info.data_dir, manifest=manifest), names)
 
     def transform(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Features as float32; train labels with ``data.label_noise`` applied (:func:`flip_labels`). Encoded

@@ -499,7 +499,9 @@ def _finish(outcome: TrainOutcome, plan: RunPlan, evaluate_test: bool) -> TrainO
         and outcome.best_checkpoint
         and "test" in plan.info.manifest.splits
     ):
-        outcome.test_metrics = evaluate_checkpoint(outcome.best_checkpoint, plan.data_dir, "test")
+        outcome.test_metrics = evaluate_checkpoint(
+            outcome.best_checkpoint, plan.data_dir, "test", data=plan.info
+        )
     if is_uri(outcome.run_dir):  # the same records, on object storage (no plots there)
         write_bytes(join(outcome.run_dir, HISTORY_FILE), json.dumps(outcome.history, indent=1).encode())
         if outcome.best_checkpoint and outcome.best_by:
