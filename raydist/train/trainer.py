@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from raydist.checkpoint import change_lines, format_changes, load_checkpoint, local_folder, newest_checkpoint
 from raydist.checkpoint.remote import remote_checkpoints
 from raydist.config import Config, ConfigError, failure_retries
-from raydist.console import route_ray_output
+from raydist.console import route_ray_output, say
 from raydist.data.remote import data_location
 from raydist.data.stream import fits_in_memory, train_streams
 from raydist.malloc import worker_env
@@ -194,7 +194,7 @@ def run_training(
     plan = prepare_run(cfg)
     cfg, data_dir = plan.cfg, plan.data_dir
     for line in plan.console_lines():
-        print(f"[raydist] {line}", flush=True)
+        say(f"[raydist] {line}")
     if resume_from:
         checked = str(resume_checkpoint(resume_from, cfg, data_dir))
         resume_from = resume_from if is_uri(resume_from) else checked  # a URI: the workers copy it
@@ -206,9 +206,8 @@ def run_training(
         outcome = train_in_process(plan, resume_from=resume_from)
         return _finish(outcome, plan, evaluate_test)
     joining = address or os.environ.get("RAY_ADDRESS")
-    print(
-        f"[raydist] {'joining the Ray cluster at ' + joining if joining else 'starting a local Ray instance'} …",
-        flush=True,
+    say(
+        f"[raydist] {'joining the Ray cluster at ' + joining if joining else 'starting a local Ray instance'} …"
     )
     startup = {"data_checked": time.time()}
     started = time.perf_counter()
@@ -222,10 +221,7 @@ def run_training(
     check_storage_reachable(storage, cfg.train.storage_shared, capacity)
     check_cluster_fits(run_cpus(cfg, fewest=True), capacity)
     startup["ray_ready"] = time.time()
-    print(
-        f"[raydist] Ray ready in {time.perf_counter() - started:.1f} s; starting {describe_workers(cfg)} …",
-        flush=True,
-    )
+    say(f"[raydist] Ray ready in {time.perf_counter() - started:.1f} s; starting {describe_workers(cfg)} …")
     local_run = cache_path(join(storage, name)) if is_uri(storage) else Path(storage) / name  # a URI: a copy
     route_ray_output(local_run / LOG_FILE)
     trainer = build_trainer(plan, resume_from=resume_from, run_name_override=name)
@@ -361,21 +357,18 @@ def _continue_or_start_named_run(cfg: Config, data_dir: Path, *, force: bool) ->
     name = cfg.train.run_name
     if action == "resume":
         resume_checkpoint(run.checkpoint, cfg, data_dir)
-        print(
-            f"[raydist] resuming {name} at epoch {run.epoch + 1} (step {run.step}) from {run.checkpoint}",
-            flush=True,
-        )
+        say(f"[raydist] resuming {name} at epoch {run.epoch + 1} (step {run.step}) from {run.checkpoint}")
         return
     if isinstance(run.run_dir, str):  # on object storage: the stored folder and its local copy
         delete(run.run_dir)
         shutil.rmtree(cache_path(run.run_dir), ignore_errors=True)
-        print(f"[raydist] --force: starting {name} over (removed {run.run_dir})", flush=True)
+        say(f"[raydist] --force: starting {name} over (removed {run.run_dir})")
         return
     storage = Path(storage_root(cfg)).resolve()
     if storage not in run.run_dir.resolve().parents:
         raise ConfigError(f"--force: {run.run_dir} is not a run folder inside {storage}; remove it by hand")
     shutil.rmtree(run.run_dir)
-    print(f"[raydist] --force: starting {name} over (removed {run.run_dir})", flush=True)
+    say(f"[raydist] --force: starting {name} over (removed {run.run_dir})")
 
 
 def training_failure(error: Exception, cfg: Config | None = None, run_dir: str | None = None) -> Exception:
