@@ -19,7 +19,7 @@ from raydist.benchmarks.retrieval import (
     unit_prefixes,
 )
 from raydist.eval.adaptive import adaptive_retrieval, funnel_retrieval
-from raydist.eval.faiss_index import build_index
+from raydist.retrieval.index import build_index
 from raydist.retrieval.search import Cascade, default_funnel
 
 

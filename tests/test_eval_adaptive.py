@@ -11,7 +11,7 @@ from raydist.eval.adaptive import (
     project_random,
     project_svd,
 )
-from raydist.eval.faiss_index import build_index
+from raydist.retrieval.index import build_index
 
 
 def unit_prefix(x: np.ndarray, m: int) -> np.ndarray:

@@ -15,7 +15,6 @@ import pytest
 from raydist.config import load_config
 from raydist.distributed import StepPlan
 from raydist.eval.adaptive import funnel_retrieval, mflops_per_query
-from raydist.eval.faiss_index import build_index
 from raydist.eval.metrics import retrieval_metrics
 from raydist.eval.retrieve import (
     build_indexes,
@@ -30,6 +29,7 @@ from raydist.eval.retrieve import (
     load_indexes,
     search_ids,
 )
+from raydist.retrieval.index import build_index
 from raydist.retrieval.search import Cascade, default_funnel
 from raydist.retrieval.trained import checkpoint_retrieval_report, evaluate_checkpoint, load_trained
 from raydist.tasks import DataInfo, build_task

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from raydist.eval.faiss_index import build_index
+from raydist.retrieval.index import build_index
 from raydist.retrieval.search import Cascade, default_funnel, mode_cascade, search
 
 DIMS = (8, 16, 32, 64)

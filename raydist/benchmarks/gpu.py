@@ -117,7 +117,7 @@ def row_faiss() -> dict:
     import faiss
     import numpy as np
 
-    from raydist.eval.faiss_index import build_index, unit_rows
+    from raydist.retrieval.index import build_index, unit_rows
 
     if faiss.get_num_gpus() == 0:
         return {

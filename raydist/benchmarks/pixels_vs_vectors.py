@@ -43,9 +43,9 @@ from raydist.data import Vocab, load_manifest, read_split
 from raydist.data.image_transforms import ImageTransform, view_shape
 from raydist.data.schema import CAPTION, CLEAN_LABEL, IMAGE, IMAGE_ID, LABEL
 from raydist.data.stream import split_columns
-from raydist.eval.faiss_index import unit_rows
 from raydist.eval.label_metrics import one_nn_accuracy
 from raydist.eval.metrics import retrieval_metrics
+from raydist.retrieval.index import unit_rows
 
 SMOKE_OVERRIDES = {"train.min_steps": 0, "train.epochs": 1}
 # both runs: the baselines' one-fold protocol, no TensorBoard files (neither changes training)

@@ -25,10 +25,10 @@ from raydist.benchmarks.catalog import register_benchmark
 from raydist.benchmarks.harness import held, row, spread
 from raydist.data import Vocab, split_arrays, tokenize
 from raydist.data.shape import dataset_shape
-from raydist.eval.faiss_index import unit_rows
 from raydist.eval.metrics import retrieval_metrics
 from raydist.experiments.datasets import DATA_SOURCES
 from raydist.presets import preset_for_data
+from raydist.retrieval.index import unit_rows
 
 KEYS = ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "rsum")
 PRESETS = ("default", "small")  # as shipped, one run per seed

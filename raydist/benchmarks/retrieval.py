@@ -19,7 +19,7 @@ What is measured (full mode; smoke mode is the same at tiny sizes, :data:`SMOKE`
    :func:`cascade_search`), D_s ∈ {16, 32, 64}; ``funnel``: the MRL funnel
    16→32→64→128→1024 keeping 200, 100, 50, 25 (:func:`raydist.eval.retrieve.default_funnel`); ``hnsw D``:
    faiss ``IndexHNSWFlat`` at 1024, M = 32, efSearch 128; ``ivf-prefix D_s``: raydist's AdANNS-IVF
-   (:class:`raydist.eval.faiss_index.PrefixIVFIndex`): √N lists clustered on the 16-dim prefix,
+   (:class:`raydist.retrieval.index.PrefixIVFIndex`): √N lists clustered on the 16-dim prefix,
    ``nprobe`` = 8 lists chosen by the query's 16-dim prefix, candidates scored at full D; ``adaptive ivf
    d_c→D`` (the AdANNS setting, :func:`ivf_cascade_methods`): the shortlist of 200 (or 100) comes from a
    plain IVF over ``normalize(x[:, :64])`` (1024 lists, nprobe 4–32) instead of a scan of all N, then the
@@ -63,10 +63,10 @@ import torch
 from raydist.benchmarks.catalog import register_benchmark
 from raydist.benchmarks.harness import ms_spread, seconds
 from raydist.eval.adaptive import mflops_per_query
-from raydist.eval.faiss_index import build_index, unit_rows
 from raydist.eval.retrieve import cascade_mflops
 from raydist.losses import ranking_loss
 from raydist.losses.nested import nested_loss
+from raydist.retrieval.index import build_index, unit_rows
 from raydist.retrieval.search import Cascade, default_funnel
 
 K = 10

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from raydist.eval.faiss_index import build_index
+from raydist.retrieval.index import build_index
 from raydist.retrieval.search import Cascade, search
 
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from raydist.eval.faiss_index import QUIET_MIN_POINTS_PER_CENTROID
+from raydist.retrieval.index import QUIET_MIN_POINTS_PER_CENTROID
 
 NMI_KMEANS_ITERS = 20
 

@@ -21,7 +21,6 @@ from typing import Any, TypeVar
 import numpy as np
 
 from raydist.eval.adaptive import mflops_per_query, project_first_m, project_random, project_svd
-from raydist.eval.faiss_index import FaissIndex, PrefixIVFIndex, build_index
 from raydist.eval.label_metrics import map_at_k, precision_at_k
 from raydist.eval.retrieval_plots import (
     cost_panels,
@@ -30,6 +29,7 @@ from raydist.eval.retrieval_plots import (
     plot_metric_vs_dim,
     plot_metric_vs_mflops,
 )
+from raydist.retrieval.index import FaissIndex, PrefixIVFIndex, build_index
 from raydist.retrieval.search import Cascade, default_funnel, search
 
 INDEX_META = "indexes.json"
@@ -148,7 +148,7 @@ def build_indexes(
     out_dir: str | Path | None = None,
     **index_options: Any,
 ) -> dict[int, FaissIndex | PrefixIVFIndex]:
-    """One index per dim over ``normalize(database[:, :dim])`` (:func:`raydist.eval.faiss_index.build_index`
+    """One index per dim over ``normalize(database[:, :dim])`` (:func:`raydist.retrieval.index.build_index`
     with ``index_options``). With ``out_dir``: ``index_d{dim}.faiss`` files (``faiss.write_index``, GPU
     indexes copied to the CPU first), ``database_ids.npy`` and ``indexes.json`` (dims, kind, checkpoint,
     split, direction, options); see :func:`load_indexes`. ``ivf-prefix`` indexes are not faiss objects and

@@ -13,7 +13,7 @@ from PIL import Image
 from raydist.checkpoint import ChosenCheckpoint
 from raydist.data.image_transforms import decode_image, image_pixels
 from raydist.data.standardize import STANDARDIZATION_NAME, standardize_features
-from raydist.eval.faiss_index import unit_rows
+from raydist.retrieval.index import unit_rows
 from raydist.retrieval.trained import Trained, load_trained
 
 

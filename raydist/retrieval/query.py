@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 
 from raydist.checkpoint import ChosenCheckpoint
-from raydist.eval.faiss_index import FaissIndex
 from raydist.eval.retrieve import INDEX_META, load_indexes
 from raydist.retrieval.embedder import Embedder
+from raydist.retrieval.index import FaissIndex
 from raydist.retrieval.search import search
 
 

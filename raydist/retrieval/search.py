@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from raydist.eval.faiss_index import FaissIndex, PrefixIVFIndex, unit_rows
+from raydist.retrieval.index import FaissIndex, PrefixIVFIndex, unit_rows
 
 MODES = ("flat", "adaptive", "funnel")
 RERANK_CHUNK_FLOATS = 1 << 22  # gathered candidate rows per re-rank chunk (16 MiB of float32)

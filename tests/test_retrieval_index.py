@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from raydist.eval.faiss_index import build_index, unit_rows
+from raydist.retrieval.index import build_index, unit_rows
 
 
 def unit64(x: np.ndarray) -> np.ndarray:
@@ -33,7 +33,7 @@ def data():
 
 
 def test_importing_the_module_does_not_import_faiss():
-    code = "import sys, raydist.eval.faiss_index; assert 'faiss' not in sys.modules"
+    code = "import sys, raydist.retrieval.index; assert 'faiss' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
