@@ -1,80 +1,63 @@
-"""Loss kinds and miners as registered components (``loss.kind``, ``loss.miner``): the registries and the
-base class (:mod:`raydist.losses.kinds.base`) and the shipped kinds, one module each: ranking (pairs),
-cross_entropy, triplet and margin (labels). Every module of this package is imported with it
-(:func:`discover_loss_modules`), so a new shipped loss kind is one module here (+ its test); a plugin registers
-one the same way from anywhere."""
+"""Loss kinds as registered components (``loss.kind``): the torch-free declaration base
+(:mod:`raydist.losses.kinds.base`) and the shipped kinds, one module each: ranking (pairs), cross_entropy, and
+triplet_losses (triplet and margin; labels). The config finds every module of this package by its name (the
+one loss-kind registry, :data:`raydist.config.LOSS_KINDS`), so a new shipped loss kind is one module here
+(+ its test); a plugin registers one the same way from anywhere. The modules import no torch: a kind imports its
+maths where it computes (:mod:`raydist.losses.cross_worker_ranking`, :mod:`raydist.losses.cross_worker_metric`).
+"""
 
 import importlib
 import pkgutil
 
+# first the config: its registry imports this package's modules, which register into it
+from raydist.config import LOSS_KINDS
 from raydist.losses.kinds.base import (
     LOSSES,
-    MINERS,
-    LossInputs,
     LossKind,
-    Miner,
+    MinedOptions,
+    NoOptions,
     get_loss,
-    nested_rank_loss,
     register_loss,
-    register_miner,
     task_losses,
-    world_mean,
 )
 from raydist.losses.kinds.cross_entropy import CrossEntropyLoss, head_cross_entropy
-from raydist.losses.kinds.metric import (
+from raydist.losses.kinds.ranking import RankingLoss, RankingOptions
+from raydist.losses.kinds.triplet_losses import (
     MarginLoss,
+    MarginOptions,
+    MetricOptions,
     MinedLoss,
     TripletLoss,
-    cross_worker_metric_loss,
-    mining_stats,
-    rank_metric_loss,
-)
-from raydist.losses.kinds.ranking import (
-    RankingLoss,
-    cross_worker_ranking_loss,
-    negative_set_stats,
-    rank_ranking_loss,
-    ranking_ids,
-    step_ranking_loss,
+    TripletOptions,
 )
 
 __all__ = [
     "LOSSES",
-    "MINERS",
+    "LOSS_KINDS",
     "CrossEntropyLoss",
-    "LossInputs",
     "LossKind",
     "MarginLoss",
+    "MarginOptions",
+    "MetricOptions",
     "MinedLoss",
-    "Miner",
+    "MinedOptions",
+    "NoOptions",
     "RankingLoss",
+    "RankingOptions",
     "TripletLoss",
-    "cross_worker_metric_loss",
-    "cross_worker_ranking_loss",
+    "TripletOptions",
     "discover_loss_modules",
     "get_loss",
     "head_cross_entropy",
-    "mining_stats",
-    "negative_set_stats",
-    "nested_rank_loss",
-    "rank_metric_loss",
-    "rank_ranking_loss",
-    "ranking_ids",
     "register_loss",
-    "register_miner",
-    "step_ranking_loss",
     "task_losses",
-    "world_mean",
 ]
 
 
 def discover_loss_modules() -> list[str]:
-    """Import every module of this package (each registers its loss kinds and miners); return the loss kinds
-    registered (a plugin's too, once it is loaded)."""
+    """Import every module of this package (each registers its loss kinds); return the loss kinds registered
+    (a plugin's too, once it is loaded)."""
     for module in pkgutil.iter_modules(__path__):
         if not module.name.startswith("_"):
             importlib.import_module(f"{__name__}.{module.name}")
     return LOSSES.names()
-
-
-discover_loss_modules()

@@ -4,15 +4,21 @@ sum over the head's per-prefix logits (MRL / MRL-E)."""
 
 from __future__ import annotations
 
-import torch.nn.functional as F
-from torch import Tensor
+from typing import TYPE_CHECKING
 
-from raydist.losses.kinds.base import LossInputs, LossKind, register_loss
+from raydist.losses.kinds.base import LossKind, register_loss
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from raydist.losses.inputs import LossInputs
 
 
 def head_cross_entropy(inputs: LossInputs) -> Tensor:
     """The cross-entropy of the head's logits for this prefix (``extras["logits"]``) against this rank's
     ``label`` rows, in float32 (as the labels task always trained it)."""
+    import torch.nn.functional as F
+
     return F.cross_entropy(inputs.extras["logits"].float(), inputs.batch.local["label"])
 
 
