@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from test_inference_embedder import _checkpoint
+from test_retrieval_embedder import _checkpoint
 from test_serving_service import BAD_REQUESTS, QUERIES
 
 from raydist.cli import main

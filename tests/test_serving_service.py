@@ -12,8 +12,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from object_store import upload
-from test_inference_embedder import _checkpoint
-from test_inference_images import shapes_ckpt  # noqa: F401  (a module fixture)
+from test_retrieval_embedder import _checkpoint
+from test_retrieval_embedder_images import shapes_ckpt  # noqa: F401  (a module fixture)
 
 from raydist.retrieval.embedder import Embedder
 from raydist.retrieval.query import search_index

@@ -10,10 +10,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
-from test_inference_embedder import _checkpoint
+from test_retrieval_embedder import _checkpoint
 from test_tasks_images import write_colour_folders, write_shapes
 
-from raydist.data.convert_images import convert_karpathy
+from raydist.converters.karpathy import convert_karpathy
 from raydist.retrieval.embedder import Embedder
 from raydist.retrieval.trained import load_trained
 

@@ -246,7 +246,7 @@ def test_importing_raydist_does_not_import_torch():
 def test_the_embedder_standardises_raw_vectors_with_the_train_statistics(tmp_path):
     """A dataset converted with ``--standardize``: the embedder takes vectors as the source .npz holds them and
     applies the train split's mean and std (numpy, float64, here) before the model, as every split was."""
-    from raydist.data.labels_io import convert_npz
+    from raydist.converters.npz import convert_npz
 
     rng = np.random.default_rng(0)
     n, dim = 120, 6
