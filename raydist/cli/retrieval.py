@@ -4,6 +4,7 @@ queries against them, and the retrieval report (per dim, adaptive, funnel, cost,
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from raydist.cli.common import Command, dims
@@ -55,10 +56,20 @@ def add_search_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--checkpoint", help="embed the queries with this checkpoint (default: the one the index records)"
     )
+    p.add_argument(
+        "--data",
+        help="the indexed dataset, to show what each hit is (default: the one the index's checkpoint was "
+        "trained on)",
+    )
+    p.add_argument("--json", action="store_true", help="print the queries and their hits as one JSON object")
 
 
 def run_search(args: argparse.Namespace) -> int:
-    """Embed the queries and print each one's top k."""
+    """Embed the queries and print each one's top k with what the dataset holds for it (split, captions,
+    class), or all of it as JSON with ``--json``."""
+    from raydist.checkpoint import recorded_dataset
+    from raydist.cli.search_results import dataset_rows, hit_line, hits, indexed_splits, search_report
+    from raydist.config import ConfigError
     from raydist.retrieval.query import read_queries, search_index
 
     if (args.query is None) == (args.queries is None):
@@ -66,14 +77,38 @@ def run_search(args: argparse.Namespace) -> int:
     queries = [args.query] if args.query is not None else read_queries(args.queries)
     result = search_index(args.index, queries, k=args.k, dim=args.dim, checkpoint=args.checkpoint)
     meta = result.meta
+    try:
+        data_dir = str(recorded_dataset(meta["checkpoint"], args.data))
+    except ConfigError:  # the dataset is gone: the ids and scores are still the answer
+        data_dir = None
+    rows = dataset_rows(data_dir, meta["task"], indexed_splits(meta)) if data_dir else None
+    found = hits(result.ids, result.scores, rows)
+    if args.json:
+        report = search_report(
+            queries,
+            found,
+            index=args.index,
+            meta=meta,
+            dim=result.dim,
+            checkpoint=str(result.checkpoint.path),
+            data_dir=data_dir,
+        )
+        print(json.dumps(report, ensure_ascii=False))
+        return 0
     print(
         f"index {args.index}: {len(meta['database_ids'])} {meta['task']} vectors of {meta['split']}, dim {result.dim}; "
         f"queries embedded by {result.checkpoint.path}"
     )
-    for q, (ids, scores) in enumerate(zip(result.ids, result.scores, strict=False)):
+    key = "image_id" if meta["task"] == "pairs" else "sample_id"
+    print(
+        f"hits: rank, {key}, cosine score, split and what the dataset holds ({data_dir})"
+        if data_dir
+        else f"hits: rank, {key}, cosine score (the indexed dataset is gone; --data DIR shows what they are)"
+    )
+    for q, query_hits in enumerate(found):
         print(f"query {q}: {queries[q]!r}" if isinstance(queries, list) else f"query {q}")
-        for rank, (i, score) in enumerate(zip(ids, scores, strict=False), 1):
-            print(f"  {rank:>3}  id {int(i):>10}  score {float(score):.4f}")
+        for hit in query_hits:
+            print(hit_line(hit))
     return 0
 
 
