@@ -22,8 +22,9 @@ from raydist.benchmarks.pixels_vs_vectors import (
     raw_pixels,
 )
 from raydist.cli import main
+from raydist.converters.image_folder import convert_image_folder
+from raydist.converters.karpathy import convert_karpathy
 from raydist.data import load_manifest, read_split
-from raydist.data.convert_images import convert_image_folder, convert_karpathy
 from raydist.recipe import run_recipe
 
 SIDE = 12

@@ -12,6 +12,7 @@ from raydist.benchmarks import (
     BENCHMARKS,
     Benchmark,
     append_results,
+    benchmark_name,
     benchmark_names,
     recorded_command,
     register_benchmark,
@@ -26,7 +27,7 @@ NAMES = [
     "data",
     "step",
     "gather",
-    "gc",
+    "gradclust",
     "startup",
     "retrieval",
     "real-cross-view",
@@ -45,12 +46,12 @@ NEEDS_SKLEARN = {
 
 
 # the benchmarks that run on Ray (data, step, …, pixels-vs-vectors without --in-process) or spawn two gloo processes
-# (gather, gc), even in smoke mode; grad-cache measures each cell in a fresh process (4 in smoke mode)
+# (gather, gradclust), even in smoke mode; grad-cache measures each cell in a fresh process (4 in smoke mode)
 SLOW = {
     "data",
     "step",
     "gather",
-    "gc",
+    "gradclust",
     "tokenize",
     "images",
     "pixels-vs-vectors",
@@ -103,6 +104,17 @@ def test_a_new_benchmark_registers_itself_and_runs_last() -> None:
             register_benchmark("loss")(toy)
     finally:
         BENCHMARKS.unregister("toy-last")
+
+
+def test_a_former_name_selects_its_benchmark() -> None:
+    """``gc`` (gradient clustering's benchmark before it was named ``gradclust``) still runs it."""
+    assert benchmark_name("gc") == benchmark_name("gradclust") == "gradclust"
+    assert benchmark_name("no-such-benchmark") == "no-such-benchmark"
+    BENCHMARKS.register("toy", Benchmark("toy", lambda **_: "| a |\n|---|\n| 1 |", aliases=("old-toy",)))
+    try:
+        assert run_benchmarks(["old-toy"], smoke=True, repeats=1).startswith("### toy (smoke)")
+    finally:
+        BENCHMARKS.unregister("toy")
 
 
 def test_run_benchmarks_runs_a_catalog_entry() -> None:

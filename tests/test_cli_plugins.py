@@ -193,12 +193,13 @@ def test_a_broken_plugin_is_one_error_line_before_anything_runs(tmp_path, capsys
 
 
 def test_a_new_module_in_the_packages_is_found_without_a_list(tmp_path, monkeypatch, capsys):
-    """Adding a converter or a benchmark is one file in its package: pkgutil finds it (here the packages' path
-    gets a temporary folder, so that the checkout is not written)."""
+    """Adding a converter or a benchmark is one file in its package: its registry finds it when first read (here
+    the packages' path gets a temporary folder, so that the checkout is not written, and the registries are
+    unread, as in a fresh process)."""
     import raydist.benchmarks
     import raydist.converters
     from raydist.benchmarks import BENCHMARKS, benchmark_names
-    from raydist.converters import CONVERTERS, discover_converters
+    from raydist.converters import CONVERTERS
 
     tag = tmp_path.name.replace("-", "_").lower()
     conv, bench = tmp_path / "conv", tmp_path / "bench"
@@ -213,10 +214,16 @@ def test_a_new_module_in_the_packages_is_found_without_a_list(tmp_path, monkeypa
         f'@register_benchmark("new-{tag}")\ndef new(*, smoke, repeats):\n    """One new benchmark."""\n'
         '    return "| x |\\n|---|\\n| 1 |"\n'
     )
-    monkeypatch.setattr(raydist.converters, "__path__", [*raydist.converters.__path__, str(conv)])
-    monkeypatch.setattr(raydist.benchmarks, "__path__", [*raydist.benchmarks.__path__, str(bench)])
+    for package, folder, registry in (
+        (raydist.converters, conv, CONVERTERS),
+        (raydist.benchmarks, bench, BENCHMARKS),
+    ):
+        path = [*package.__path__, str(folder)]
+        monkeypatch.setattr(package, "__path__", path)  # where the import looks
+        monkeypatch.setattr(package.__spec__, "submodule_search_locations", path)  # where discovery lists
+        monkeypatch.setattr(registry, "_discovered", False)
     try:
-        assert f"new-{tag}" in discover_converters()
+        assert f"new-{tag}" in CONVERTERS.names()
         assert CONVERTERS.module_of(f"new-{tag}") == f"raydist.converters.new_{tag}"
         assert benchmark_names()[-1] == f"new-{tag}"  # no order: after the shipped ones
         with pytest.raises(SystemExit):

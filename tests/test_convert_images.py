@@ -12,8 +12,10 @@ import pytest
 from PIL import Image
 
 from raydist.cli import main
+from raydist.converters.coco_json import convert_coco_images
+from raydist.converters.image_folder import convert_image_folder
+from raydist.converters.karpathy import convert_karpathy
 from raydist.data import RaydistDataError, Vocab, load_manifest, read_split, validate_dataset
-from raydist.data.convert_images import convert_coco_images, convert_image_folder, convert_karpathy
 
 
 def save(path: Path, mode: str = "RGB", size: tuple[int, int] = (12, 10), seed: int = 0) -> bytes:

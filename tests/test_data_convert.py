@@ -7,11 +7,11 @@ import json
 import numpy as np
 import pytest
 
+from raydist.converters.coco_json import convert_coco_json
+from raydist.converters.vsepp_precomp import convert_vsepp_precomp
 from raydist.data import (
     RaydistDataError,
     Vocab,
-    convert_coco_json,
-    convert_vsepp_precomp,
     load_manifest,
     split_arrays,
     validate_dataset,

@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from raydist.converters.npz import convert_npz
 from raydist.data import RaydistDataError, feature_matrix, load_manifest, read_split, validate_dataset
-from raydist.data.labels_io import convert_npz, corrupt_labels
+from raydist.data.labels_io import corrupt_labels
 from raydist.data.shards import DatasetWriter
 from raydist.data.standardize import STANDARDIZATION_NAME, load_standardization, standardize_features
 from raydist.data.synthetic_labels import make_synthetic_labels

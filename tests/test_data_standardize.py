@@ -88,8 +88,8 @@ def test_scale_spread_is_max_over_min_std_of_the_varying_features():
 
 
 def test_validate_and_manifest_refuse_a_broken_standardization_or_class_names(tmp_path):
+    from raydist.converters.npz import convert_npz
     from raydist.data import load_manifest, validate_dataset
-    from raydist.data.labels_io import convert_npz
 
     rng = np.random.default_rng(5)
     src = tmp_path / "d.npz"

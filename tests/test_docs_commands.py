@@ -170,7 +170,7 @@ def is_placeholder(word: str) -> bool:
 
 def check_argv(argv: list[str]) -> str | None:
     """Why ``raydist *argv`` is not a valid command, or None."""
-    from raydist.benchmarks import benchmark_names
+    from raydist.benchmarks import benchmark_name, benchmark_names
     from raydist.cli import parse_args
     from raydist.config import valid_keys
     from raydist.experiments.catalog import EXPERIMENTS
@@ -205,11 +205,11 @@ def check_argv(argv: list[str]) -> str | None:
                 return f"unknown config key {key!r} in {word!r}"
     if command == "bench":
         known = benchmark_names()
-        unknown = [n for n in args.names if n not in known and not is_placeholder(n)]
+        unknown = [n for n in args.names if benchmark_name(n) not in known and not is_placeholder(n)]
         if unknown:
             return f"unknown benchmark(s) {unknown}; known: {sorted(known)}"
     if command == "experiment" and args.name not in EXPERIMENTS and not is_placeholder(args.name):
-        return f"unknown experiment {args.name!r}; known: {sorted(EXPERIMENTS)}"
+        return f"unknown experiment {args.name!r}; known: {EXPERIMENTS.names()}"
     if command == "tune" and args.space and not is_placeholder(args.space):
         space = args.space
         if "/" in space:

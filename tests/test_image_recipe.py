@@ -13,8 +13,9 @@ import torch
 from PIL import Image
 
 from raydist.config import load_config
+from raydist.converters.image_folder import convert_image_folder
+from raydist.converters.karpathy import convert_karpathy
 from raydist.data import read_split
-from raydist.data.convert_images import convert_image_folder, convert_karpathy
 from raydist.data.image_transforms import ImageTransform, default_mean_std, resize_centre
 from raydist.data.mirror import (
     MIRROR_SHARE_OFF,

@@ -283,7 +283,7 @@ def test_cli_refuses_a_key_the_task_ignores_before_ray_starts(labels_dataset, tm
 
 
 def test_data_info_carries_a_datasets_standardization_file(tmp_path):
-    from raydist.data.labels_io import convert_npz
+    from raydist.converters.npz import convert_npz
 
     x = np.random.default_rng(0).normal(size=(60, 3))
     np.savez(tmp_path / "d.npz", X=x, y=np.arange(60) % 3)

@@ -15,8 +15,9 @@ import torch
 from PIL import Image
 
 from raydist.config import ConfigError, load_config
+from raydist.converters.image_folder import convert_image_folder
+from raydist.converters.karpathy import convert_karpathy
 from raydist.data import Vocab, dataset_task, read_split
-from raydist.data.convert_images import convert_image_folder, convert_karpathy
 from raydist.data.image_transforms import decode_image, default_mean_std, eval_view, train_view, view_rng
 from raydist.data.stream import InMemoryBatches, train_arrays
 from raydist.distributed import StepPlan

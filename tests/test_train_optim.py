@@ -17,8 +17,8 @@ from torch import nn
 
 from raydist.checkpoint import load_checkpoint
 from raydist.config import ConfigError, from_dict, load_config
+from raydist.converters.image_folder import convert_image_folder
 from raydist.data import dataset_task
-from raydist.data.convert_images import convert_image_folder
 from raydist.distributed import StepPlan
 from raydist.models.image_encoders import BackboneEncoder
 from raydist.models.text_encoders import PretrainedTextEncoder

@@ -18,8 +18,8 @@ from torch import nn
 
 from raydist.checkpoint import load_checkpoint, run_checkpoints
 from raydist.cli import main
+from raydist.converters.image_folder import convert_image_folder
 from raydist.data import read_split
-from raydist.data.convert_images import convert_image_folder
 from raydist.models.image_encoders import build_image_encoder
 
 pytestmark = pytest.mark.vision

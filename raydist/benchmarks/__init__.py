@@ -7,8 +7,8 @@ names, never through this package."""
 from raydist.benchmarks.catalog import (
     BENCHMARKS,
     Benchmark,
+    benchmark_name,
     benchmark_names,
-    discover_benchmarks,
     register_benchmark,
     run_benchmarks,
 )
@@ -18,8 +18,8 @@ __all__ = [
     "BENCHMARKS",
     "Benchmark",
     "append_results",
+    "benchmark_name",
     "benchmark_names",
-    "discover_benchmarks",
     "recorded_command",
     "register_benchmark",
     "run_benchmarks",

@@ -1,15 +1,13 @@
 """The benchmark suite by name: a :class:`Benchmark` per benchmark function, registered by its own module with
-``@register_benchmark("name")`` in :data:`BENCHMARKS` (a :class:`raydist.registry.Registry`). The modules of
-this package are found with :mod:`pkgutil` (:func:`discover_benchmarks`), so a new benchmark is one module
-here (+ its test), and a plugin (:mod:`raydist.plugins`) registers one the same way. :func:`run_benchmarks` runs
-a selection; with none, all of them in :attr:`Benchmark.order` (a new benchmark without one goes last)."""
+``@register_benchmark("name")`` in :data:`BENCHMARKS` (a :class:`raydist.registry.Registry` that imports every
+module of this package the first time it is read), so a new benchmark is one module here (+ its test), and a
+plugin (:mod:`raydist.plugins`) registers one the same way. :func:`run_benchmarks` runs a selection; with none,
+all of them in :attr:`Benchmark.order` (a new benchmark without one goes last)."""
 
 from __future__ import annotations
 
-import importlib
 import math
 import os
-import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -29,7 +27,8 @@ class Benchmark:
     """A named benchmark function; ``options``: the command-line options it takes as keyword arguments (``raydist
     bench --data DIR`` → ``data``), which the others ignore; ``repeated``: whether it uses ``repeats``;
     ``order``: its place in ``raydist bench`` with no names (ties and unset ones by name, last); ``ray``: it runs
-    on Ray (the one already started in this process, else a private one)."""
+    on Ray (the one already started in this process, else a private one); ``aliases``: former names that still
+    select it (``gc`` for ``gradclust``)."""
 
     name: str
     run: BenchmarkFn
@@ -37,6 +36,7 @@ class Benchmark:
     repeated: bool = True
     order: float = math.inf
     ray: bool = False
+    aliases: tuple[str, ...] = ()
 
     @property
     def summary(self) -> str:
@@ -44,7 +44,7 @@ class Benchmark:
         return (self.run.__doc__ or self.name).strip().splitlines()[0]
 
 
-BENCHMARKS: Registry[Benchmark] = Registry("benchmark")
+BENCHMARKS: Registry[Benchmark] = Registry("benchmark", package="raydist.benchmarks")
 
 
 def register_benchmark(
@@ -54,31 +54,31 @@ def register_benchmark(
     repeated: bool = True,
     order: float = math.inf,
     ray: bool = False,
+    aliases: tuple[str, ...] = (),
 ) -> Callable[[BenchmarkFn], BenchmarkFn]:
     """Function decorator: register the function as the benchmark ``name`` (:class:`Benchmark`'s fields);
     returns the function unchanged."""
 
     def add(fn: BenchmarkFn) -> BenchmarkFn:
-        benchmark = Benchmark(name, fn, options, repeated, order, ray)
+        benchmark = Benchmark(name, fn, options, repeated, order, ray, aliases)
         BENCHMARKS.register(name, benchmark, module=getattr(fn, "__module__", None))
         return fn
 
     return add
 
 
-def discover_benchmarks() -> None:
-    """Import every module of this package, so that each registers its benchmarks."""
-    package = importlib.import_module("raydist.benchmarks")
-    for module in pkgutil.iter_modules(package.__path__):
-        if not module.name.startswith("_"):
-            importlib.import_module(f"raydist.benchmarks.{module.name}")
-
-
 def benchmark_names() -> list[str]:
     """Every registered benchmark (the shipped ones and a loaded plugin's), in the order of ``raydist bench``
     with no names."""
-    discover_benchmarks()
     return sorted(BENCHMARKS.names(), key=lambda n: (BENCHMARKS.get(n).order, n))
+
+
+def benchmark_name(name: str) -> str:
+    """The registered name that ``name`` selects: itself, or the benchmark that has it as an alias (``gc`` →
+    ``gradclust``); unknown names come back unchanged."""
+    if name in BENCHMARKS:
+        return name
+    return next((e.name for e in BENCHMARKS.entries() if name in e.obj.aliases), name)
 
 
 def run_benchmarks(
@@ -88,7 +88,7 @@ def run_benchmarks(
     markdown as it finishes and return them all. ``smoke``: tiny sizes and one repetition. ``options``: keyword
     arguments handed to the benchmarks that name them in :attr:`Benchmark.options` (None values left out)."""
     known = benchmark_names()
-    chosen = known if names is None else names
+    chosen = known if names is None else [benchmark_name(n) for n in names]
     unknown = [n for n in chosen if n not in BENCHMARKS]
     if unknown:
         raise ValueError(f"unknown benchmark(s) {unknown}: expected some of {sorted(known)}")

@@ -1,4 +1,4 @@
-"""Benchmark of gradient clustering's cost ("gc"): training step time with GC statistics on vs off (same
+"""Benchmark of gradient clustering's cost ("gradclust"; "gc" selects it too): training step time with GC statistics on vs off (same
 model, batch and data; plain and GC steps alternate, so load from other processes hits both alike), at W = 1
 (one process) and W = 2 (gloo processes, DDP), and the memory GC adds (its state, the per-step tensors, the
 measured peak RSS of a fresh process)."""
@@ -203,7 +203,7 @@ def _row(batch: int, world: int, times: dict[str, list[float]], memory: list[str
     )
 
 
-@register_benchmark("gc", order=6)
+@register_benchmark("gradclust", order=6, aliases=("gc",))
 def gc_cost(*, smoke: bool, repeats: int) -> str:
     """Step time with gradient clustering statistics on vs off (W=1 and W=2), and the memory GC adds."""
     sizes = Sizes.for_mode(smoke, repeats)

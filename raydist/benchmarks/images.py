@@ -23,8 +23,8 @@ import torch
 from raydist.benchmarks.catalog import register_benchmark
 from raydist.benchmarks.harness import median, ray_instance, row, spread
 from raydist.config import load_config
+from raydist.converters.image_folder import convert_image_folder
 from raydist.data import dataset_task, read_split
-from raydist.data.convert_images import convert_image_folder
 from raydist.data.stream import InMemoryBatches, StreamedEpochs, train_arrays, train_streams
 from raydist.distributed import StepPlan
 from raydist.tasks import DataInfo, StepContext, build_task

@@ -270,7 +270,7 @@ def digits_images(folder: Path, smoke: bool) -> Path:
     from PIL import Image
     from sklearn.datasets import load_digits
 
-    from raydist.data.convert_images import convert_image_folder
+    from raydist.converters.image_folder import convert_image_folder
     from raydist.experiments.digit_halves import SPLIT_SIZES, split_indices
 
     digits = load_digits()

@@ -20,7 +20,8 @@ from raydist.benchmarks.catalog import register_benchmark
 from raydist.benchmarks.harness import RAY_ENV, row, spread
 from raydist.config import load_config
 from raydist.data import make_synthetic
-from raydist.train.trainer import STARTUP_PHASES, resolve_data_dir
+from raydist.train.plan import resolve_data_dir
+from raydist.train.trainer import STARTUP_PHASES
 
 VARIANTS = {"in memory (default)": [], "streamed (`data.in_memory_max_mb=0`)": ["data.in_memory_max_mb=0"]}
 IMPORTS = "import raydist.cli, raydist.train.trainer, ray.train.torch, ray.data, torch"

@@ -87,7 +87,7 @@ def _datasets(tmp: Path, smoke: bool) -> list[tuple[str, Path, list[str]]]:
             )
         ]
     from raydist.experiments.datasets import DATA_SOURCES
-    from raydist.train.trainer import resolve_data_dir
+    from raydist.train.plan import resolve_data_dir
 
     return [
         (

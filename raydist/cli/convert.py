@@ -12,9 +12,8 @@ from raydist.cli.common import Command, DefaultsHelpFormatter, plugin_parent, wr
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """One sub-parser per registered converter (the shipped ones and a loaded plugin's): ``--out``, the
     converter's own options, ``--overwrite``."""
-    from raydist.converters import CONVERTERS, discover_converters
+    from raydist.converters import CONVERTERS
 
-    discover_converters()
     p.description = (
         "Convert a public layout into a raydist dataset; `raydist convert NAME --help`: its options."
     )

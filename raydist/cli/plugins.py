@@ -9,26 +9,25 @@ import importlib.util
 
 from raydist.cli.common import Command
 
-# the shipped modules that register components when imported (a kind whose module is absent does not show)
+# the shipped modules that register components when imported, or hold a registry that imports its package's
+# modules when read (a kind whose module is absent does not show)
 PROVIDERS = (
     "raydist.tasks",
     "raydist.models.image_encoders",
     "raydist.models.text_encoders",
     "raydist.losses",
     "raydist.train.wiring",
+    "raydist.converters",
+    "raydist.benchmarks",
+    "raydist.experiments.catalog",
 )
 
 
 def import_shipped() -> None:
     """Import every shipped component, so that each registry holds its shipped names."""
-    from raydist.benchmarks import discover_benchmarks
-    from raydist.converters import discover_converters
-
     for module in PROVIDERS:
         if importlib.util.find_spec(module) is not None:
             importlib.import_module(module)
-    discover_converters()
-    discover_benchmarks()
 
 
 def registered_lines(kind: str | None = None) -> list[str]:

@@ -4,17 +4,16 @@ tree, VSE++ precomp, ``.npz``) turned into a raydist dataset.
 A converter is a :class:`Converter` subclass in a module of this package that registers itself with
 ``@register_converter("name")``: it declares its own command-line options (:meth:`Converter.add_arguments`;
 ``raydist convert NAME --help`` shows only those, with ``--out`` and ``--overwrite``) and converts
-(:meth:`Converter.run`). The modules of this package are found with :mod:`pkgutil`
-(:func:`discover_converters`), so a new converter is one file here (+ its test); a plugin
-(:mod:`raydist.plugins`) registers one the same way. The conversions themselves may live in
-:mod:`raydist.data` (the shipped ones do) or in the converter's module.
+(:meth:`Converter.run`). :data:`CONVERTERS` imports every module of this package the first time it is read
+(:meth:`raydist.registry.Registry.discover`), so a new converter is one file here (+ its test); a plugin
+(:mod:`raydist.plugins`) registers one the same way. A converter's module holds its conversion too (the source
+layout's parsing and checks); :mod:`raydist.converters.source_files` holds what several share. What they write
+is :mod:`raydist.data`'s format (``DatasetWriter``), which knows no source layout.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import pkgutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -47,7 +46,7 @@ class Converter:
         raise NotImplementedError
 
 
-CONVERTERS: Registry[type[Converter]] = Registry("converter")
+CONVERTERS: Registry[type[Converter]] = Registry("converter", package=__name__)
 
 
 def register_converter(name: str) -> Callable[[type[Converter]], type[Converter]]:
@@ -55,18 +54,8 @@ def register_converter(name: str) -> Callable[[type[Converter]], type[Converter]
     return CONVERTERS.register(name)
 
 
-def discover_converters() -> list[str]:
-    """Import every module of this package (each registers its converters); return the registered names
-    (a plugin's too, once it is loaded)."""
-    for module in pkgutil.iter_modules(__path__):
-        if not module.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{module.name}")
-    return CONVERTERS.names()
-
-
 def get_converter(name: str) -> Converter:
-    """The converter registered as ``name`` (after :func:`discover_converters`); unknown: a RegistryError."""
-    discover_converters()
+    """The converter registered as ``name`` (a shipped one or a loaded plugin's); unknown: a RegistryError."""
     return CONVERTERS.get(name)()
 
 
@@ -116,7 +105,6 @@ __all__ = [
     "add_min_count",
     "add_seeded_split",
     "add_splits",
-    "discover_converters",
     "get_converter",
     "register_converter",
     "seeded_split",

@@ -1,6 +1,5 @@
 """raydist.data: Parquet shard schema, writers, readers, vocab, synthetic generator, converters, validation."""
 
-from raydist.data.convert import convert_coco_json, convert_vsepp_precomp
 from raydist.data.manifest import (
     Manifest,
     ShardInfo,
@@ -33,8 +32,6 @@ __all__ = [
     "ValidationReport",
     "Vocab",
     "check_split_size",
-    "convert_coco_json",
-    "convert_vsepp_precomp",
     "dataset_task",
     "default_dataset_dir",
     "ensure_default_dataset",

@@ -1,28 +1,28 @@
-"""The shipped experiments by name: imports each experiment module (each defines one ``EXPERIMENT``) and
-builds the name → :class:`~raydist.experiments.spec.Experiment` mapping the runner and the CLI look up."""
+"""The experiments by name: :data:`EXPERIMENTS`, a :class:`raydist.registry.Registry` that imports every module
+of this package the first time it is read. An experiment module registers its one ``EXPERIMENT`` with
+:func:`register_experiment`, so a new experiment is one module dropped into this package (+ its space
+file)."""
 
 from __future__ import annotations
 
-from raydist.experiments.gather import EXPERIMENT as GATHER
-from raydist.experiments.gradclust_variance import EXPERIMENT as GC_VARIANCE
-from raydist.experiments.label_noise import EXPERIMENT as LABEL_NOISE
-from raydist.experiments.matryoshka import EXPERIMENT as MATRYOSHKA
-from raydist.experiments.mh_vs_sh import EXPERIMENT as MH_VS_SH
-from raydist.experiments.negatives import EXPERIMENT as NEGATIVES
 from raydist.experiments.spec import Experiment
+from raydist.registry import Registry
 
-EXPERIMENTS: dict[str, Experiment] = {
-    e.name: e for e in (NEGATIVES, MH_VS_SH, GATHER, LABEL_NOISE, MATRYOSHKA, GC_VARIANCE)
-}
+EXPERIMENTS: Registry[Experiment] = Registry("experiment", package="raydist.experiments")
+
+
+def register_experiment(experiment: Experiment) -> Experiment:
+    """Register ``experiment`` under its name, as the module that defines its summary; return it."""
+    return EXPERIMENTS.register(experiment.name, experiment, module=experiment.summarise.__module__)
 
 
 def experiment_names() -> list[str]:
-    """The shipped experiments' names, sorted."""
-    return sorted(EXPERIMENTS)
+    """The registered experiments' names (the shipped ones and a loaded plugin's), sorted."""
+    return EXPERIMENTS.names()
 
 
 def get_experiment(name: str) -> Experiment:
     """The experiment named ``name``."""
     if name not in EXPERIMENTS:
         raise ValueError(f"unknown experiment {name!r}; registered: {', '.join(experiment_names())}")
-    return EXPERIMENTS[name]
+    return EXPERIMENTS.get(name)

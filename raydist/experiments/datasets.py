@@ -1,7 +1,7 @@
 """The datasets experiments and benchmarks run on: a folder given by the user, or a named source generated
 into the run's output folder (:data:`DATA_SOURCES`): synthetic image–caption pairs, the real digit halves
 (:mod:`raydist.experiments.digit_halves`), synthetic labelled vectors, or scikit-learn's bundled digits
-(1797 8×8 images, 10 classes) converted with :func:`raydist.data.labels_io.convert_npz`."""
+(1797 8×8 images, 10 classes) converted with :func:`raydist.converters.npz.convert_npz`."""
 
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def digits_dataset(folder: Path, *, seed: int = 0) -> Path:
     _require_scikit_learn("digits")
     from sklearn.datasets import load_digits
 
-    from raydist.data.labels_io import convert_npz
+    from raydist.converters.npz import convert_npz
 
     out = folder / f"digits-s{seed}"
     if (out / MANIFEST_NAME).is_file():

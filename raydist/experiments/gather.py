@@ -8,6 +8,7 @@ import itertools
 import math
 from pathlib import Path
 
+from raydist.experiments.catalog import register_experiment
 from raydist.experiments.figures import finish, panels, save, spread_line
 from raydist.experiments.records import TrialRecord
 from raydist.experiments.spec import Experiment, Setup, Summary, Sweep
@@ -128,13 +129,15 @@ def _verdict(groups: dict[tuple, list[TrialRecord]]) -> list[str]:
     return lines
 
 
-EXPERIMENT = Experiment(
-    name="gather",
-    claim="cross-worker negatives matter more as the number of workers grows",
-    reference="raydist loss.gather (README 'Cross-worker negatives'); cf. open_clip's gather_features",
-    task="pairs",
-    space="gather",
-    sweeps=sweeps,
-    summarise=summarise,
-    quick={"train.epochs": 1, "train.batch_size": 64},
+EXPERIMENT = register_experiment(
+    Experiment(
+        name="gather",
+        claim="cross-worker negatives matter more as the number of workers grows",
+        reference="raydist loss.gather (README 'Cross-worker negatives'); cf. open_clip's gather_features",
+        task="pairs",
+        space="gather",
+        sweeps=sweeps,
+        summarise=summarise,
+        quick={"train.epochs": 1, "train.batch_size": 64},
+    )
 )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from raydist.experiments.catalog import register_experiment
 from raydist.experiments.figures import finish, panels, save, spread_line
 from raydist.experiments.records import TrialRecord
 from raydist.experiments.spec import IN_PROCESS, Experiment, Setup, Summary, Sweep
@@ -195,16 +196,18 @@ def _verdict(done: list[TrialRecord], copies: int | None) -> list[str]:
     return lines
 
 
-EXPERIMENT = Experiment(
-    name="gc-variance",
-    claim="with duplicated examples, gradient clustering's stratified estimator has a far lower normalized "
-    "variance than SGD's; without duplicates the two are about equal",
-    reference='Faghri et al. 2020, "A Study of Gradient Variance in Deep Learning"; the thesis ch. 4; '
-    "raydist.gradclust (README, Gradient clustering); bench/RESULTS.md",
-    task="labels",
-    space="gc_variance",
-    sweeps=sweeps,
-    summarise=summarise,
-    quick={"train.epochs": 2, **IN_PROCESS},
-    data="duplicated",
+EXPERIMENT = register_experiment(
+    Experiment(
+        name="gc-variance",
+        claim="with duplicated examples, gradient clustering's stratified estimator has a far lower normalized "
+        "variance than SGD's; without duplicates the two are about equal",
+        reference='Faghri et al. 2020, "A Study of Gradient Variance in Deep Learning"; the thesis ch. 4; '
+        "raydist.gradclust (README, Gradient clustering); bench/RESULTS.md",
+        task="labels",
+        space="gc_variance",
+        sweeps=sweeps,
+        summarise=summarise,
+        quick={"train.epochs": 2, **IN_PROCESS},
+        data="duplicated",
+    )
 )

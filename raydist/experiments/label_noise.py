@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from raydist.experiments.catalog import register_experiment
 from raydist.experiments.figures import finish, panels, save, spread_line
 from raydist.experiments.records import TrialRecord
 from raydist.experiments.spec import IN_PROCESS, Experiment, Setup, Summary, Sweep
@@ -199,17 +200,19 @@ def _verdict(rows: list[dict], k: int) -> list[str]:
     return lines
 
 
-EXPERIMENT = Experiment(
-    name="label-noise",
-    claim="metric losses keep clean-label Recall@1 below the label-noise bound; random semi-hard mining skews "
-    "less than fixed; hardest mining is the least robust",
-    reference="docs/algorithms.md#label-noise, #sampler-skew, #noise-tolerance (raydist.losses.noise: "
-    "pair_flip_rates, sampler_skew, noise_tolerance); miners after Wu et al. 2017; margin loss of "
-    "Wu et al. 2017",
-    task="labels",
-    space="label_noise",
-    sweeps=sweeps,
-    summarise=summarise,
-    seeds=(0, 1),  # 64 trials ≈ 23 min here; --seeds 0 1 2 takes ≈ 35 min (docs/experiments.md)
-    quick={"train.epochs": 2, "train.batch_size": 50, **IN_PROCESS},
+EXPERIMENT = register_experiment(
+    Experiment(
+        name="label-noise",
+        claim="metric losses keep clean-label Recall@1 below the label-noise bound; random semi-hard mining skews "
+        "less than fixed; hardest mining is the least robust",
+        reference="docs/algorithms.md#label-noise, #sampler-skew, #noise-tolerance (raydist.losses.noise: "
+        "pair_flip_rates, sampler_skew, noise_tolerance); miners after Wu et al. 2017; margin loss of "
+        "Wu et al. 2017",
+        task="labels",
+        space="label_noise",
+        sweeps=sweeps,
+        summarise=summarise,
+        seeds=(0, 1),  # 64 trials ≈ 23 min here; --seeds 0 1 2 takes ≈ 35 min (docs/experiments.md)
+        quick={"train.epochs": 2, "train.batch_size": 50, **IN_PROCESS},
+    )
 )

@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from raydist.experiments.catalog import register_experiment
 from raydist.experiments.figures import finish, panels, save, spread_line
 from raydist.experiments.records import TrialRecord
 from raydist.experiments.spec import IN_PROCESS, Experiment, Setup, Summary, Sweep
@@ -131,13 +132,15 @@ def _verdict(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-EXPERIMENT = Experiment(
-    name="matryoshka",
-    claim="a nested model beats first-m, SVD and random projections of a plain model at every low dim",
-    reference="Kusupati et al., Matryoshka Representation Learning (NeurIPS 2022), Fig. 2-3; raydist.eval.retrieve",
-    task="pairs",
-    space="matryoshka",
-    sweeps=sweeps,
-    summarise=summarise,
-    quick={"train.epochs": 1, **IN_PROCESS},
+EXPERIMENT = register_experiment(
+    Experiment(
+        name="matryoshka",
+        claim="a nested model beats first-m, SVD and random projections of a plain model at every low dim",
+        reference="Kusupati et al., Matryoshka Representation Learning (NeurIPS 2022), Fig. 2-3; raydist.eval.retrieve",
+        task="pairs",
+        space="matryoshka",
+        sweeps=sweeps,
+        summarise=summarise,
+        quick={"train.epochs": 1, **IN_PROCESS},
+    )
 )

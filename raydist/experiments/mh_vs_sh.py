@@ -8,6 +8,7 @@ import itertools
 import math
 from pathlib import Path
 
+from raydist.experiments.catalog import register_experiment
 from raydist.experiments.figures import finish, panels, save, spread_line
 from raydist.experiments.records import TrialRecord
 from raydist.experiments.spec import IN_PROCESS, Experiment, Setup, Summary, Sweep
@@ -176,13 +177,15 @@ def _verdict(groups: dict[tuple, list[TrialRecord]]) -> list[str]:
     return lines
 
 
-EXPERIMENT = Experiment(
-    name="mh-vs-sh",
-    claim="MH beats SH once warmed up, by more with more data",
-    reference="Faghri et al., VSE++ (BMVC 2018), Sec. 4.1 and Table 1; loss.hardest, loss.warmup_sh_epochs",
-    task="pairs",
-    space="mh_vs_sh",
-    sweeps=sweeps,
-    summarise=summarise,
-    quick={"train.epochs": 2, "train.lr_decay_epoch": 100, **IN_PROCESS},
+EXPERIMENT = register_experiment(
+    Experiment(
+        name="mh-vs-sh",
+        claim="MH beats SH once warmed up, by more with more data",
+        reference="Faghri et al., VSE++ (BMVC 2018), Sec. 4.1 and Table 1; loss.hardest, loss.warmup_sh_epochs",
+        task="pairs",
+        space="mh_vs_sh",
+        sweeps=sweeps,
+        summarise=summarise,
+        quick={"train.epochs": 2, "train.lr_decay_epoch": 100, **IN_PROCESS},
+    )
 )

@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 
 from raydist.distributed import StepPlan
+from raydist.experiments.catalog import register_experiment
 from raydist.experiments.figures import finish, panels, save, spread_line
 from raydist.experiments.records import TrialRecord
 from raydist.experiments.spec import IN_PROCESS, Experiment, Setup, Summary, Sweep
@@ -186,13 +187,15 @@ def _optimum(test: dict[int, Spread]) -> list[str]:
     ]
 
 
-EXPERIMENT = Experiment(
-    name="negatives",
-    claim="MH's negative-set size has an interior optimum",
-    reference="Faghri, VSE++ thesis (2018), Fig. 3.6; raydist.distributed.negatives",
-    task="pairs",
-    space="negative_set_size",
-    sweeps=sweeps,
-    summarise=summarise,
-    quick={"train.epochs": 2, "loss.warmup_sh_epochs": 1, "train.batch_size": 64, **IN_PROCESS},
+EXPERIMENT = register_experiment(
+    Experiment(
+        name="negatives",
+        claim="MH's negative-set size has an interior optimum",
+        reference="Faghri, VSE++ thesis (2018), Fig. 3.6; raydist.distributed.negatives",
+        task="pairs",
+        space="negative_set_size",
+        sweeps=sweeps,
+        summarise=summarise,
+        quick={"train.epochs": 2, "loss.warmup_sh_epochs": 1, "train.batch_size": 64, **IN_PROCESS},
+    )
 )

@@ -1,6 +1,6 @@
 """What an experiment is: one or more Tune sweeps (space files in ``tune_spaces/``) plus a summary that turns
 the finished trials into a table and figures (:class:`Experiment`, :class:`Setup`, :class:`Sweep`,
-:class:`Summary`). Ray-free; the shipped experiments are listed in :mod:`raydist.experiments.catalog`."""
+:class:`Summary`). Ray-free; the experiments are registered in :mod:`raydist.experiments.catalog`."""
 
 from __future__ import annotations
 
