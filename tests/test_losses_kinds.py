@@ -8,6 +8,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,8 +21,9 @@ from pydantic import BaseModel, Field
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
+import raydist
 from raydist.cli import main
-from raydist.config import Config, ConfigError, apply_overrides, load_config
+from raydist.config import Config, ConfigError, apply_overrides, load_config, loss_problems
 from raydist.distributed import NegativeSet, gather_step
 from raydist.distributed.spawn import spawn
 from raydist.losses import (
@@ -352,3 +356,122 @@ def test_a_new_module_in_the_kinds_package_is_found_without_a_list(tmp_path, mon
         assert getattr(cfg.loss, f"new_{tag}_scale") == 3.0
     finally:
         LOSSES.unregister(f"new_{tag}")
+
+
+DROPPED_KIND = """
+from pydantic import BaseModel, Field
+
+from raydist.losses.kinds.base import LossKind, register_loss
+
+
+@register_loss
+class Dropped(LossKind):
+    name = "dropped"
+    task = "labels"
+
+    class Options(BaseModel):
+        dropped_scale: float = Field(1.0, gt=0)
+
+    def loss(self, inputs):
+        import torch
+
+        return torch.zeros(())
+"""
+
+TORCH_FREE_LOAD = """
+import json, sys
+import raydist
+from raydist.config import ConfigError, load_config, valid_keys
+cfg = load_config(overrides={"loss.kind": "dropped", "loss.dropped_scale": "3"})
+try:
+    load_config(overrides={"loss.kind": "dropped", "loss.dropped_scale": "0"})
+    refused = ""
+except ConfigError as e:
+    refused = str(e)
+print(json.dumps({
+    "package": raydist.__file__,
+    "scale": cfg.loss.dropped_scale,
+    "key": "loss.dropped_scale" in valid_keys(),
+    "refused": refused,
+    "torch": "torch" in sys.modules,
+}))
+"""
+
+
+def test_a_kind_module_dropped_into_the_package_is_found_by_a_torch_free_config_load(tmp_path) -> None:
+    """A new file in raydist/losses/kinds/ (of a copy of the package, first on the path of a fresh process) is a
+    loss kind a config load finds, its option a config key with its bounds, and no torch is imported."""
+    copy = tmp_path / "raydist"
+    shutil.copytree(Path(raydist.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    try:
+        (copy / "losses" / "kinds" / "dropped.py").write_text(DROPPED_KIND)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+        run = subprocess.run(
+            [sys.executable, "-c", TORCH_FREE_LOAD], env=env, cwd=tmp_path, capture_output=True, text=True
+        )
+        assert run.returncode == 0, run.stderr
+        got = json.loads(run.stdout.splitlines()[-1])
+        assert Path(got["package"]).parent == copy
+        assert got["scale"] == 3.0 and got["key"] and not got["torch"]
+        assert "loss.dropped_scale=0: must be > 0" in got["refused"]
+    finally:
+        shutil.rmtree(copy)
+
+
+@pytest.mark.parametrize(
+    "options, steps, want",
+    [
+        # SH runs at least loss.warmup_sh_steps steps: ceil(10 / 4) = 3 epochs > the 1 asked for
+        (
+            {"loss.warmup_sh_epochs": 1, "loss.warmup_sh_steps": 10},
+            4,
+            ({"loss.warmup_sh_epochs": 3}, ["SH warm-up 3 epochs (raised for loss.warmup_sh_steps=10)"]),
+        ),
+        (
+            {"loss.warmup_sh_epochs": 5, "loss.warmup_sh_steps": 10},
+            4,
+            ({"loss.warmup_sh_epochs": 5}, ["SH warm-up 5 epochs"]),
+        ),
+        (
+            {"loss.warmup_sh_steps": 8},
+            8,
+            ({"loss.warmup_sh_epochs": 1}, ["SH warm-up 1 epochs (raised for loss.warmup_sh_steps=8)"]),
+        ),
+        ({"loss.warmup_sh_epochs": 2, "loss.hardest": False}, 4, ({}, [])),  # SH throughout: no warm-up
+        ({}, 4, ({}, [])),
+    ],
+)
+def test_the_ranking_kind_schedules_its_sh_warm_up(options, steps, want) -> None:
+    cfg = apply_overrides(Config(), options)
+    assert get_loss("ranking").schedule(cfg, steps) == want
+    assert get_loss("triplet").schedule(cfg, steps) == ({}, [])  # a kind without a schedule
+
+
+def test_the_negative_set_and_its_checks_belong_to_the_ranking_kind() -> None:
+    ranking, triplet = get_loss("ranking"), get_loss("triplet")
+    cfg = apply_overrides(Config(), {"loss.negative_set_size": 64})
+    assert ranking.negative_set_size(cfg) == 64 and triplet.negative_set_size(cfg) is None
+    assert ranking.negative_set_size(Config()) is None
+    elastic = {"train.num_workers": 3, "train.min_workers": 2, "train.batch_size": 48}
+    cases = [
+        ({"loss.negative_set_size": 1}, ["loss.negative_set_size=1: must be >= 2 (or null)"]),
+        ({"loss.negative_set_size": 32}, []),  # within the batch: any size from 2
+        ({"loss.negative_set_size": 102, **elastic}, []),  # 102 rows split over 2 and 3 workers
+        (
+            {"loss.negative_set_size": 100, **elastic},
+            [
+                "loss.negative_set_size=100 > batch size must divide evenly over every worker count from "
+                "train.min_workers=2 to train.num_workers=3"
+            ],
+        ),
+        (
+            {"loss.negative_set_size": 129, "train.num_workers": 2},
+            ["loss.negative_set_size=129 > batch size must divide evenly over train.num_workers=2"],
+        ),
+    ]
+    for overrides, want in cases:
+        cfg = apply_overrides(Config(), overrides)
+        assert ranking.problems(cfg) == want, overrides
+        assert triplet.problems(cfg) == [], overrides
+        assert loss_problems(cfg) == want, overrides  # auto: every kind's checks
+        assert loss_problems(cfg, "cross_entropy") == [], overrides
