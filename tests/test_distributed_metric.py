@@ -18,11 +18,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from raydist.choices import MINER_STRATEGIES
 from raydist.distributed.gather import all_gather_tensor
 from raydist.distributed.spawn import spawn
 from raydist.losses import cross_worker_metric_loss
 from raydist.losses.margin import MarginBeta, margin_loss, margin_loss_parts
+from raydist.losses.miners import MINERS
 from raydist.losses.triplets import (
     Triplets,
     mine_triplets,
@@ -32,6 +32,7 @@ from raydist.losses.triplets import (
 )
 
 WORLD, ROWS, FEATURES, DIM = 2, 6, 6, 4
+MINER_STRATEGIES = MINERS.names()
 # classes 3 and 4 have one sample; every other class has rows on both ranks
 LABELS = torch.tensor([0, 1, 2, 0, 1, 3, 2, 0, 1, 2, 4, 0])
 NUM_CLASSES = 5

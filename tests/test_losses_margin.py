@@ -50,7 +50,7 @@ def _beta(kind: str, boundary: float) -> float | torch.Tensor:
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
-@pytest.mark.parametrize("distance", DISTANCES)
+@pytest.mark.parametrize("distance", DISTANCES.names())
 @pytest.mark.parametrize("beta_kind", ["float", "global", "per-class"])
 def test_margin_loss_matches_brute_force(beta_kind: str, distance: str, reduction: str) -> None:
     emb = unit_rows(len(LABELS), seed=11).requires_grad_()

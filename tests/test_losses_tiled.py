@@ -12,12 +12,13 @@ from raydist.losses import (
     l2_normalize,
     mine_hardest_negatives,
     mined_ranking_terms,
-    miners,
     paired_similarity,
     ranking_terms,
     score_tiles,
     sum_of_hinges,
+    tiles,
 )
+from raydist.losses.miners import hardest_negatives
 from raydist.losses.tiled_sh import TiledSumOfHinges
 
 QUERY_IDS = torch.tensor([0, 1, 2, 3, 4, 5, 1, 6, 7, 3, 8, 9])
@@ -45,8 +46,8 @@ def _case(square: bool, seed: int = 0) -> Case:
 def tiling(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """Default tiling (every query in one block) or 5-score tiles with 4-member arg-max classes."""
     elements, group = request.param
-    monkeypatch.setattr(miners, "TILE_ELEMENTS", elements)
-    monkeypatch.setattr(miners, "ARGMAX_GROUP", group)
+    monkeypatch.setattr(tiles, "TILE_ELEMENTS", elements)
+    monkeypatch.setattr(hardest_negatives, "ARGMAX_GROUP", group)
 
 
 @pytest.mark.usefixtures("tiling")
@@ -96,7 +97,7 @@ def test_tiled_miner_matches_brute_force(tile: int, square: bool) -> None:
 
 def test_miner_takes_an_earlier_key_on_exact_ties(monkeypatch: pytest.MonkeyPatch) -> None:
     """Equal scores: the first negative key wins, as in ``argmax`` of the masked dense scores."""
-    monkeypatch.setattr(miners, "ARGMAX_GROUP", 2)
+    monkeypatch.setattr(hardest_negatives, "ARGMAX_GROUP", 2)
     emb = torch.ones(1, 2, dtype=torch.float64)
     keys = torch.ones(8, 2, dtype=torch.float64)
     inputs = RankingInputs(emb, emb, keys, keys, torch.tensor([0]), torch.tensor([0, 1, 2, 3, 4, 5, 6, 7]))
@@ -122,7 +123,7 @@ def test_score_tiles_list_every_same_id_entry(blocks: tuple[int, int]) -> None:
 @pytest.mark.parametrize("square", [True, False], ids=["square", "rectangular"])
 def test_sum_of_hinges_gradcheck(square: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """``torch.autograd.gradcheck`` of the SH function (positives an input) with several query blocks."""
-    monkeypatch.setattr(miners, "TILE_ELEMENTS", 6)
+    monkeypatch.setattr(tiles, "TILE_ELEMENTS", 6)
     ids_q, ids_k = torch.tensor([0, 1, 1, 2, 3]), torch.tensor([0, 1, 4, 2, 5, 3, 6])
     qi, qc, ki, kc = _embeddings(5, 7, dim=3, seed=3)
     positives = paired_similarity(qi, qc).detach().requires_grad_()

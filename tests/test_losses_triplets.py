@@ -13,16 +13,13 @@ from collections import Counter
 import pytest
 import torch
 
-from raydist.choices import MINER_STRATEGIES
 from raydist.losses.distances import DISTANCES, paired_distance, pairwise_distance
-from raydist.losses.triplets import (
-    RANDOM_STRATEGIES,
-    distance_weights,
-    mine_triplets,
-    negative_probabilities,
-    triplet_loss,
-)
+from raydist.losses.miners import MINERS
+from raydist.losses.miners.distance_weighted import distance_weights
+from raydist.losses.triplets import mine_triplets, negative_probabilities, triplet_loss
 
+MINER_STRATEGIES = MINERS.names()
+RANDOM_STRATEGIES = [s for s in MINER_STRATEGIES if MINERS.get(s).random]
 DETERMINISTIC = [s for s in MINER_STRATEGIES if s not in RANDOM_STRATEGIES]
 LABEL_SETS = {
     "balanced": [0, 1, 2, 0, 1, 2, 0, 1, 2, 0],
@@ -118,7 +115,7 @@ def as_list(triplets) -> list:
     return list(zip(*(t.tolist() for t in triplets), strict=False))
 
 
-@pytest.mark.parametrize("distance", DISTANCES)
+@pytest.mark.parametrize("distance", DISTANCES.names())
 def test_distances_match_brute_force_and_identical_rows_have_zero_gradient(distance: str) -> None:
     x, y = unit_rows(5, seed=1), unit_rows(3, seed=2)
     want = torch.tensor(distance_table(torch.cat([x, y]), distance), dtype=torch.float64)[:5, 5:]
@@ -152,7 +149,7 @@ def test_distance_weights_are_inverse_sphere_density() -> None:
         distance_weights(torch.tensor([1.0]), 1)
 
 
-@pytest.mark.parametrize("distance", DISTANCES)
+@pytest.mark.parametrize("distance", DISTANCES.names())
 @pytest.mark.parametrize("labels", list(LABEL_SETS.values()), ids=list(LABEL_SETS))
 @pytest.mark.parametrize("strategy", DETERMINISTIC)
 def test_deterministic_miners_match_enumeration(strategy: str, labels: list[int], distance: str) -> None:
@@ -168,7 +165,7 @@ def test_deterministic_miners_match_enumeration(strategy: str, labels: list[int]
         assert probs.tolist() == [1.0] * len(want)
 
 
-@pytest.mark.parametrize("distance", DISTANCES)
+@pytest.mark.parametrize("distance", DISTANCES.names())
 @pytest.mark.parametrize("strategy", RANDOM_STRATEGIES)
 def test_random_miners_draw_valid_triplets_one_per_pair(strategy: str, distance: str) -> None:
     labels = LABEL_SETS["singleton"]
@@ -290,7 +287,7 @@ def brute_force_triplet_loss(emb, triplets, *, margin, hinged, distance, reducti
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "mean_nonzero"])
-@pytest.mark.parametrize("distance", DISTANCES)
+@pytest.mark.parametrize("distance", DISTANCES.names())
 @pytest.mark.parametrize("hinged", [True, False], ids=["hinged", "unhinged"])
 def test_triplet_loss_matches_brute_force(hinged: bool, distance: str, reduction: str) -> None:
     labels = LABEL_SETS["singleton"]
@@ -336,7 +333,7 @@ def test_bad_input_raises() -> None:
         triplet_loss(emb, triplets, reduction="max")
 
 
-@pytest.mark.parametrize("distance", DISTANCES)
+@pytest.mark.parametrize("distance", DISTANCES.names())
 @pytest.mark.parametrize("strategy", MINER_STRATEGIES)
 def test_duplicate_rows_in_float32_stay_finite(strategy: str, distance: str) -> None:
     """Identical anchor/positive rows (d = 0) and an identical negative: finite loss and gradients."""
@@ -378,7 +375,7 @@ def scaled_rows(unit: torch.Tensor, seed: int) -> torch.Tensor:
     return unit * (0.2 + 4.8 * torch.rand(unit.shape[0], 1, generator=g, dtype=unit.dtype))
 
 
-@pytest.mark.parametrize("distance", DISTANCES)
+@pytest.mark.parametrize("distance", DISTANCES.names())
 @pytest.mark.parametrize("strategy", DETERMINISTIC)
 @pytest.mark.parametrize("labels", LABEL_SETS.values(), ids=LABEL_SETS.keys())
 def test_raw_rows_are_mined_as_their_normalised_rows(strategy: str, labels: list[int], distance: str) -> None:

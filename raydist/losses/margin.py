@@ -7,9 +7,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from raydist.choices import REDUCTIONS
-from raydist.losses.distances import paired_distance
-from raydist.losses.triplets import TermSum, Triplets, check_labels, mine_triplets, reduce_terms
+from raydist.losses.distances import Distance, get_distance
+from raydist.losses.miners import Triplets, check_labels
+from raydist.losses.reducers import TermSum, reduce_terms
+from raydist.losses.triplets import mine_triplets
+
+PAIR_REDUCTIONS = {"mean": "mean_nonzero", "sum": "sum"}  # the margin loss's mean is over non-zero pair terms
 
 
 def beta_per_anchor(beta: Tensor, anchor_labels: Tensor) -> Tensor:
@@ -39,17 +42,23 @@ class MarginBeta(nn.Module):
 
 
 def margin_terms(
-    emb: Tensor, triplets: Triplets, *, beta: float | Tensor, alpha: float = 0.2, distance: str = "euclidean"
+    emb: Tensor,
+    triplets: Triplets,
+    *,
+    beta: float | Tensor,
+    alpha: float = 0.2,
+    distance: str | Distance = "euclidean",
 ) -> Tensor:
     """Pair terms ``[α + t(d − β)]₊`` [2T]: first the positive pairs (a, p) of the T triplets (t = +1,
     ``[α + d_ap − β]₊``), then their negative pairs (a, n) (t = −1, ``[α − d_an + β]₊``).
 
-    ``beta`` is a float, a 0-d tensor, or a [T] tensor of each triplet's β; ``d`` is :func:`paired_distance`.
+    ``beta`` is a float, a 0-d tensor, or a [T] tensor of each triplet's β; ``d`` is the distance's
+    :meth:`~raydist.losses.distances.Distance.paired`.
     """
     anchors, positives, negatives = triplets
-    anchor_rows = emb[anchors]
-    d_ap = paired_distance(anchor_rows, emb[positives], distance)
-    d_an = paired_distance(anchor_rows, emb[negatives], distance)
+    anchor_rows, distance = emb[anchors], get_distance(distance)
+    d_ap = distance.paired(anchor_rows, emb[positives])
+    d_an = distance.paired(anchor_rows, emb[negatives])
     return torch.cat([(alpha + d_ap - beta).clamp(min=0), (alpha - d_an + beta).clamp(min=0)])
 
 
@@ -61,7 +70,7 @@ def margin_loss_parts(
     beta: float | Tensor,
     alpha: float = 0.2,
     nu: float = 0.0,
-    distance: str = "euclidean",
+    distance: str | Distance = "euclidean",
     reduction: str = "mean",
 ) -> TermSum:
     """Margin loss of given triplets before its division (a :class:`TermSum`), with
@@ -71,13 +80,13 @@ def margin_loss_parts(
     "mean" divides by the number of pairs with a non-zero term (as in the paper; the ν regulariser is
     divided by it too), "sum" does not divide.
     """
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction={reduction!r}: expected one of {REDUCTIONS}")
+    if reduction not in PAIR_REDUCTIONS:
+        raise ValueError(f"reduction={reduction!r}: expected one of {tuple(PAIR_REDUCTIONS)}")
     labels = check_labels(emb, labels)
     beta = torch.as_tensor(beta, dtype=emb.dtype, device=emb.device)
     anchor_beta = beta_per_anchor(beta, labels[triplets[0]])
     terms = margin_terms(emb, triplets, beta=anchor_beta, alpha=alpha, distance=distance)
-    parts = reduce_terms(terms, "mean_nonzero" if reduction == "mean" else "sum")
+    parts = reduce_terms(terms, PAIR_REDUCTIONS[reduction])
     return parts._replace(total=parts.total + nu * anchor_beta.sum())
 
 
@@ -89,7 +98,7 @@ def margin_loss(
     beta: float | Tensor = 1.2,
     triplets: Triplets | None = None,
     strategy: str = "distance-weighted",
-    distance: str = "euclidean",
+    distance: str | Distance = "euclidean",
     generator: torch.Generator | None = None,
     reduction: str = "mean",
     nu: float = 0.0,

@@ -1,6 +1,6 @@
 """Bidirectional hinge ranking losses of VSE++ (Faghri et al. 2018): SH (sum of hinges) and MH (max of hinges).
 
-MH is the hardest-negative miner (raydist.losses.miners) followed by hinge terms on the mined (query,
+MH is the hardest-negative miner (raydist.losses.miners.hardest_negatives) followed by hinge terms on the mined (query,
 positive, negative) tuples; SH is the tiled sum of hinges (raydist.losses.tiled_sh); both are reduced by
 raydist.losses.reducers. :func:`mined_ranking_terms` computes them for queries against keys (square in one
 process, rectangular ``[local queries × global keys]`` across workers, both given as :class:`RankingInputs`)
@@ -16,9 +16,10 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from raydist.losses.miners import HardestNegatives, RankingInputs, mine_hardest_negatives
-from raydist.losses.reducers import reduce_queries
-from raydist.losses.similarity import paired_similarity, pairwise_similarity
+from raydist.losses.miners.hardest_negatives import HardestNegatives, mine_hardest_negatives
+from raydist.losses.ranking_inputs import RankingInputs
+from raydist.losses.reducers import Reducer, reduce_queries
+from raydist.losses.similarity import Similarity, get_similarity, paired_similarity, pairwise_similarity
 from raydist.losses.tiled_sh import sum_of_hinges
 
 
@@ -46,7 +47,7 @@ class RankingTerms(NamedTuple):
 
 
 def ranking_terms(
-    inputs: RankingInputs, *, margin: float, hardest: bool, similarity: str = "dot"
+    inputs: RankingInputs, *, margin: float, hardest: bool, similarity: str | Similarity = "dot"
 ) -> RankingTerms:
     """Hinge terms of Q query pairs against K key pairs, in both directions, from the dense [Q, K] scores.
 
@@ -74,7 +75,7 @@ def _hardest_direction(
     key_emb: Tensor,
     key: Tensor,
     margin: float,
-    similarity: str,
+    similarity: Similarity,
     image_is_query: bool,
 ) -> Tensor:
     """MH terms of one direction: the hinge on each query's mined key row (0 where none was mined).
@@ -90,7 +91,12 @@ def _hardest_direction(
 
 
 def mined_ranking_terms(
-    inputs: RankingInputs, *, margin: float, hardest: bool, similarity: str = "dot", tile: int = 4096
+    inputs: RankingInputs,
+    *,
+    margin: float,
+    hardest: bool,
+    similarity: str | Similarity = "dot",
+    tile: int = 4096,
 ) -> tuple[Tensor, Tensor, HardestNegatives]:
     """Per-query terms ``([Q] image queries, [Q] caption queries, hardest negatives)``.
 
@@ -99,6 +105,7 @@ def mined_ranking_terms(
     the same tiles, recomputed in backward. The hardest negatives are returned in both cases (the step's
     statistics use them).
     """
+    similarity = get_similarity(similarity)
     positives = inputs.positives(similarity)
     mined = mine_hardest_negatives(inputs, similarity=similarity, tile=tile)
     if hardest:
@@ -122,8 +129,8 @@ def ranking_loss(
     margin: float = 0.2,
     hardest: bool = True,
     image_ids: Tensor | None = None,
-    reduction: str = "sum",
-    similarity: str = "dot",
+    reduction: str | Reducer = "sum",
+    similarity: str | Similarity = "dot",
 ) -> Tensor:
     """VSE++ ranking loss of a batch of N pairs (``img[k]`` ↔ ``cap[k]``, both [N, D], L2-normalised).
 
@@ -142,7 +149,7 @@ def ranking_loss(
     return reduce_queries(image_terms.sum() + caption_terms.sum(), reduction, 2 * n)
 
 
-def mh_collapse_value(num_queries: int, margin: float, reduction: str) -> float:
+def mh_collapse_value(num_queries: int, margin: float, reduction: str | Reducer) -> float:
     """MH's loss on collapsed embeddings (every score equal): each query's hardest negative scores like its
     positive, so each of the ``2N`` query terms (N image and N caption queries; N = the global query batch)
     is ``[α − s + s]₊ = α``: ``2·N·α`` for ``reduction="sum"``, ``α`` for "mean" (:func:`reduce_queries`)."""

@@ -2,7 +2,7 @@
 forward and each tile recomputed in the backward, so no [Q, K] score or cost tensor is kept.
 
 Memory O((Q + K)·D + tile) for forward and backward; the tiles are those of the miner
-(:func:`raydist.losses.miners.score_tiles`, :func:`~raydist.losses.miners.tile_shape`).
+(:func:`raydist.losses.tiles.score_tiles`, :func:`~raydist.losses.tiles.tile_shape`).
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from raydist.losses.miners import RankingInputs, score_tiles, tile_scores, tile_shape
-from raydist.losses.similarity import pairwise_similarity
+from raydist.losses.ranking_inputs import RankingInputs
+from raydist.losses.similarity import Similarity, get_similarity, pairwise_similarity
+from raydist.losses.tiles import score_tiles, tile_scores, tile_shape
 
 
 class _Pass(NamedTuple):
@@ -58,7 +59,7 @@ class TiledSumOfHinges(torch.autograd.Function):
         query_ids: Tensor,
         key_ids: Tensor,
         margin: float,
-        similarity: str,
+        similarity: Similarity,
         tile: int,
         square: bool,
     ) -> tuple[Tensor, Tensor]:
@@ -118,12 +119,17 @@ class TiledSumOfHinges(torch.autograd.Function):
 
 
 def sum_of_hinges(
-    positives: Tensor, inputs: RankingInputs, *, margin: float, similarity: str = "dot", tile: int = 4096
+    positives: Tensor,
+    inputs: RankingInputs,
+    *,
+    margin: float,
+    similarity: str | Similarity = "dot",
+    tile: int = 4096,
 ) -> tuple[Tensor, Tensor]:
     """SH per query, both directions ``([Q] image queries, [Q] caption queries)``, tiled
     (:class:`TiledSumOfHinges`): ``Σ_{k: id_k ≠ id_q} [α − p_q + s_qk]₊`` with positives ``p`` [Q].
 
-    ``tile`` is keys per tile (queries per tile: :func:`raydist.losses.miners.tile_shape`); one pass serves
+    ``tile`` is keys per tile (queries per tile: :func:`raydist.losses.tiles.tile_shape`); one pass serves
     both directions when the queries are the keys (:attr:`RankingInputs.square`).
     """
     return TiledSumOfHinges.apply(
@@ -135,7 +141,7 @@ def sum_of_hinges(
         inputs.query_ids,
         inputs.key_ids,
         margin,
-        similarity,
+        get_similarity(similarity),
         tile,
         inputs.square,
     )

@@ -1,20 +1,18 @@
-"""Distances between L2-normalised embeddings for metric-learning losses: Euclidean (chord) and cosine.
+"""Distances between embeddings for the metric-learning losses and miners (``loss.distance``): a
+:class:`Distance` is an object a loss or miner takes; each shipped one is a module of this package that
+registers its class in :data:`DISTANCES` (a new distance is one file here).
 
-Pairwise functions give ``[len(x), len(y)]`` blocks; paired ones compare row k of x with row k of y.
+``pairwise`` gives ``[len(x), len(y)]`` blocks; ``paired`` compares row k of x with row k of y.
 """
 
 from __future__ import annotations
 
 from torch import Tensor
 
-from raydist.choices import DISTANCES
+from raydist.losses.components import Component, build, component_registry
+from raydist.registry import Registry
 
 SQUARED_EPS = 1e-12
-
-
-def _check(distance: str) -> None:
-    if distance not in DISTANCES:
-        raise ValueError(f"distance={distance!r}: expected one of {DISTANCES}")
 
 
 def safe_sqrt(squared: Tensor) -> Tensor:
@@ -23,24 +21,33 @@ def safe_sqrt(squared: Tensor) -> Tensor:
     return squared.clamp(min=SQUARED_EPS).sqrt()
 
 
-def pairwise_distance(x: Tensor, y: Tensor, distance: str = "euclidean") -> Tensor:
-    """``D[i, j] = d(x_i, y_j)``, shape ``[len(x), len(y)]``.
+class Distance(Component):
+    """A distance ``d(x, y)`` between rows; subclasses give :meth:`pairwise` and :meth:`paired` and register
+    with ``@DISTANCES.register("name")`` (the ``loss.distance`` value, set as :attr:`name`)."""
 
-    "euclidean": ``‖x_i − y_j‖₂`` from ``‖x_i‖² + ‖y_j‖² − 2 x_i·y_j`` (one matrix product, then
-    :func:`safe_sqrt`); "cosine": ``1 − x_i·y_j`` (the cosine distance of unit-norm rows).
-    """
-    _check(distance)
-    dots = x @ y.T
-    if distance == "cosine":
-        return 1.0 - dots
-    squared = x.pow(2).sum(-1).unsqueeze(1) + y.pow(2).sum(-1).unsqueeze(0) - 2.0 * dots
-    return safe_sqrt(squared)
+    def pairwise(self, x: Tensor, y: Tensor) -> Tensor:
+        """``D[i, j] = d(x_i, y_j)``, shape ``[len(x), len(y)]``."""
+        raise NotImplementedError
+
+    def paired(self, x: Tensor, y: Tensor) -> Tensor:
+        """``d_k = d(x_k, y_k)``, shape ``[N]``."""
+        raise NotImplementedError
 
 
-def paired_distance(x: Tensor, y: Tensor, distance: str = "euclidean") -> Tensor:
-    """``d_k = d(x_k, y_k)``, shape ``[N]``: "euclidean" ``‖x_k − y_k‖₂`` (from the difference, then
-    :func:`safe_sqrt`), "cosine" ``1 − x_k·y_k``."""
-    _check(distance)
-    if distance == "cosine":
-        return 1.0 - (x * y).sum(-1)
-    return safe_sqrt((x - y).pow(2).sum(-1))
+DISTANCES: Registry[type[Distance]] = component_registry("distance", Distance, __name__)
+
+
+def get_distance(distance: str | Distance) -> Distance:
+    """A :class:`Distance`: ``distance`` itself, or the registered one of that name (unknown: a ValueError
+    naming the close ones)."""
+    return build(DISTANCES, distance)
+
+
+def pairwise_distance(x: Tensor, y: Tensor, distance: str | Distance = "euclidean") -> Tensor:
+    """``D[i, j] = d(x_i, y_j)`` of the distance ``distance`` (a name or an object)."""
+    return get_distance(distance).pairwise(x, y)
+
+
+def paired_distance(x: Tensor, y: Tensor, distance: str | Distance = "euclidean") -> Tensor:
+    """``d_k = d(x_k, y_k)`` of the distance ``distance`` (a name or an object)."""
+    return get_distance(distance).paired(x, y)

@@ -1,16 +1,19 @@
-"""Similarities between image and caption embeddings: dot product and order embeddings.
+"""Similarities between image and caption embeddings for the ranking losses (``loss.similarity``), and
+:func:`l2_normalize`. A :class:`Similarity` is an object a loss or miner takes; each shipped one is a module of
+this package that registers its class in :data:`SIMILARITIES` (a new similarity is one file here).
 
-Pairwise functions give ``[N_img, N_cap]`` score blocks (rows images); paired ones score row k with row k.
+``pairwise`` gives ``[N_img, N_cap]`` score blocks (rows images); ``paired`` scores row k with row k.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
-from raydist.choices import SIMILARITIES
+from raydist.losses.components import Component, build, component_registry
+from raydist.registry import Registry
 
 HALF_EPS = 1e-4
 
@@ -27,48 +30,41 @@ def l2_normalize(x: Tensor, eps: float = 1e-8) -> Tensor:
     return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(eps)
 
 
-def dot_similarity(img: Tensor, cap: Tensor) -> Tensor:
-    """``S[k, l] = f(I_k) · g(C_l)`` (cosine similarity for unit-norm rows)."""
-    return img @ cap.T
+class Similarity(Component):
+    """A score ``s(image, caption)``, higher = closer; subclasses give :meth:`pairwise` and :meth:`paired` and
+    register with ``@SIMILARITIES.register("name")`` (the ``loss.similarity`` value, set as :attr:`name`).
+    ``width_per_score``: how many elements per score the pairwise block needs at its peak (1 for a matrix
+    product; D for a broadcast ``[rows, cols, D]`` intermediate), which sizes the score tiles."""
+
+    broadcasts: ClassVar[bool] = False  # pairwise builds a [rows, cols, D] intermediate
+
+    def pairwise(self, img: Tensor, cap: Tensor) -> Tensor:
+        """Score block ``[len(img), len(cap)]``, rows images, columns captions."""
+        raise NotImplementedError
+
+    def paired(self, img: Tensor, cap: Tensor) -> Tensor:
+        """Score of each row's own pair ``[N]`` (the diagonal of :meth:`pairwise`)."""
+        raise NotImplementedError
+
+    def width_per_score(self, dim: int) -> int:
+        """Elements per score of the pairwise block at its peak: ``dim`` when it broadcasts, else 1."""
+        return dim if self.broadcasts else 1
 
 
-def order_similarity(img: Tensor, cap: Tensor) -> Tensor:
-    """Order embeddings (Vendrov et al. 2016): ``S[k, l] = −‖max(0, g(C_l) − f(I_k))‖²``.
-
-    Broadcast over a ``[N_img, N_cap, D]`` intermediate (no python loop; memory O(N_img·N_cap·D)).
-    """
-    return -(cap.unsqueeze(0) - img.unsqueeze(1)).clamp(min=0).pow(2).sum(-1)
+SIMILARITIES: Registry[type[Similarity]] = component_registry("similarity", Similarity, __name__)
 
 
-def paired_dot_similarity(img: Tensor, cap: Tensor) -> Tensor:
-    """``s_k = f(I_k) · g(C_k)``: the diagonal of :func:`dot_similarity` without the full matrix."""
-    return (img * cap).sum(-1)
+def get_similarity(similarity: str | Similarity) -> Similarity:
+    """A :class:`Similarity`: ``similarity`` itself, or the registered one of that name (unknown: a ValueError
+    naming the close ones)."""
+    return build(SIMILARITIES, similarity)
 
 
-def paired_order_similarity(img: Tensor, cap: Tensor) -> Tensor:
-    """``s_k = −‖max(0, g(C_k) − f(I_k))‖²``: the diagonal of :func:`order_similarity`."""
-    return -(cap - img).clamp(min=0).pow(2).sum(-1)
+def pairwise_similarity(img: Tensor, cap: Tensor, similarity: str | Similarity = "dot") -> Tensor:
+    """Score block ``[len(img), len(cap)]`` of ``similarity`` (a name or an object), rows images."""
+    return get_similarity(similarity).pairwise(img, cap)
 
 
-_PAIRWISE: dict[str, Callable[[Tensor, Tensor], Tensor]] = {"dot": dot_similarity, "order": order_similarity}
-_PAIRED: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
-    "dot": paired_dot_similarity,
-    "order": paired_order_similarity,
-}
-
-
-def _check(similarity: str) -> None:
-    if similarity not in SIMILARITIES:
-        raise ValueError(f"similarity={similarity!r}: expected one of {SIMILARITIES}")
-
-
-def pairwise_similarity(img: Tensor, cap: Tensor, similarity: str = "dot") -> Tensor:
-    """Score block ``[len(img), len(cap)]``, rows images, columns captions."""
-    _check(similarity)
-    return _PAIRWISE[similarity](img, cap)
-
-
-def paired_similarity(img: Tensor, cap: Tensor, similarity: str = "dot") -> Tensor:
-    """Score of each row's own pair ``[N]`` (the positives)."""
-    _check(similarity)
-    return _PAIRED[similarity](img, cap)
+def paired_similarity(img: Tensor, cap: Tensor, similarity: str | Similarity = "dot") -> Tensor:
+    """Score of each row's own pair ``[N]`` (the positives) of ``similarity`` (a name or an object)."""
+    return get_similarity(similarity).paired(img, cap)

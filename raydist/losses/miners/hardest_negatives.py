@@ -1,58 +1,23 @@
-"""Negative mining of the ranking loss: the score-tile walk (shared with the tiled SH loss) and the
-hardest-negative miner, both without autograd.
+"""The hardest-negative miner of the ranking loss (VSE++ MH), without autograd: per query and direction the
+key of the highest score among its negatives, from the score-tile walk (:mod:`raydist.losses.tiles`).
 
-VSE++ MH is the hardest-negative miner followed by a hinge on the mined (query, positive, negative) rows:
-the hinge is monotone, so max of hinges = hinge of the max and the mined rows give MH's exact value and
-gradient. Scores are walked in tiles of at most :data:`TILE_ELEMENTS`: memory O(tile), no [Q, K] tensor.
+VSE++ MH is this miner followed by a hinge on the mined (query, positive, negative) rows: the hinge is monotone,
+so max of hinges = hinge of the max and the mined rows give MH's exact value and gradient.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from raydist.losses.similarity import paired_similarity, pairwise_similarity
+from raydist.losses.ranking_inputs import RankingInputs
+from raydist.losses.similarity import Similarity, get_similarity
+from raydist.losses.tiles import score_tiles, tile_scores, tile_shape
 
-TILE_ELEMENTS = (
-    1 << 22
-)  # scores per tile (16 MiB in float32); order similarity counts its [.., D] intermediate
 ARGMAX_GROUP = 64  # members per class of the two-level arg-max (:func:`_fold_max`)
-
-
-class RankingInputs(NamedTuple):
-    """Q query pairs ranked against K key pairs: embeddings ``[Q, D]``/``[K, D]`` and ids ``[Q]``/``[K]``.
-
-    Key k is a negative of query q iff ``key_ids[k] != query_ids[q]``; the positive of query q is its own pair
-    ``(query_img[q], query_cap[q])``. The positions (default: row numbers; unique) identify a query's own row
-    among the keys for :attr:`HardestNegatives.masked_pairs`.
-    """
-
-    query_img: Tensor
-    query_cap: Tensor
-    key_img: Tensor
-    key_cap: Tensor
-    query_ids: Tensor
-    key_ids: Tensor
-    query_positions: Tensor | None = None
-    key_positions: Tensor | None = None
-
-    @classmethod
-    def batch(cls, img: Tensor, cap: Tensor, ids: Tensor) -> RankingInputs:
-        """One batch of pairs ranked against itself: the queries are the keys."""
-        return cls(img, cap, img, cap, ids, ids)
-
-    @property
-    def square(self) -> bool:
-        """The queries are the keys (the same tensors), so one score matrix serves both directions."""
-        return self.query_img is self.key_img and self.query_cap is self.key_cap
-
-    def positives(self, similarity: str) -> Tensor:
-        """``s(I_q, C_q)`` of each query's own pair ``[Q]``."""
-        return paired_similarity(self.query_img, self.query_cap, similarity)
 
 
 class HardestNegatives(NamedTuple):
@@ -63,53 +28,6 @@ class HardestNegatives(NamedTuple):
     caption_query_key: Tensor  # [Q] long: image key with the highest s(key image, query caption)
     caption_query_score: Tensor  # [Q]
     masked_pairs: int  # (query, key) pairs, both directions, sharing an id although not the query's own row
-
-
-class ScoreTile(NamedTuple):
-    """A block ``rows × cols`` of a score matrix and its same-id entries (block-local indices): the
-    entries that are never negatives."""
-
-    rows: slice
-    cols: slice
-    same_rows: Tensor
-    same_cols: Tensor
-
-
-def tile_shape(tile: int, dim: int, similarity: str) -> tuple[int, int]:
-    """``(queries, keys)`` per tile: ``tile`` keys and ``max(1, TILE_ELEMENTS // (tile·w))`` queries, with
-    ``w = D`` for order similarity (its [rows, cols, D] intermediate) and 1 otherwise."""
-    width = dim if similarity == "order" else 1
-    return max(1, TILE_ELEMENTS // (tile * width)), tile
-
-
-def score_tiles(row_ids: Tensor, col_ids: Tensor, row_block: int, col_block: int) -> Iterator[ScoreTile]:
-    """The ``row_block × col_block`` blocks of a [len(row_ids), len(col_ids)] score matrix, row-major.
-
-    Same-id entries ``{(r, c): row_ids[r] = col_ids[c]}`` come from one sort per column block and a binary
-    search of each row block's ids: O(block + same-id pairs) per block, no dense [rows, cols] comparison.
-    """
-    sorted_blocks = [
-        (start, *col_ids[start : start + col_block].sort()) for start in range(0, col_ids.shape[0], col_block)
-    ]
-    for r0 in range(0, row_ids.shape[0], row_block):
-        ids = row_ids[r0 : r0 + row_block]
-        for c0, values, order in sorted_blocks:
-            lo = torch.searchsorted(values, ids)
-            count = torch.searchsorted(values, ids, right=True) - lo
-            same_rows = torch.repeat_interleave(count)
-            first = torch.cumsum(count, 0) - count
-            rank = torch.arange(same_rows.shape[0], device=ids.device) - first[same_rows]
-            same_cols = order[lo[same_rows] + rank]
-            yield ScoreTile(
-                slice(r0, r0 + ids.shape[0]), slice(c0, c0 + values.shape[0]), same_rows, same_cols
-            )
-
-
-def tile_scores(row_emb: Tensor, col_emb: Tensor, tile: ScoreTile, similarity: str) -> Tensor:
-    """``s(row_emb[rows], col_emb[cols])`` with −inf at the tile's same-id entries."""
-    scores = pairwise_similarity(row_emb[tile.rows], col_emb[tile.cols], similarity)
-    scores[tile.same_rows, tile.same_cols] = -torch.inf
-    return scores
 
 
 def _fold_max(scores: Tensor, dim: int, best: Tensor, arg: Tensor, offset: int) -> None:
@@ -138,7 +56,7 @@ def _fold_max(scores: Tensor, dim: int, best: Tensor, arg: Tensor, offset: int) 
 
 @torch.no_grad()
 def mine_hardest_negatives(
-    inputs: RankingInputs, *, similarity: str = "dot", tile: int = 4096
+    inputs: RankingInputs, *, similarity: str | Similarity = "dot", tile: int = 4096
 ) -> HardestNegatives:
     """For each query q: ``argmax_{k: id_k ≠ id_q} s(I_q, C_k)`` and ``argmax_{k: id_k ≠ id_q} s(I_k, C_q)``.
 
@@ -149,6 +67,7 @@ def mine_hardest_negatives(
     own row for the ``masked_pairs`` count.
     """
     query_img, query_cap, key_img, key_cap, query_ids, key_ids, qpos, kpos = inputs
+    similarity = get_similarity(similarity)
     q = query_img.shape[0]
     device = query_img.device
     square = inputs.square
