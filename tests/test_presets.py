@@ -43,6 +43,14 @@ def test_labels_task_keeps_default(rows: int) -> None:
     assert choice.name == "default" and "task labels" in choice.reason
 
 
+def test_the_labels_line_says_what_was_chosen_for_class_labels_and_why() -> None:
+    line = preset_for_data(DataShape("labels", 1100, 1100)).line()
+    assert line == (
+        "[raydist] preset default: 1,100 class-labelled train rows (task labels); small and the vsepp presets "
+        "are schedules for image-caption ranking, which labels do not use -- --preset to choose"
+    )
+
+
 def _write(out: Path, task: str, captions_per_image: int, images: int = 24) -> Path:
     """A tiny dataset: ``images`` train images with unique captions (pairs) or labels."""
     with DatasetWriter(out, task=task, num_classes=3 if task == "labels" else None) as writer:

@@ -47,7 +47,8 @@ class PresetChoice:
 def preset_for_data(shape: DataShape) -> PresetChoice:
     """The shipped preset for a dataset when the run names none:
 
-    - not image–caption (``task != "pairs"``) → ``default`` (``small`` changes only the ranking schedule);
+    - not image–caption (``task != "pairs"``: class labels) → ``default`` (``small`` and the ``vsepp-*`` presets are
+      schedules for image–caption ranking);
     - ``train_images >= SMALL_MAX_IMAGES`` → ``default`` (MH after an SH warm-up, the VSE++ recipe at scale);
     - a small set with at least 2 captions per image and fewer than ``SHARED_CAPTION_SHARE`` of its images
       sharing a caption → ``default`` (the embedded set's shape: 3,000 images × 5 captions, none shared,
@@ -60,8 +61,8 @@ def preset_for_data(shape: DataShape) -> PresetChoice:
     if shape.task != "pairs":
         return PresetChoice(
             "default",
-            f"task {shape.task} ({shape.train_rows:,} train rows): the small preset "
-            "only changes the image-caption ranking schedule",
+            f"{shape.train_rows:,} class-labelled train rows (task {shape.task}); small and the vsepp presets "
+            "are schedules for image-caption ranking, which labels do not use",
         )
     if n >= SMALL_MAX_IMAGES:
         return PresetChoice("default", f"{n:,} train images (>= {SMALL_MAX_IMAGES:,})")
