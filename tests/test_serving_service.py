@@ -18,7 +18,7 @@ from test_retrieval_embedder_images import shapes_ckpt  # noqa: F401  (a module 
 from raydist.retrieval.embedder import Embedder
 from raydist.retrieval.query import search_index
 from raydist.retrieval.trained import write_checkpoint_indexes
-from raydist.serving.service import RequestError, ServeOptions, load_retriever
+from raydist.serving.service import EmbedRequest, RequestError, SearchRequest, ServeOptions, load_retriever
 
 QUERIES = ["a white child sitting in the park", "two dogs on the grass", "a red bus", "zebra zebra"]
 
@@ -190,6 +190,19 @@ def test_bad_requests_are_refused_with_the_field_named(strict, body, search, sta
         strict.parse(body, search=search)
     assert (e.value.status, e.value.field) == (status, field)
     assert e.value.payload() == {"error": f"{field}: {e.value.message}", "field": field}
+
+
+def test_an_unknown_field_is_refused_with_the_fields_the_route_accepts(strict):
+    for search, accepted in (
+        (True, "texts, images, features, dim, k, mode"),
+        (False, "texts, images, features, dim"),
+    ):
+        with pytest.raises(RequestError) as e:
+            strict.parse(_body(vectors=[[0.0] * 32]), search=search)
+        assert (e.value.status, e.value.field) == (422, "vectors")
+        assert e.value.message == f"unknown field; accepted: {accepted}"
+        route = SearchRequest if search else EmbedRequest  # every field the route's model declares
+        assert accepted.split(", ") == list(route.model_json_schema()["properties"])
 
 
 def test_mode_needs_a_smaller_indexed_dim_and_labels_models_take_no_texts(labels_dataset, tmp_path):

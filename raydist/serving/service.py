@@ -152,6 +152,10 @@ class Retriever:
         except ValidationError as e:
             error = e.errors()[0]
             field = ".".join(str(part) for part in error["loc"]) or "body"
+            if error["type"] == "extra_forbidden":  # name what the route takes
+                raise RequestError(
+                    422, field, f"unknown field; accepted: {', '.join(model.model_fields)}"
+                ) from e
             raise RequestError(422, field, error["msg"]) from e
         given = [name for name in INPUT_FIELDS if getattr(request, name) is not None]
         if len(given) != 1:
