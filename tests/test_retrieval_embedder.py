@@ -184,6 +184,25 @@ def test_search_of_an_index_over_the_whole_dataset_equals_brute_force(
     assert result.dim == dim and result.checkpoint.path == pairs_ckpt
 
 
+@pytest.mark.parametrize("mode", ["adaptive", "funnel"])
+def test_a_cascade_search_of_an_index_folder_equals_a_brute_force_shortlist_and_rerank(
+    pairs_ckpt, tiny_dataset, tmp_path, mode
+):
+    """Two index dims: adaptive and funnel both shortlist at 16 and re-rank the list at 64."""
+    out = tmp_path / "index"
+    rset, _ = write_checkpoint_indexes(pairs_ckpt, out, split="test", dims=[16, 64])
+    captions = [str(c) for c in _split(tiny_dataset, "test")["caption"][:5]]
+    shortlist, k = 8, 4
+    result = search_index(out, captions, k=k, mode=mode, shortlist=shortlist)
+    queries = Embedder.from_checkpoint(pairs_ckpt).embed_texts(captions)
+    for q, query in enumerate(queries):
+        short = np.argsort(-(_unit(rset.database, 16) @ _unit(query[None], 16)[0]), kind="stable")[:shortlist]
+        scores = _unit(rset.database[short], 64) @ _unit(query[None], 64)[0]
+        order = np.argsort(-scores, kind="stable")[:k]
+        np.testing.assert_array_equal(result.ids[q], rset.database_ids[short[order]])
+        np.testing.assert_allclose(result.scores[q], scores[order], atol=1e-5)
+
+
 def test_search_command_prints_the_ids_and_scores(
     pairs_ckpt, labels_ckpt, tiny_dataset, labels_dataset, tmp_path, capsys
 ):
