@@ -316,8 +316,9 @@ def test_a_registered_miner_is_a_loss_miner_value() -> None:
         assert MINERS.module_of("nearest") == __name__
     finally:
         MINERS.unregister("nearest")
+    unknown = apply_overrides(Config(), {"loss.kind": "triplet", "loss.miner": "nearest"})
     with pytest.raises(ConfigError, match="loss.miner: unknown miner 'nearest'"):
-        apply_overrides(Config(), {"loss.miner": "nearest"})
+        get_loss("triplet")(unknown)  # refused where the loss is built: on the driver, before Ray starts
 
 
 def test_a_sweep_over_loss_kinds_accepts_the_options_of_each(supcon) -> None:

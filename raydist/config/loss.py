@@ -16,7 +16,6 @@ from typing import Any
 from pydantic import BaseModel, Field, create_model, field_validator
 from pydantic.fields import FieldInfo
 
-from raydist.choices import MINER_STRATEGIES
 from raydist.config.base import Section, known
 from raydist.registry import Registry, RegistryError
 
@@ -139,24 +138,3 @@ def loss_section() -> type[LossSectionBase]:
 def option_kinds(option: str) -> list[str]:
     """The registered loss kinds that read ``loss.<option>`` (in registration order)."""
     return [kind for kind in loss_kinds() if option in LOSS_KINDS.get(kind).Options.model_fields]
-
-
-_MINERS: list[str] = list(MINER_STRATEGIES)  # loss.miner values: the shipped miners, then registered ones
-
-
-def miner_names() -> list[str]:
-    """The ``loss.miner`` values a metric loss kind accepts: the shipped miners, then those registered
-    (:mod:`raydist.losses.miners` adds them), until the miner registry itself is asked where the loss is built."""
-    return list(_MINERS)
-
-
-def add_miner(name: str) -> None:
-    """Make ``name`` a valid ``loss.miner`` (called by the miner registry, :mod:`raydist.losses.miners`)."""
-    if name not in _MINERS:
-        _MINERS.append(name)
-
-
-def remove_miner(name: str) -> None:
-    """Undo :func:`add_miner` (tests)."""
-    if name in _MINERS and name not in MINER_STRATEGIES:
-        _MINERS.remove(name)
