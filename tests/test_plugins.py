@@ -283,3 +283,37 @@ def test_a_saved_config_with_another_loss_kinds_options_loads_where_that_kind_is
         from_saved(mine)
     with pytest.raises(ValueError, match="unknown config key 'loss.pos_margin'"):
         from_dict(saved)  # what a user writes is still checked strictly
+
+
+LOSS_PLUGIN = """
+from pydantic import BaseModel
+
+from raydist.losses import LossKind, register_loss
+
+
+@register_loss
+class Scaled(LossKind):
+    name = "{name}"
+    task = "labels"
+
+    class Options(BaseModel):
+        {name}_scale: float = 1.0
+"""
+
+
+def test_the_loaders_import_a_configs_plugins_and_validation_alone_does_not(tmp_path, fresh):
+    """Importing a config's plugins is one step the loaders take before they validate (a plugin's loss kind adds
+    keys); set_keys only validates, so a key of a plugin not yet imported is unknown there."""
+    from raydist.config import ConfigError, from_saved, import_plugins, load_config, set_keys
+
+    name = "scaled_" + tmp_path.name.replace("-", "_").lower()
+    plugin = write(tmp_path / f"{name}.py", LOSS_PLUGIN.format(name=name))
+    values = {"plugins": str(plugin), "loss.kind": name, f"loss.{name}_scale": "2"}
+    with pytest.raises(ConfigError, match=f"unknown config key 'loss.{name}_scale'"):
+        set_keys(Config(), values)
+    assert name not in sys.modules
+    assert import_plugins(values)["plugins"] == [str(plugin)] and name in sys.modules
+    cfg = set_keys(Config(), import_plugins(values))
+    assert getattr(cfg.loss, f"{name}_scale") == 2.0
+    assert apply_overrides(Config(), values) == cfg == from_saved(cfg.to_dict())
+    assert load_config(overrides=values) == cfg
