@@ -1,5 +1,9 @@
 """What the user's console shows. By default: raydist's own lines (progress, tables, errors); Ray's
-logs, worker chatter and library warnings go to the run's log file only. ``raydist -v`` shows everything."""
+logs, worker chatter and library warnings go to the run's log file only. ``raydist -v`` shows everything.
+
+The one way raydist prints, library and command line alike: :func:`say` (a line or a block of lines on stdout;
+``stderr=True`` for stderr), :func:`emit` (several lines), :func:`warn` (``raydist: warning: …``), and a
+:func:`status` line redrawn in place. No module of raydist calls ``print`` (tests/test_console.py)."""
 
 from __future__ import annotations
 
@@ -51,9 +55,15 @@ def progress_bar(line: str) -> str | None:
     return f"{PREFIX} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {line[len(PREFIX) + 1 :]}"
 
 
-def emit(lines: list[str]) -> None:
-    """Print our lines. On a terminal, progress lines redraw one bar in place (the next other line starts
-    below it); in logs, jobs and pipes every line is printed as it is."""
+def emit(lines: list[str], *, stderr: bool = False) -> None:
+    """Print our lines (on stderr with ``stderr``). On a terminal, progress lines on stdout redraw one bar in
+    place (the next other line starts below it); in logs, jobs and pipes every line is printed as it is."""
+    if stderr:
+        with _lock:
+            _end_bar()
+            sys.stderr.write("".join(line + "\n" for line in lines))
+            sys.stderr.flush()
+        return
     out = sys.stdout
     tty = out.isatty()
     with _lock:
@@ -93,23 +103,26 @@ def quiet_ray_logger_console(level: int = logging.ERROR) -> None:
             handler.setLevel(level)
 
 
-def say(*parts: Any) -> None:
-    """Print a progress line once. (Train V2 patches ``print`` in workers to also copy each line to its
-    logger, which prints every line twice on the driver; writing to the stream does not.) In-process, a
-    terminal shows progress lines as a bar redrawn in place (:func:`emit`)."""
-    emit([" ".join(str(p) for p in parts)])
+def say(*parts: Any, stderr: bool = False) -> None:
+    """Print a line once, its parts joined by spaces as ``print`` joins them (on stderr with ``stderr``).
+    (Train V2 patches ``print`` in workers to also copy each line to its logger, which prints every line twice
+    on the driver; writing to the stream does not.) In-process, a terminal shows progress lines as a bar redrawn
+    in place (:func:`emit`)."""
+    emit([" ".join(str(p) for p in parts)], stderr=stderr)
+
+
+def _end_bar() -> None:
+    """End a progress bar open on stdout, so that the next line gets a line of its own (hold ``_lock``)."""
+    if _bar_open["value"]:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        _bar_open["value"] = False
 
 
 def warn(*parts: Any) -> None:
     """One warning line on stderr, ``raydist: warning: …`` (as errors read ``raydist: error: …``); shown in
     the quiet console too. A progress bar open on stdout is ended first, so the warning gets its own line."""
-    with _lock:
-        if _bar_open["value"]:
-            sys.stdout.write("\n")
-            sys.stdout.flush()
-            _bar_open["value"] = False
-        sys.stderr.write("raydist: warning: " + " ".join(str(p) for p in parts) + "\n")
-        sys.stderr.flush()
+    say("raydist: warning:", *parts, stderr=True)
 
 
 def is_verbose() -> bool:

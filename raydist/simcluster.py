@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from raydist.checkpoint import has_state
+from raydist.console import say
 from raydist.distributed.spawn import free_port
 from raydist.runfiles import STEPS_FILE
 
@@ -142,7 +144,7 @@ def registered_checkpoint_step(run_dir: Path) -> int | None:
         latest = json.loads(snapshot.read_text()).get("latest_checkpoint_result")
     except (OSError, ValueError):  # not there yet, or being written
         return None
-    if not latest or not (run_dir / latest["checkpoint_dir_name"] / "state.pt").is_file():
+    if not latest or not has_state(run_dir / latest["checkpoint_dir_name"]):
         return None
     return int(latest.get("metrics", {}).get("step", 0))
 
@@ -332,9 +334,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def print_report(report: Any, tag: str, path: Path | None) -> int:
     """Print a drill's command output and a one-line JSON summary ``[tag] {...}`` (without the output), write the
     whole report to ``path`` when given; the exit code: 0 when the command succeeded."""
-    print("\n".join(report.output))
+    say("\n".join(report.output))
     summary = {k: v for k, v in asdict(report).items() if k not in ("output", "output_times")}
-    print(f"[{tag}] {json.dumps(summary)}")
+    say(f"[{tag}] {json.dumps(summary)}")
     if path:
         path.write_text(json.dumps(asdict(report), indent=1))
     return 0 if report.returncode == 0 else 1

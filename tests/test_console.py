@@ -1,7 +1,9 @@
-"""raydist.console.emit: a terminal shows progress lines as one bar redrawn in place; logs and pipes get
-every line unchanged."""
+"""raydist.console: a terminal shows progress lines as one bar redrawn in place; logs and pipes get every line
+unchanged; console is the one way raydist prints."""
 
+import ast
 import io
+from pathlib import Path
 
 import pytest
 
@@ -216,3 +218,27 @@ def test_ray_datas_planning_lines_stay_off_the_console_without_v(verbose, monkey
             h.setLevel(level)
         for name, level in levels.items():
             logging.getLogger(name).setLevel(level)
+
+
+def test_no_module_of_raydist_calls_print():
+    """The one way raydist prints is :mod:`raydist.console` (``say``, ``emit``, ``warn``, ``status``), in the
+    library and the command line alike: no ``print(...)`` call anywhere in the package."""
+    package = Path(console.__file__).parent
+    calls = [
+        f"{path.relative_to(package.parent)}:{node.lineno}"
+        for path in sorted(package.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print"
+    ]
+    assert calls == []
+
+
+def test_say_joins_its_parts_as_print_does_and_stderr_ends_an_open_bar(monkeypatch):
+    out, err = Terminal(), io.StringIO()
+    monkeypatch.setattr("sys.stdout", out)
+    monkeypatch.setattr("sys.stderr", err)
+    console.say("wrote", 3, "rows")
+    console.emit(PROGRESS[:1])
+    console.say("raydist: error: boom", stderr=True)
+    assert out.getvalue().startswith("wrote 3 rows\n") and out.getvalue().endswith("\n")
+    assert err.getvalue() == "raydist: error: boom\n"

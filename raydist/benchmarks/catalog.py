@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from raydist.console import say
 from raydist.registry import Registry
 
 
@@ -105,6 +106,6 @@ def run_benchmarks(
             f"### {name} ({mode}): {benchmark.summary}\n\n"
             f"Load average (1, 5, 15 min) at its start: {load}.\n\n{body.strip()}\n"
         )
-        print(section, flush=True)
+        say(section)
         sections.append(section)
     return "\n".join(sections)

@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from raydist.console import say
+
 RESULTS_FILE = "gpu_check.md"
 LOSS_ROWS, LOSS_DIM = 1 << 20, 256  # the tiled MH loss: 2^20 pairs at D = 256
 LOSS_STEPS = (1 << 16, 1 << 18, LOSS_ROWS)  # smaller sizes first: a row cut off at its limit keeps them
@@ -107,7 +109,7 @@ def row_loss() -> dict:
             f"{rows:,} × {LOSS_DIM}: forward + backward {seconds:.1f} s, peak {peak / 2**30:.2f} GiB "
             f"above the inputs ({base / 2**30:.2f} GiB)"
         )
-        print(json.dumps({"detail": "; ".join(parts)}), flush=True)  # what a cut-off run keeps
+        say(json.dumps({"detail": "; ".join(parts)}))  # what a cut-off run keeps
         del img, cap
     return {"detail": "; ".join(parts)}
 
@@ -325,7 +327,7 @@ def run_check(out_dir: Path) -> int:
     reason = gpu_skip_reason()
     if reason is not None:
         results.write_text(f"GPU check skipped ({when}, {platform.node()}): {reason}.\n")
-        print(f"gpu check skipped: {reason}; wrote {results}")
+        say(f"gpu check skipped: {reason}; wrote {results}")
         return 0
     import torch
 
@@ -347,9 +349,9 @@ def run_check(out_dir: Path) -> int:
     rows = []
     for limit, check in plan:
         rows.append(check(limit))
-        print(report(rows[-1:], f"[{len(rows)}/{len(plan)}]"), flush=True)
+        say(report(rows[-1:], f"[{len(rows)}/{len(plan)}]"))
         results.write_text(report(rows, header))  # written after each row: a cut-off run keeps what it saw
-    print(f"wrote {results}")
+    say(f"wrote {results}")
     return 0 if all(r.status in ("ok", "skipped") for r in rows) else 1
 
 
@@ -360,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--row", choices=sorted(ROW_FUNCTIONS), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.row:
-        print(json.dumps(ROW_FUNCTIONS[args.row]()), flush=True)
+        say(json.dumps(ROW_FUNCTIONS[args.row]()))
         return 0
     if not args.out_dir:
         parser.error("give the folder for the results file")

@@ -24,6 +24,7 @@ from torch import nn
 
 from raydist.benchmarks.catalog import register_benchmark
 from raydist.benchmarks.harness import held, row, spread
+from raydist.console import say
 from raydist.distributed.spawn import free_port, spawn
 from raydist.gradclust import GradientClustering
 from raydist.malloc import tune_malloc
@@ -152,7 +153,7 @@ def peak_rss_child() -> None:
     x, y = torch.randn(batch, sizes.features), torch.randint(0, sizes.classes, (batch,))
     for _ in range(2 * sizes.update_every):
         train_step(model, optimizer, x, y, gc)
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    say(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 
 
 def peak_rss(sizes: Sizes, batch: int, on: bool) -> int:

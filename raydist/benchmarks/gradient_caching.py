@@ -25,6 +25,7 @@ from pathlib import Path
 
 from raydist.benchmarks.catalog import register_benchmark
 from raydist.benchmarks.harness import row, spread
+from raydist.console import say
 
 ENCODERS = ("small-cnn", "resnet18-gn")  # the second only where torchvision imports
 RESNET = "resnet18-gn"  # torchvision's ResNet-18 with GroupNorm (BatchNorm is refused under caching)
@@ -79,7 +80,7 @@ def _register_resnet() -> bool:
 def measure_child() -> None:
     """In a fresh process (argv: JSON sizes, encoder, batch, chunk): print :func:`measure_cell`'s JSON."""
     sizes = Sizes(**{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(sys.argv[1]).items()})
-    print(json.dumps(measure_cell(sizes, sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))))
+    say(json.dumps(measure_cell(sizes, sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))))
 
 
 def measure_cell(sizes: Sizes, encoder: str, batch: int, chunk: int) -> dict:

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from raydist.benchmarks.catalog import register_benchmark
 from raydist.benchmarks.harness import ms_spread, seconds
+from raydist.console import say
 from raydist.losses import TILE_ELEMENTS, ranking_loss
 
 MARGIN = 0.2
@@ -134,9 +135,9 @@ def peak_memory_child() -> None:
     try:
         wall = seconds(lambda: _forward_backward(LOSSES[name], img, cap))
     except (RuntimeError, MemoryError) as err:
-        print(json.dumps({"error": str(err).splitlines()[0][:80]}))
+        say(json.dumps({"error": str(err).splitlines()[0][:80]}))
         return
-    print(json.dumps({"peak": (_status_kib("VmHWM") - before) * 1024, "seconds": wall}))
+    say(json.dumps({"peak": (_status_kib("VmHWM") - before) * 1024, "seconds": wall}))
 
 
 def measure_peak(name: str, batch: int, dim: int, cap_bytes: int = 0) -> dict[str, float | str]:

@@ -39,6 +39,7 @@ from raydist.benchmarks.harness import held, ray_instance, row
 from raydist.benchmarks.real_cross_view import KEYS as PAIR_KEYS
 from raydist.benchmarks.real_cross_view import bag_of_words, one_torch_thread
 from raydist.config import Config, ConfigError, load_config
+from raydist.console import say
 from raydist.data import Vocab, load_manifest, read_split
 from raydist.data.image_transforms import ImageTransform, view_shape
 from raydist.data.schema import CAPTION, CLEAN_LABEL, IMAGE, IMAGE_ID, LABEL
@@ -380,16 +381,15 @@ def pixels_vs_vectors(
         with _baseline_threads():
             baselines = label_baselines(flat_dir, transform) if task == "labels" else pair_baselines(flat_dir)
         for name, m in baselines.items():
-            print(f"[raydist] pixels-vs-vectors: {name}: {_summary(task, m)}", flush=True)
+            say(f"[raydist] pixels-vs-vectors: {name}: {_summary(task, m)}")
         names = (f"pixels: {encoder} (defaults)", "vectors: linear on flattened pixels")
         with contextlib.nullcontext() if in_process else ray_instance():
             for name, cfg in zip(names, (pixels_cfg, vectors_cfg), strict=False):
                 results[name] = train(cfg, in_process)
                 m = results[name]
-                print(
+                say(
                     f"[raydist] pixels-vs-vectors: {name}: {_summary(task, m)}, {m['steps']} steps, "
                     f"{m['wall']:.0f} s",
-                    flush=True,
                 )
     results |= baselines
     mode = (

@@ -15,6 +15,7 @@ import sys
 
 from raydist.cli import (
     bench,
+    checkpoint,
     convert,
     data,
     embed,
@@ -39,7 +40,7 @@ from raydist.cli.common import (
     resume_config_from_args,
 )
 from raydist.config import ConfigError
-from raydist.console import configure_console
+from raydist.console import configure_console, say
 
 COMMANDS: tuple[Command, ...] = (
     train.TRAIN,
@@ -62,6 +63,7 @@ COMMANDS: tuple[Command, ...] = (
     tokenizer.TOKENIZER,
     tune.TUNE,
     plugins.PLUGINS,
+    checkpoint.CHECKPOINT,
 )
 
 __all__ = [
@@ -148,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         load_plugins(plugin_specs(argv))
     except PluginError as e:
-        print(f"raydist: error: {e}", file=sys.stderr)
+        say(f"raydist: error: {e}", stderr=True)
         return 2
     args = parse_args(argv)
     configure_console(getattr(args, "verbose", False))
@@ -156,11 +158,11 @@ def main(argv: list[str] | None = None) -> int:
         load_plugins(args.plugin or ())  # the same ones, unless an option was abbreviated (--plug)
         return args.func(args)
     except (ConfigError, FileNotFoundError, ValueError) as e:  # bad input: config, data, paths, plugins
-        print(f"raydist: error: {e}", file=sys.stderr)
+        say(f"raydist: error: {e}", stderr=True)
         return 2
     except RuntimeError as e:  # a run that started and failed
-        print(f"raydist: error: {e}", file=sys.stderr)
+        say(f"raydist: error: {e}", stderr=True)
         return 1
     except KeyboardInterrupt:  # a second Ctrl-C (raydist.train.stopping), or one outside training
-        print("raydist: interrupted", file=sys.stderr)
+        say("raydist: interrupted", stderr=True)
         return 130

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from raydist.cli.common import Command
+from raydist.console import say
 
 
 class _BenchmarkNames:
@@ -50,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.record:
         append_results(args.record, recorded_command(["raydist", "bench", *sys.argv[2:]]), table)
-        print(f"appended to {args.record}")
+        say(f"appended to {args.record}")
     return 0
 
 

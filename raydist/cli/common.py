@@ -4,7 +4,6 @@ option every command takes, the run-config options and the config a command line
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from typing import Any
 import yaml
 
 from raydist.config import Config, ConfigError, preset_names, read_preset_file, run_overrides
+from raydist.console import say
 
 
 @dataclass(frozen=True)
@@ -164,7 +164,7 @@ def add_latest(p: argparse.ArgumentParser) -> None:
 
 def _say(line: str, args: argparse.Namespace) -> None:
     """A line saying what was chosen: on stdout, or on stderr under ``--print-config``."""
-    print(line, file=sys.stderr if getattr(args, "print_config", False) else sys.stdout)
+    say(line, stderr=getattr(args, "print_config", False))
 
 
 def preset_from_args(args: argparse.Namespace) -> str | None:
@@ -218,7 +218,7 @@ def resume_config_from_args(args: argparse.Namespace) -> Config:
     if getattr(args, "plugin", None):
         overrides = with_plugins(overrides, args, saved_plugins(args.resume))
     cfg, changes = resumed_config(args.resume, overrides)
-    print(f"resuming with the checkpoint's config; {format_changes(changes)}")
+    say(f"resuming with the checkpoint's config; {format_changes(changes)}")
     return cfg
 
 
@@ -236,5 +236,5 @@ def wrote(out: str | Path, started: float) -> None:
     """``wrote dataset OUT in 2.1 s`` and what it holds (:func:`raydist.data.summary.dataset_summary`)."""
     from raydist.data.summary import dataset_summary
 
-    print(f"wrote dataset {out} in {time.perf_counter() - started:.1f} s")
-    print("\n".join(dataset_summary(out)))
+    say(f"wrote dataset {out} in {time.perf_counter() - started:.1f} s")
+    say("\n".join(dataset_summary(out)))

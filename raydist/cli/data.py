@@ -7,6 +7,7 @@ import argparse
 import time
 
 from raydist.cli.common import Command, wrote
+from raydist.console import say
 
 
 def _add_overwrite(p: argparse.ArgumentParser) -> None:
@@ -56,8 +57,8 @@ def run_make_data(args: argparse.Namespace) -> int:
         from raydist.data.summary import dataset_summary
 
         folder = ensure_default_dataset()
-        print(f"embedded dataset: {folder} (the default of `raydist train`, cached)")
-        print("\n".join(dataset_summary(folder)))
+        say(f"embedded dataset: {folder} (the default of `raydist train`, cached)")
+        say("\n".join(dataset_summary(folder)))
         return 0
     if not args.out:
         raise ValueError(f"make-data {args.kind}: give --out DIR")
@@ -102,11 +103,11 @@ def run_data(args: argparse.Namespace) -> int:
     from raydist.data.summary import dataset_summary
 
     if args.action == "path":
-        print(ensure_default_dataset())
+        say(ensure_default_dataset())
         return 0
     folder = args.dir or ensure_default_dataset()
-    print(folder)
-    print("\n".join(dataset_summary(folder)))
+    say(folder)
+    say("\n".join(dataset_summary(folder)))
     return 0
 
 
@@ -127,7 +128,7 @@ def run_corrupt_labels(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     out = corrupt_labels(args.src, args.out, p=args.p, seed=args.seed, overwrite=args.overwrite)
-    print(f"train labels flipped with p={args.p}, seed {args.seed}; clean labels kept")
+    say(f"train labels flipped with p={args.p}, seed {args.seed}; clean labels kept")
     wrote(out, started)
     return 0
 
@@ -152,7 +153,7 @@ def run_validate(args: argparse.Namespace) -> int:
     # a URI: its local copy; a WebDataset folder: its index (whose build refuses bad samples by shard and key)
     folder = local_dataset(args.dir)
     report = validate_dataset(folder, tasks=task_names(), image_sample=args.image_sample)
-    print(report.format())
+    say(report.format())
     return 1 if report.problems else 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from raydist.cli.common import Command, add_latest
+from raydist.console import say
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -53,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         if args.image_weights or args.image_size:
             raise ValueError("--image-weights/--image-size go with --image-encoder; a checkpoint has its own")
         encoder = checkpoint_encoder(args.checkpoint, args.data, output=args.output, latest=args.latest)
-        print(
+        say(
             f"[raydist] embed: the image encoder of checkpoint {encoder.source['checkpoint']} ({args.output})"
         )
     else:
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
             weights=args.image_weights,
             image_size=args.image_size,
         )
-        print(
+        say(
             f"[raydist] embed: {args.image_encoder} backbone, weights "
             f"{args.image_weights or 'as initialised (no --image-weights)'}"
         )
@@ -75,8 +76,8 @@ def run(args: argparse.Namespace) -> int:
         args.data, args.out, encoder, batch_size=args.batch_size, overwrite=args.overwrite
     )
     rows = ", ".join(f"{s} {info.rows}" for s, info in manifest.splits.items())
-    print(f"wrote {args.out}: task {manifest.task}, {manifest.feature_dim}-d features, rows {rows}")
-    print(f"train on it with:  raydist train --data {args.out}")
+    say(f"wrote {args.out}: task {manifest.task}, {manifest.feature_dim}-d features, rows {rows}")
+    say(f"train on it with:  raydist train --data {args.out}")
     return 0
 
 

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from raydist.cli.common import Command, add_latest
+from raydist.console import say
 
 
 def add_checkpoint_options(p: argparse.ArgumentParser) -> None:
@@ -35,11 +36,11 @@ def run(args: argparse.Namespace) -> int:
 
     chosen = choose_trained(args.checkpoint, latest=args.latest)
     metrics = evaluate_checkpoint(chosen.path, args.data, args.split, folds=args.folds)
-    print(f"{args.split} split, checkpoint {chosen}" + (f", {args.folds} folds" if args.folds else ""))
-    print(format_metrics(metrics))
+    say(f"{args.split} split, checkpoint {chosen}" + (f", {args.folds} folds" if args.folds else ""))
+    say(format_metrics(metrics))
     if args.json:
         Path(args.json).write_text(json.dumps(metrics, indent=2))
-        print(f"metrics written to {args.json}")
+        say(f"metrics written to {args.json}")
     return 0
 
 

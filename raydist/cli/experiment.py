@@ -7,6 +7,7 @@ from pathlib import Path
 
 from raydist.cli.common import Command, add_address, with_plugins
 from raydist.config import parse_overrides
+from raydist.console import say
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -44,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     )
     for key, value in result.items():
         if isinstance(value, (str, Path)):
-            print(f"{key + ':':18} {value}")
+            say(f"{key + ':':18} {value}")
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from raydist.cli.common import Command
+from raydist.console import say
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -22,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
 
     files = plot_folder(args.run, args.metric, out_dir=args.out)
     for path in files:
-        print(f"wrote {path}")
+        say(f"wrote {path}")
     return 0 if files else 1
 
 

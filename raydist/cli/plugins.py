@@ -8,6 +8,7 @@ import importlib
 import importlib.util
 
 from raydist.cli.common import Command
+from raydist.console import say
 
 # the shipped modules that register components when imported, or hold a registry that imports its package's
 # modules when read (a kind whose module is absent does not show)
@@ -56,10 +57,10 @@ def run(args: argparse.Namespace) -> int:
 
     import_shipped()
     entry_points = load_entry_points()
-    print(f"plugins loaded: {', '.join(loaded_plugins()) or '(none)'}")
+    say(f"plugins loaded: {', '.join(loaded_plugins()) or '(none)'}")
     if entry_points:
-        print(f"entry points (raydist.plugins): {', '.join(entry_points)}")
-    print("\n".join(registered_lines(args.kind)))
+        say(f"entry points (raydist.plugins): {', '.join(entry_points)}")
+    say("\n".join(registered_lines(args.kind)))
     return 0
 
 

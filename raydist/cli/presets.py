@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from raydist.cli.common import Command
+from raydist.console import say
 
 
 def add_presets_arguments(p: argparse.ArgumentParser) -> None:
@@ -18,7 +19,7 @@ def run_presets(args: argparse.Namespace) -> int:
     from raydist.data import ensure_default_dataset
     from raydist.presets.table import preset_table
 
-    print(preset_table(Path(args.data) if args.data else ensure_default_dataset()))
+    say(preset_table(Path(args.data) if args.data else ensure_default_dataset()))
     return 0
 
 
@@ -33,7 +34,7 @@ def run_ray_ports(args: argparse.Namespace) -> int:
     """Print the ``ray start`` flags."""
     from raydist.runtime import ray_start_flags
 
-    print(" ".join(ray_start_flags(args.dashboard_port)))
+    say(" ".join(ray_start_flags(args.dashboard_port)))
     return 0
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from raydist.cli.common import Command, dims
 from raydist.cli.evaluate import add_checkpoint_options
+from raydist.console import say
 
 _DIMS_HELP = "comma-separated prefix dims (default: the trained model.nesting, else 8,16,…,D)"
 
@@ -28,7 +29,7 @@ def run_index(args: argparse.Namespace) -> int:
     from raydist.retrieval.trained import choose_trained, write_checkpoint_indexes
 
     chosen = choose_trained(args.checkpoint, latest=args.latest)
-    print(f"checkpoint {chosen}")
+    say(f"checkpoint {chosen}")
     rset, written = write_checkpoint_indexes(
         chosen.path,
         args.out,
@@ -38,7 +39,7 @@ def run_index(args: argparse.Namespace) -> int:
         kind=args.kind,
         hnsw_m=args.hnsw_m,
     )
-    print(
+    say(
         f"wrote {args.kind} indexes at dims {written} of {rset.database.shape[0]} vectors ({rset.split}) to {args.out}"
     )
     return 0
@@ -93,22 +94,22 @@ def run_search(args: argparse.Namespace) -> int:
             checkpoint=str(result.checkpoint.path),
             data_dir=data_dir,
         )
-        print(json.dumps(report, ensure_ascii=False))
+        say(json.dumps(report, ensure_ascii=False))
         return 0
-    print(
+    say(
         f"index {args.index}: {len(meta['database_ids'])} {meta['task']} vectors of {meta['split']}, dim {result.dim}; "
         f"queries embedded by {result.checkpoint.path}"
     )
     key = "image_id" if meta["task"] == "pairs" else "sample_id"
-    print(
+    say(
         f"hits: rank, {key}, cosine score, split and what the dataset holds ({data_dir})"
         if data_dir
         else f"hits: rank, {key}, cosine score (the indexed dataset is gone; --data DIR shows what they are)"
     )
     for q, query_hits in enumerate(found):
-        print(f"query {q}: {queries[q]!r}" if isinstance(queries, list) else f"query {q}")
+        say(f"query {q}: {queries[q]!r}" if isinstance(queries, list) else f"query {q}")
         for hit in query_hits:
-            print(hit_line(hit))
+            say(hit_line(hit))
     return 0
 
 
@@ -130,7 +131,7 @@ def run_retrieve(args: argparse.Namespace) -> int:
     from raydist.retrieval.trained import checkpoint_retrieval_report, choose_trained
 
     chosen = choose_trained(args.checkpoint, latest=args.latest)
-    print(f"checkpoint {chosen}")
+    say(f"checkpoint {chosen}")
     funnel = None
     if args.funnel:
         stages, _, sizes = args.funnel.partition(":")
@@ -147,9 +148,9 @@ def run_retrieve(args: argparse.Namespace) -> int:
         funnel=funnel,
         k=args.k,
     )
-    print(report["table"])
+    say(report["table"])
     for path in report["files"]:
-        print(f"wrote {Path(args.out) / path}")
+        say(f"wrote {Path(args.out) / path}")
     return 0
 
 

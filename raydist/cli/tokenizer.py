@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from raydist.cli.common import Command
+from raydist.console import say
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"tokenizer train: {out} exists; give another --out or --overwrite")
         tokenizer = train_tokenizer(train_captions(args.data), args.vocab_size, args.kind)
         tokenizer.save(out)
-        print(
+        say(
             f"trained a {args.kind} tokenizer on the train captions of {args.data}: {len(tokenizer)} tokens, "
             f"saved as {out}; to train with it: raydist tokenizer set --data {args.data} --tokenizer {out}"
         )
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.tokenizer:
         raise ValueError("tokenizer set: give --tokenizer FILE (a tokenizer.json)")
     tokenizer = set_dataset_tokenizer(args.data, args.tokenizer)
-    print(f"copied {args.tokenizer}: {len(tokenizer)} tokens, saved as {Path(args.data) / 'tokenizer.json'}")
+    say(f"copied {args.tokenizer}: {len(tokenizer)} tokens, saved as {Path(args.data) / 'tokenizer.json'}")
     return 0
 
 

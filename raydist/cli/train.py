@@ -11,6 +11,7 @@ from pathlib import Path
 from raydist.cli.clock import STARTED
 from raydist.cli.common import Command, add_config_args, config_from_args, resume_config_from_args
 from raydist.config import ConfigError, dump_yaml, parse_overrides
+from raydist.console import say
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--auto searches, then starts a new run: drop --resume/--print-config")
     cfg = resume_config_from_args(args) if args.resume else config_from_args(args)
     if args.print_config:
-        print(dump_yaml(cfg))
+        say(dump_yaml(cfg))
         return 0
     if args.auto:
         from raydist.tune.auto import DEFAULT_BUDGET_MIN, auto_search
@@ -58,15 +59,15 @@ def run(args: argparse.Namespace) -> int:
     outcome = run_training(cfg, resume_from=args.resume, address=args.address, force=args.force)
     if outcome.stopped:
         resume = f"raydist train --resume {shlex.quote(str(outcome.latest_checkpoint))}"
-        print(f"\nstopped on request; run folder: {outcome.run_dir}")
-        print(f"checkpoint:        {outcome.latest_checkpoint}")
-        print(
+        say(f"\nstopped on request; run folder: {outcome.run_dir}")
+        say(f"checkpoint:        {outcome.latest_checkpoint}")
+        say(
             f"resume with:       {resume}"
             + (f" --address {shlex.quote(args.address)}" if args.address else "")
         )
         return 130
     if outcome.first_step_unix is not None:
-        print(
+        say(
             f"[raydist] first optimizer step {outcome.first_step_unix - STARTED:.1f} s after `raydist` started "
             "(Python's own start-up not counted)"
         )
@@ -76,20 +77,20 @@ def run(args: argparse.Namespace) -> int:
             **outcome.startup,
             "first_step": outcome.first_step_unix,
         }
-        print(f"[raydist] start-up: {format_startup(outcome.startup, STARTED)} after `raydist` started")
-    print("\n== per-epoch metrics ==")
-    print(format_history(outcome.history, outcome.columns))
+        say(f"[raydist] start-up: {format_startup(outcome.startup, STARTED)} after `raydist` started")
+    say("\n== per-epoch metrics ==")
+    say(format_history(outcome.history, outcome.columns))
     if outcome.resumed_at:
-        print(f"resumed from a checkpoint at step {', '.join(map(str, outcome.resumed_at))}")
+        say(f"resumed from a checkpoint at step {', '.join(map(str, outcome.resumed_at))}")
     if outcome.test_metrics:
-        print("\n== test split, best checkpoint ==")
-        print(format_metrics(outcome.test_metrics))
-    print(f"\nrun folder:        {outcome.run_dir}")
-    print(f"dataset:           {outcome.data_dir}")
-    print(f"best checkpoint:   {outcome.best_checkpoint}")
-    print(f"latest checkpoint: {outcome.latest_checkpoint}")
+        say("\n== test split, best checkpoint ==")
+        say(format_metrics(outcome.test_metrics))
+    say(f"\nrun folder:        {outcome.run_dir}")
+    say(f"dataset:           {outcome.data_dir}")
+    say(f"best checkpoint:   {outcome.best_checkpoint}")
+    say(f"latest checkpoint: {outcome.latest_checkpoint}")
     if outcome.best_checkpoint:
-        print(f"evaluate with:     raydist eval --checkpoint {outcome.best_checkpoint} --split test")
+        say(f"evaluate with:     raydist eval --checkpoint {outcome.best_checkpoint} --split test")
     if args.json:
         Path(args.json).write_text(json.dumps(vars(outcome), indent=2, default=str))
     return 0

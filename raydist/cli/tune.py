@@ -7,6 +7,7 @@ import dataclasses
 
 from raydist.cli.common import Command, add_address, add_storage_shared, preset_plugins, with_plugins
 from raydist.config import ConfigError, chosen_preset, preset_names, run_overrides
+from raydist.console import say
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -48,12 +49,12 @@ def run(args: argparse.Namespace) -> int:
         overrides = with_plugins(overrides, args, preset_plugins(preset, args.preset_file))
         cfg = resolve_base_config(space, preset=preset, preset_file=args.preset_file, overrides=overrides)
         outcome = run_sweep(space, cfg, storage_path=args.storage, address=args.address)
-    print("\n== sweep results ==")
-    print(format_results(outcome))
-    print(f"\nexperiment folder: {outcome.experiment_path}")
-    print(f"best config:       {outcome.best_config_path}  (raydist train --preset-file FILE)")
-    print(f"best checkpoint:   {outcome.best_checkpoint}")
-    print(f"resume with:       raydist tune --resume {outcome.experiment_path}")
+    say("\n== sweep results ==")
+    say(format_results(outcome))
+    say(f"\nexperiment folder: {outcome.experiment_path}")
+    say(f"best config:       {outcome.best_config_path}  (raydist train --preset-file FILE)")
+    say(f"best checkpoint:   {outcome.best_checkpoint}")
+    say(f"resume with:       raydist tune --resume {outcome.experiment_path}")
     return 0 if outcome.best_config_path else 1
 
 
