@@ -44,7 +44,6 @@ def test_overrides_coerce_types():
         ({"loss.hardest": "maybe"}, "loss.hardest: expected true/false"),
         ({"loss.negative_set_size": 1}, "negative_set_size=1: must be >= 2"),
         ({"train.batch_size": 33, "train.num_workers": 2}, "must divide evenly"),
-        ({"loss.similarity": "cosine"}, "loss.similarity"),
     ],
 )
 def test_bad_config_is_refused(overrides, match):

@@ -70,9 +70,9 @@ def check_task_config(cfg: Config, info: DataInfo, *, any_loss_kind: bool = Fals
     problems = []
     kind: str | None = cls.loss_kind(cfg)
     trains = cls.losses() or ("auto",)
-    if kind in trains and kind in LOSSES:  # the kind's own checks of its options (its validators)
+    if kind in trains and kind in LOSSES:  # its options' validators, the components the kind builds
         try:
-            get_loss(kind).read_options(cfg)
+            get_loss(kind)(cfg)
         except ConfigError as e:
             problems += str(e).splitlines()
     if kind in trains and any_loss_kind:

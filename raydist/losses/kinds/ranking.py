@@ -6,11 +6,11 @@ when the loss is computed)."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
-from raydist.choices import REDUCTIONS, SIMILARITIES
+from raydist.config.base import ConfigError
 from raydist.config.checks import worker_counts_multiple
 from raydist.losses.kinds.base import LossKind, MinedOptions, register_loss
 
@@ -28,8 +28,8 @@ class RankingOptions(MinedOptions):
     warmup_sh_epochs: int = Field(0, ge=0)  # epochs of SH before switching to MH
     warmup_sh_steps: int = Field(0, ge=0)  # ... at least this many SH steps (raises warmup_sh_epochs)
     stall_fallback: bool = True  # an MH epoch whose loss sits at the collapse value 2·N·margin → one SH epoch
-    reduction: Literal[REDUCTIONS] = "sum"  # "sum" (VSE++) or "mean"
-    similarity: Literal[SIMILARITIES] = "dot"
+    reduction: str = "sum"  # a registered reducer (raydist.losses.reducers): "sum" (VSE++) or "mean"
+    similarity: str = "dot"  # a registered similarity (raydist.losses.similarity): "dot" or "order"
     negative_set_size: int | None = None  # None = the global batch
     tile: int = Field(4096, ge=1)  # keys per tile of the hardest-negative miner (memory O(rows · tile))
 
@@ -81,7 +81,22 @@ class RankingLoss(LossKind):
         return []
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Built (on the driver first, before Ray starts) with its similarity and reducer objects: a name none is
+        registered under is a ConfigError naming the key, and so is a reducer that cannot reduce a sum of terms."""
+        from raydist.losses.components import registered
+        from raydist.losses.reducers import REDUCERS
+        from raydist.losses.similarity import SIMILARITIES
+
         super().__init__(*args, **kwargs)
+        o = self.options
+        self.similarity = registered(SIMILARITIES, "loss.similarity", o.similarity)()
+        reducer = registered(REDUCERS, "loss.reduction", o.reduction)
+        if not reducer.reduces_totals():
+            usable = [name for name in REDUCERS.names() if REDUCERS.get(name).reduces_totals()]
+            raise ConfigError(
+                f"loss.reduction={o.reduction}: the ranking loss sums its terms as it goes; use {', '.join(usable)}"
+            )
+        self.reducer = reducer()
         self.fallback_epochs: list[int] = []  # epochs switched back to SH after a stalled MH epoch
 
     def hardest(self, epoch: int) -> bool:
@@ -100,8 +115,8 @@ class RankingLoss(LossKind):
             ids="image_id",
             margin=o.margin,
             hardest=self.hardest(inputs.epoch),
-            reduction=o.reduction,
-            similarity=o.similarity,
+            reduction=self.reducer,
+            similarity=self.similarity,
             tile=o.tile,
             stats=inputs.stats,
         )
@@ -111,7 +126,7 @@ class RankingLoss(LossKind):
         batch)."""
         from raydist.losses.ranking import mh_collapse_value
 
-        return mh_collapse_value(self.cfg.train.batch_size, self.options.margin, self.options.reduction)
+        return mh_collapse_value(self.cfg.train.batch_size, self.options.margin, self.reducer)
 
     def end_epoch(self, epoch: int, metrics: dict[str, Any]) -> list[str]:
         """After an MH epoch whose mean loss (the same on every rank) sits within 1 % of the collapse value:

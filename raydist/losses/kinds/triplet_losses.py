@@ -4,34 +4,26 @@ all workers by the miner ``loss.miner`` names. Their options are torch-free; the
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from pydantic import AfterValidator, Field
+from pydantic import Field
 
-from raydist.choices import DISTANCES
-from raydist.config.base import known
-from raydist.config.loss import miner_names
 from raydist.losses.kinds.base import LossKind, MinedOptions, register_loss
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
 
+    from raydist.config import Config
     from raydist.losses.inputs import LossInputs
     from raydist.losses.miners import Triplets
     from raydist.losses.reducers import TermSum
 
 
-def known_miner(value: str) -> str:
-    """``loss.miner``: a shipped miner or a registered one (:func:`raydist.config.miner_names`); else the close
-    names."""
-    return known("miner", value, miner_names())
-
-
 class MetricOptions(MinedOptions):
     """The mining options of the triplet and margin losses (task labels)."""
 
-    miner: Annotated[str, AfterValidator(known_miner)] = "semihard-random"  # a registered miner
-    distance: Literal[DISTANCES] = "euclidean"
+    miner: str = "semihard-random"  # a registered miner (raydist.losses.miners)
+    distance: str = "euclidean"  # a registered distance (raydist.losses.distances)
 
 
 class TripletOptions(MetricOptions):
@@ -51,9 +43,22 @@ class MarginOptions(MetricOptions):
 class MinedLoss(LossKind):
     """A loss on triplets mined by ``loss.miner`` over the global batch (:func:`rank_metric_loss`); subclasses
     give :meth:`parts`, the :class:`TermSum` of given triplets. The rows are unit already (the model's output,
-    or a re-normalised prefix): mined as they are."""
+    or a re-normalised prefix): mined as they are. Built (on the driver first, before Ray starts) with its miner and
+    distance objects: a name no miner or distance is registered under is a ConfigError naming the key."""
 
     task = "labels"
+
+    def __init__(self, cfg: Config) -> None:
+        from raydist.losses.components import registered
+        from raydist.losses.distances import DISTANCES
+        from raydist.losses.miners import MINERS
+
+        super().__init__(cfg)
+        o = self.options
+        self.distance = registered(DISTANCES, "loss.distance", o.distance)()
+        self.miner = registered(MINERS, "loss.miner", o.miner)(
+            margin=o.margin, distance=self.distance, normalize=False
+        )
 
     def parts(self, emb: Tensor, labels: Tensor, triplets: Triplets, inputs: LossInputs) -> TermSum:
         """The loss of ``triplets`` of the global batch before its division."""
@@ -61,10 +66,8 @@ class MinedLoss(LossKind):
 
     def loss(self, inputs: LossInputs) -> Tensor:
         from raydist.losses.cross_worker_metric import mining_stats, rank_metric_loss
-        from raydist.losses.miners import MINERS
 
-        o = self.options
-        miner = MINERS.get(o.miner)(margin=o.margin, distance=o.distance, normalize=False)
+        miner = self.miner
 
         def observe(emb: Tensor, labels: Tensor, triplets: Triplets) -> None:
             inputs.stats.update(mining_stats(emb, labels, triplets, miner=miner))
@@ -92,7 +95,7 @@ class TripletLoss(MinedLoss):
         from raydist.losses.triplets import triplet_terms
 
         o = self.options
-        terms = triplet_terms(emb, triplets, margin=o.margin, hinged=o.hinged, distance=o.distance)
+        terms = triplet_terms(emb, triplets, margin=o.margin, hinged=o.hinged, distance=self.distance)
         return reduce_terms(terms, "mean")
 
 
@@ -117,5 +120,5 @@ class MarginLoss(MinedLoss):
         o = self.options
         beta = inputs.extras["beta"]
         return margin_loss_parts(
-            emb, labels, triplets, beta=beta, alpha=o.margin, nu=o.nu, distance=o.distance
+            emb, labels, triplets, beta=beta, alpha=o.margin, nu=o.nu, distance=self.distance
         )

@@ -17,7 +17,6 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 from torch import Tensor
 
-from raydist.config import add_miner, remove_miner
 from raydist.losses.components import Component
 from raydist.losses.distances import Distance, get_distance
 from raydist.losses.miners.hardest_negatives import HardestNegatives, mine_hardest_negatives
@@ -167,26 +166,17 @@ class PairMiner(TripletMiner):
         return weights[rows, negatives] / weights.sum(1)
 
 
-class _MinerRegistry(Registry[Any]):
-    def unregister(self, name: str) -> None:
-        """Remove ``name`` (tests; a plugin's experiment), a ``loss.miner`` value no more."""
-        super().unregister(name)
-        remove_miner(name)
-
-
 def _check_miner(name: str, miner: Any) -> None:
-    """A :class:`TripletMiner` subclass (its :attr:`~TripletMiner.name` is set) or a :class:`Miner`; the name
-    becomes a ``loss.miner`` value."""
+    """A :class:`TripletMiner` subclass (its :attr:`~TripletMiner.name` is set) or a :class:`Miner`."""
     if isinstance(miner, type) and issubclass(miner, TripletMiner):
         miner.name = name
     elif not isinstance(miner, Miner):
         raise RegistryError(
             f"miner {name!r}: expected a TripletMiner subclass or a raydist.losses.Miner, got {miner!r}"
         )
-    add_miner(name)
 
 
-MINERS: Registry[Any] = _MinerRegistry("miner", check=_check_miner, package=__name__)
+MINERS: Registry[Any] = Registry("miner", check=_check_miner, package=__name__)
 
 
 def get_miner(

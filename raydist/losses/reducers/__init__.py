@@ -42,6 +42,11 @@ class Reducer(Component):
         that must see the terms refuses it."""
         raise ValueError(f"reduction {self.name!r} needs the terms, not their sum")
 
+    @classmethod
+    def reduces_totals(cls) -> bool:
+        """Whether :meth:`of_total` gives the value from a sum of terms (a loss that sums as it goes may use it)."""
+        return cls.of_total is not Reducer.of_total
+
     def __call__(self, terms: Tensor) -> Tensor:
         """The reduced value: :meth:`parts` divided."""
         return self.parts(terms).value()
