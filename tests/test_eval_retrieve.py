@@ -17,7 +17,6 @@ from raydist.distributed import StepPlan
 from raydist.eval.adaptive import funnel_retrieval, mflops_per_query
 from raydist.eval.metrics import retrieval_metrics
 from raydist.eval.retrieve import (
-    build_indexes,
     cascade_ids,
     default_dims,
     drop_self,
@@ -26,10 +25,9 @@ from raydist.eval.retrieve import (
     evaluate_dims,
     format_table,
     interpolated_dims,
-    load_indexes,
     search_ids,
 )
-from raydist.retrieval.index import build_index
+from raydist.retrieval.index import build_index, build_indexes, load_indexes
 from raydist.retrieval.search import Cascade, default_funnel
 from raydist.retrieval.trained import checkpoint_retrieval_report, evaluate_checkpoint, load_trained
 from raydist.tasks import DataInfo, build_task

@@ -7,7 +7,7 @@ What is measured (full mode; smoke mode is the same at tiny sizes, :data:`SMOKE`
    64 and 128 dims, freshly initialised with a fixed seed (serving costs do not depend on the weights) and saved
    as a checkpoint; its vocabulary is that of a synthetic dataset of 200 images. The database: N = 100,000 random
    feature vectors embedded by the model's image side, written as flat indexes at 32, 64, 128 and 256 dims by
-   :func:`raydist.eval.retrieve.build_indexes` (what ``raydist index`` writes). Queries: the dataset's captions.
+   :func:`raydist.retrieval.index.build_indexes` (what ``raydist index`` writes). Queries: the dataset's captions.
 2. **Server.** :func:`raydist.serving.deployment.deploy` with that index folder: one replica of 0.5 logical CPU,
    ``@serve.batch`` up to 16 requests waiting at most 5 ms, on 127.0.0.1. Each request is one caption,
    ``{"texts": [q], "k": 10, "mode": M}`` at the full dim; adaptive shortlists 200 rows at 32 dims and re-ranks
@@ -45,9 +45,10 @@ from raydist.checkpoint import save_checkpoint
 from raydist.config import load_config
 from raydist.data import make_synthetic
 from raydist.data.tokenizer import train_captions
-from raydist.eval.retrieve import RetrievalSet, build_indexes
 from raydist.retrieval.embedder import Embedder
+from raydist.retrieval.index import build_indexes
 from raydist.retrieval.search import MODES
+from raydist.retrieval.sets import RetrievalSet
 from raydist.serving.service import ServeOptions, load_retriever
 from raydist.tasks import DataInfo, build_task
 

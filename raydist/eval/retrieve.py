@@ -1,7 +1,8 @@
-"""Retrieval with the nested (Matryoshka) embeddings of a trained model
-(docs/algorithms.md#adaptive-and-funnel-retrieval): index the re-normalised prefixes of an embedded split
-(a :class:`RetrievalSet`, made by a task's ``embed``), and score single-shot, adaptive, funnel and baseline
-retrieval per dim.
+"""Retrieval metrics of the nested (Matryoshka) embeddings of a trained model
+(docs/algorithms.md#adaptive-and-funnel-retrieval): an embedded split (a
+:class:`raydist.retrieval.sets.RetrievalSet`, made by a task's ``embed``) indexed at its re-normalised prefixes
+(:mod:`raydist.retrieval.index`) and searched (:func:`raydist.retrieval.search.search`), scored single-shot,
+adaptive, funnel and against baselines per dim.
 
 The ``evaluate_*`` functions return flat rows (method, dims, metrics, MFLOPs/query, ms/query) that
 :mod:`raydist.eval.retrieval_plots` renders; faiss and matplotlib are imported lazily.
@@ -14,7 +15,6 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -29,103 +29,13 @@ from raydist.eval.retrieval_plots import (
     plot_metric_vs_dim,
     plot_metric_vs_mflops,
 )
-from raydist.retrieval.index import FaissIndex, PrefixIVFIndex, build_index
+from raydist.retrieval.index import FaissIndex, PrefixIVFIndex, build_index, build_indexes, check_dims
 from raydist.retrieval.search import Cascade, default_funnel, search
+from raydist.retrieval.sets import RetrievalSet
 
-INDEX_META = "indexes.json"
-DATABASE_IDS = "database_ids.npy"
 BASELINES = ("first-m", "svd", "jl")
 PAIRS_RECALLS = (1, 5, 10)
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class RetrievalSet:
-    """One retrieval direction: ``queries`` search ``database``; database row j is relevant to query q iff
-    ``database_keys[j] == query_keys[q]``.
-
-    A ``two_way`` set (``pairs``: database = images, one row each in first-appearance order, queries =
-    captions, keys = image row; t2i) is scored both ways (:meth:`directions` adds i2t, the roles swapped) by
-    Recall@K, the VSE++ protocol. A one-way set (``labels``: database = queries = all rows, keys = clean
-    labels, ``exclude_self``: query q is database row q and never retrieves itself) is scored by the label
-    metrics: 1-NN, P@k, mAP@k.
-    Embeddings are the model outputs (float32); every prefix is re-normalised where it is used, and since
-    ``normalize(normalize(z)[:m]) = normalize(z[:m])`` a prefix of a unit output is the nested embedding.
-    """
-
-    task: str  # the task's name (recorded in reports and index metadata)
-    direction: str  # "t2i" / "i2t" (pairs) or "knn" (labels)
-    database: np.ndarray  # [N, D]
-    queries: np.ndarray  # [Q, D]
-    database_keys: np.ndarray  # [N]
-    query_keys: np.ndarray  # [Q]
-    database_ids: np.ndarray  # [N] dataset ids (image_id / sample_id)
-    query_ids: np.ndarray  # [Q] dataset ids (sample_id)
-    exclude_self: bool = False
-    two_way: bool = False  # scored in both directions by Recall@K; else one way by label metrics
-    source: str = ""  # the checkpoint folder
-    split: str = ""
-
-    @property
-    def dim(self) -> int:
-        return self.database.shape[1]
-
-    @property
-    def prefix(self) -> str:
-        """Prefix of this direction's metric and cost keys: ``"t2i_"`` / ``"i2t_"`` when two-way, else none."""
-        return f"{self.direction}_" if self.two_way else ""
-
-    def directions(self) -> list[RetrievalSet]:
-        """The directions every metric is computed on: two-way ``[self, self with the roles swapped]``."""
-        if not self.two_way:
-            return [self]
-        swapped = "i2t" if self.direction == "t2i" else "t2i"
-        return [
-            self,
-            replace(
-                self,
-                direction=swapped,
-                database=self.queries,
-                queries=self.database,
-                database_keys=self.query_keys,
-                query_keys=self.database_keys,
-                database_ids=self.query_ids,
-                query_ids=self.database_ids,
-            ),
-        ]
-
-
-def concat_sets(sets: Sequence[RetrievalSet]) -> RetrievalSet:
-    """Several splits' sets of one task and direction as one (rows in the given order, ``split`` joined by
-    "+"). Two-way sets key queries by database row, so each set's keys are offset by the database rows before
-    it; one-way sets key by label, kept as they are."""
-    if not sets or len({(s.task, s.direction, s.two_way, s.exclude_self) for s in sets}) != 1:
-        raise ValueError("concat_sets: expected one or more sets of the same task and direction")
-    offsets = np.cumsum([0] + [len(s.database) for s in sets[:-1]]) if sets[0].two_way else [0] * len(sets)
-
-    def joined(name: str, offset: bool = False) -> np.ndarray:
-        return np.concatenate(
-            [getattr(s, name) + (o if offset else 0) for s, o in zip(sets, offsets, strict=False)]
-        )
-
-    return replace(
-        sets[0],
-        database=joined("database"),
-        queries=joined("queries"),
-        database_keys=joined("database_keys", True),
-        query_keys=joined("query_keys", True),
-        database_ids=joined("database_ids"),
-        query_ids=joined("query_ids"),
-        split="+".join(s.split for s in sets),
-    )
-
-
-def check_dims(dims: Sequence[int], full: int) -> list[int]:
-    """``dims`` sorted and de-duplicated; each must lie in [1, full]."""
-    out = sorted({int(d) for d in dims})
-    if not out or out[0] < 1 or out[-1] > full:
-        raise ValueError(f"dims={list(dims)}: expected a non-empty list of dims in [1, {full}]")
-    return out
 
 
 def default_dims(full: int) -> list[int]:
@@ -139,62 +49,6 @@ def interpolated_dims(dims: Sequence[int]) -> list[int]:
     ordered = sorted(dims)
     mids = [round(math.sqrt(a * b)) for a, b in itertools.pairwise(ordered)]
     return [m for m, (a, b) in zip(mids, itertools.pairwise(ordered), strict=False) if a < m < b]
-
-
-def build_indexes(
-    rset: RetrievalSet,
-    dims: Sequence[int],
-    kind: str = "flat",
-    out_dir: str | Path | None = None,
-    **index_options: Any,
-) -> dict[int, FaissIndex | PrefixIVFIndex]:
-    """One index per dim over ``normalize(database[:, :dim])`` (:func:`raydist.retrieval.index.build_index`
-    with ``index_options``). With ``out_dir``: ``index_d{dim}.faiss`` files (``faiss.write_index``, GPU
-    indexes copied to the CPU first), ``database_ids.npy`` and ``indexes.json`` (dims, kind, checkpoint,
-    split, direction, options); see :func:`load_indexes`. ``ivf-prefix`` indexes are not faiss objects and
-    cannot be written."""
-    dims = check_dims(dims, rset.dim)
-    if out_dir is not None and kind == "ivf-prefix":
-        raise ValueError("kind='ivf-prefix' lives in numpy and cannot be written; use 'flat' or 'hnsw'")
-    indexes = {d: build_index(rset.database[:, :d], kind, **index_options) for d in dims}
-    if out_dir is not None:
-        import faiss
-
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        files = {}
-        for d, index in indexes.items():
-            files[d] = f"index_d{d}.faiss"
-            native = faiss.index_gpu_to_cpu(index.index) if index.device == "gpu" else index.index
-            faiss.write_index(native, str(out / files[d]))
-        np.save(out / DATABASE_IDS, rset.database_ids)
-        meta = {
-            "kind": kind,
-            "dims": dims,
-            "files": {str(d): f for d, f in files.items()},
-            "checkpoint": rset.source,
-            "split": rset.split,
-            "task": rset.task,
-            "direction": rset.direction,
-            "num_database": len(rset.database),
-            "index_options": index_options,
-        }
-        (out / INDEX_META).write_text(json.dumps(meta, indent=1))
-    return indexes
-
-
-def load_indexes(out_dir: str | Path) -> tuple[dict[int, FaissIndex], dict[str, Any]]:
-    """The indexes :func:`build_indexes` wrote (on the CPU) and its ``indexes.json``, with the database's
-    dataset ids under ``"database_ids"``."""
-    import faiss
-
-    out = Path(out_dir)
-    meta = json.loads((out / INDEX_META).read_text())
-    indexes = {
-        int(d): FaissIndex(faiss.read_index(str(out / f)), meta["kind"], "cpu")
-        for d, f in meta["files"].items()
-    }
-    return indexes, {**meta, "database_ids": np.load(out / DATABASE_IDS)}
 
 
 def drop_self(ids: np.ndarray, k: int) -> np.ndarray:

@@ -1,13 +1,23 @@
 """Nearest-neighbour indexes by inner product on L2-normalised vectors: exact, HNSW and AdANNS-IVF.
 
-Owns index construction, the CPU/GPU choice and the prefix-clustered IVF; faiss is imported lazily.
+Owns index construction, the CPU/GPU choice, the prefix-clustered IVF and the index folders ``raydist index``
+writes (an index per prefix dim, the database's ids, ``indexes.json``); faiss is imported lazily.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 
+from raydist.retrieval.sets import RetrievalSet
+
 INDEX_KINDS = ("flat", "hnsw", "ivf-prefix")
+INDEX_META = "indexes.json"
+DATABASE_IDS = "database_ids.npy"
 # faiss prints "WARNING clustering N points to K centroids" on stderr (from C++, whatever its verbose flag) when
 # there are fewer than 39 points per centroid; few points per list or per class are what we ask for.
 QUIET_MIN_POINTS_PER_CENTROID = 1
@@ -189,3 +199,67 @@ def build_index(
         return FaissIndex(index, kind, "gpu", resources)
     index.add(vectors)
     return FaissIndex(index, kind, "cpu")
+
+
+def check_dims(dims: Sequence[int], full: int) -> list[int]:
+    """``dims`` sorted and de-duplicated; each must lie in [1, full]."""
+    out = sorted({int(d) for d in dims})
+    if not out or out[0] < 1 or out[-1] > full:
+        raise ValueError(f"dims={list(dims)}: expected a non-empty list of dims in [1, {full}]")
+    return out
+
+
+def build_indexes(
+    rset: RetrievalSet,
+    dims: Sequence[int],
+    kind: str = "flat",
+    out_dir: str | Path | None = None,
+    **index_options: Any,
+) -> dict[int, FaissIndex | PrefixIVFIndex]:
+    """One index per dim over ``normalize(database[:, :dim])`` (:func:`build_index`
+    with ``index_options``). With ``out_dir``: ``index_d{dim}.faiss`` files (``faiss.write_index``, GPU
+    indexes copied to the CPU first), ``database_ids.npy`` and ``indexes.json`` (dims, kind, checkpoint,
+    split, direction, options); see :func:`load_indexes`. ``ivf-prefix`` indexes are not faiss objects and
+    cannot be written."""
+    dims = check_dims(dims, rset.dim)
+    if out_dir is not None and kind == "ivf-prefix":
+        raise ValueError("kind='ivf-prefix' lives in numpy and cannot be written; use 'flat' or 'hnsw'")
+    indexes = {d: build_index(rset.database[:, :d], kind, **index_options) for d in dims}
+    if out_dir is not None:
+        import faiss
+
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        files = {}
+        for d, index in indexes.items():
+            files[d] = f"index_d{d}.faiss"
+            native = faiss.index_gpu_to_cpu(index.index) if index.device == "gpu" else index.index
+            faiss.write_index(native, str(out / files[d]))
+        np.save(out / DATABASE_IDS, rset.database_ids)
+        meta = {
+            "kind": kind,
+            "dims": dims,
+            "files": {str(d): f for d, f in files.items()},
+            "checkpoint": rset.source,
+            "split": rset.split,
+            "task": rset.task,
+            "direction": rset.direction,
+            "num_database": len(rset.database),
+            "index_options": index_options,
+        }
+        (out / INDEX_META).write_text(json.dumps(meta, indent=1))
+    return indexes
+
+
+def load_indexes(out_dir: str | Path) -> tuple[dict[int, FaissIndex], dict[str, Any]]:
+    """The indexes :func:`build_indexes` wrote (on the CPU) and its ``indexes.json``, with the database's
+    dataset ids under ``"database_ids"``."""
+    import faiss
+
+    out = Path(out_dir)
+    meta = json.loads((out / INDEX_META).read_text())
+    indexes = {
+        int(d): FaissIndex(faiss.read_index(str(out / f)), meta["kind"], "cpu")
+        for d, f in meta["files"].items()
+    }
+    return indexes, {**meta, "database_ids": np.load(out / DATABASE_IDS)}

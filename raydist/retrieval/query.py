@@ -11,9 +11,8 @@ from typing import Any
 import numpy as np
 
 from raydist.checkpoint import ChosenCheckpoint
-from raydist.eval.retrieve import INDEX_META, load_indexes
 from raydist.retrieval.embedder import Embedder
-from raydist.retrieval.index import FaissIndex
+from raydist.retrieval.index import INDEX_META, FaissIndex, load_indexes
 from raydist.retrieval.search import search
 
 

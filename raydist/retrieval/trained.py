@@ -22,13 +22,9 @@ from raydist.checkpoint import (
 )
 from raydist.config import Config, ConfigError, apply_overrides, validate
 from raydist.data.schema import SPLITS
-from raydist.eval.retrieve import (
-    RetrievalSet,
-    build_indexes,
-    concat_sets,
-    default_dims,
-    retrieval_report,
-)
+from raydist.eval.retrieve import default_dims, retrieval_report
+from raydist.retrieval.index import build_indexes
+from raydist.retrieval.sets import RetrievalSet, concat_sets
 from raydist.tasks import DataInfo, Task, build_task
 
 ALL_SPLITS = "all"  # a split name that means every split of the dataset (train, val and test, in that order)
@@ -74,7 +70,7 @@ class Trained:
 
     def embed(self, split: str) -> RetrievalSet:
         """``split`` embedded by the task (:meth:`raydist.tasks.Task.embed`), marked with this checkpoint;
-        ``"all"`` embeds every split and joins them (:func:`raydist.eval.retrieve.concat_sets`)."""
+        ``"all"`` embeds every split and joins them (:func:`raydist.retrieval.sets.concat_sets`)."""
         if self.data_info.data_dir is None:
             raise ConfigError(
                 f"checkpoint {self.checkpoint_path}: no dataset to embed {split!r} from; give --data DIR"
@@ -202,7 +198,7 @@ def write_checkpoint_indexes(
     **index_options: Any,
 ) -> tuple[RetrievalSet, list[int]]:
     """Index ``split`` embedded by a checkpoint at :meth:`Trained.retrieval_dims` into ``out_dir``
-    (:func:`raydist.eval.retrieve.build_indexes`); returns the embedded split and the dims."""
+    (:func:`raydist.retrieval.index.build_indexes`); returns the embedded split and the dims."""
     trained = load_trained(checkpoint, data_dir)
     rset, dims = trained.embed(split), trained.retrieval_dims(dims)
     build_indexes(rset, dims, kind, out_dir, **index_options)

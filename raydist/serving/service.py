@@ -21,9 +21,8 @@ from PIL import Image
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from raydist.data.schema import SPLITS
-from raydist.eval.retrieve import build_indexes
 from raydist.retrieval.embedder import Embedder
-from raydist.retrieval.index import FaissIndex, unit_rows
+from raydist.retrieval.index import FaissIndex, build_indexes, unit_rows
 from raydist.retrieval.query import index_database, open_index
 from raydist.retrieval.search import search
 from raydist.retrieval.trained import ALL_SPLITS, load_trained

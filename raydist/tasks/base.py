@@ -16,9 +16,9 @@ from torch import Tensor, nn
 from raydist.config import Config, ConfigError, option_kinds
 from raydist.data.manifest import Manifest, load_manifest
 from raydist.distributed import GatheredBatch, NegativeSet
-from raydist.eval.retrieve import RetrievalSet
 from raydist.losses import LossInputs, LossKind, get_loss, nested_rank_loss
 from raydist.losses.kinds import task_losses
+from raydist.retrieval.sets import RetrievalSet
 
 
 @dataclass(frozen=True)

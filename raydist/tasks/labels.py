@@ -21,12 +21,12 @@ from raydist.data.stream import split_columns
 from raydist.data.transforms import DecodeImages, EpochViews, ImageViews, LabelTransform
 from raydist.distributed import GatheredBatch, NegativeSet
 from raydist.eval.label_metrics import label_metrics, leave_one_out_neighbours
-from raydist.eval.retrieve import RetrievalSet
 from raydist.losses import LossInputs
 from raydist.losses.kinds import head_cross_entropy
 from raydist.models.image_encoders import image_encoder_from_config
 from raydist.models.mlp import LabelsModel
 from raydist.models.wrapped import unwrap_model
+from raydist.retrieval.sets import RetrievalSet
 from raydist.tasks.base import PROBE_LOSS, Encoded, StepContext, Task, smallest_prefix
 from raydist.tasks.images import crop_size, eval_images, image_transform, pixel_views
 

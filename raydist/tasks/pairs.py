@@ -32,10 +32,10 @@ from raydist.eval.evaluate import (
     image_rows,
 )
 from raydist.eval.metrics import retrieval_metrics
-from raydist.eval.retrieve import RetrievalSet
 from raydist.losses import l2_normalize
 from raydist.models import build_model
 from raydist.models.wrapped import unwrap_model
+from raydist.retrieval.sets import RetrievalSet
 from raydist.tasks.base import DataInfo, Encoded, Task, smallest_prefix
 from raydist.tasks.images import crop_size, embed_views, eval_images, image_transform, pixel_views
 
