@@ -1,5 +1,6 @@
 """Config: presets, dotted overrides, type coercion and refusal of impossible combinations."""
 
+import pickle
 import subprocess
 import sys
 
@@ -100,3 +101,13 @@ def test_cli_options_and_overrides_in_any_order():
         2,
         ["train.epochs=2"],
     )
+
+
+def test_a_config_pickles_and_loading_one_imports_no_torch():
+    """A config crosses process boundaries pickled (its loss section's class is found by name); loading one in a
+    fresh process imports no torch (the loss kinds' declarations are torch-free)."""
+    cfg = load_config("tiny", overrides={"loss.margin": 0.3, "loss.kind": "ranking"})
+    assert pickle.loads(pickle.dumps(cfg)) == cfg
+    code = "import sys; from raydist.config import load_config; load_config('tiny'); print('torch' in sys.modules)"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.split() == ["False"]

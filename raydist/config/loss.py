@@ -135,6 +135,14 @@ def loss_section() -> type[LossSectionBase]:
     return LOSS_KINDS.section
 
 
+def __getattr__(name: str) -> Any:
+    """``LossSection``: the section as it is now (:func:`loss_section`), under the name its class has, so that
+    a config pickles (a Ray process unpickling one finds the class here)."""
+    if name == "LossSection":
+        return loss_section()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def option_kinds(option: str) -> list[str]:
     """The registered loss kinds that read ``loss.<option>`` (in registration order)."""
     return [kind for kind in loss_kinds() if option in LOSS_KINDS.get(kind).Options.model_fields]
