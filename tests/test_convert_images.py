@@ -1,6 +1,7 @@
-"""Converters from image files (raydist/data/convert_images.py) on tiny real-format fixtures written with Pillow:
-a Karpathy split JSON, a COCO captions JSON and ImageFolder trees. The shards must hold the files' bytes, the
-captions, splits and labels the sources say; every bad input is refused naming its file."""
+"""Converters from image files (raydist/converters/karpathy.py, coco_json.py, image_folder.py) on tiny
+real-format fixtures written with Pillow: a Karpathy split JSON, a COCO captions JSON and ImageFolder trees.
+The shards must hold the files' bytes, the captions, splits and labels the sources say; every bad input is
+refused naming its file."""
 
 from __future__ import annotations
 

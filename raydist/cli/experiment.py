@@ -10,9 +10,20 @@ from raydist.config import parse_overrides
 from raydist.console import say
 
 
+class _ExperimentNames:
+    """The registered experiments' names, read when a help text is printed (building the parser imports no
+    experiment)."""
+
+    def __str__(self) -> str:
+        from raydist.experiments.catalog import experiment_names
+
+        return ", ".join(experiment_names())
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``raydist experiment``."""
-    p.add_argument("name", help="negatives, mh-vs-sh, gather, label-noise, matryoshka or gc-variance")
+    name = p.add_argument("name", help="the experiment: %(known)s")
+    name.known = _ExperimentNames()  # type: ignore[attr-defined]  -- the help's %(known)s
     p.add_argument("--quick", action="store_true", help="tiny preset, one seed, 1-2 epochs (a smoke run)")
     p.add_argument("--seeds", help="comma-separated seeds (default: the experiment's)")
     p.add_argument(
