@@ -1,18 +1,52 @@
-"""The hardest-negative miner (tiled, no autograd) and the mined MH/SH terms against dense and brute-force
-references in float64."""
+"""The miners as registered classes (raydist.losses.miners): each triplet miner against its definition over all
+triplets, the skew η it reports against the definition's draw probabilities, a user's miner class and a module
+dropped into the package; the distance, similarity and reducer objects; the hardest-negative miner (tiled, no
+autograd) and the mined MH/SH terms against dense and brute-force references. All in float64."""
 
 from __future__ import annotations
 
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+from test_losses_triplets import (
+    DETERMINISTIC,
+    LABEL_SETS,
+    RANDOM_STRATEGIES,
+    as_list,
+    brute_force_mine,
+    distance_table,
+    draw_probabilities,
+    negatives_of,
+    positive_pairs,
+    unit_rows,
+)
 
+import raydist
 from raydist.losses import (
+    DISTANCES,
+    MINERS,
+    REDUCERS,
+    SIMILARITIES,
     RankingInputs,
+    TripletMiner,
+    Triplets,
+    get_miner,
     l2_normalize,
     mine_hardest_negatives,
     mined_ranking_terms,
     ranking_terms,
 )
+from raydist.losses.distances import get_distance
+from raydist.losses.miners import PairMiner, register_miner
+from raydist.losses.reducers import get_reducer
+from raydist.losses.similarity import get_similarity
 
 
 def _batch(q: int, k: int, seed: int = 0, dim: int = 5):
@@ -78,3 +112,190 @@ def test_query_without_negative_is_unmined() -> None:
         RankingInputs(qi, qc, ki, kc, torch.tensor([1, 1]), torch.tensor([1, 1, 1]))
     )
     assert all_same.image_query_key.tolist() == [-1, -1] and all_same.caption_query_key.tolist() == [-1, -1]
+
+
+@pytest.mark.parametrize("distance", ["euclidean", "cosine"])
+@pytest.mark.parametrize("labels", LABEL_SETS.values(), ids=LABEL_SETS.keys())
+@pytest.mark.parametrize("name", DETERMINISTIC)
+def test_each_deterministic_miner_class_is_its_definition(
+    name: str, labels: list[int], distance: str
+) -> None:
+    """The class registered under each name, built with its options and called on raw rows, gives exactly the
+    triplets its definition picks from all (a, p, n) of the batch."""
+    raw = 3.0 * unit_rows(len(labels), seed=11)
+    miner = get_miner(name, margin=0.6, distance=distance)
+    assert isinstance(miner, TripletMiner) and miner.name == name and not miner.random
+    got = miner(raw, torch.tensor(labels))
+    want = brute_force_mine(distance_table(raw / 3.0, distance), labels, name, 0.6)
+    assert set(as_list(got)) == want and len(as_list(got)) == len(want)
+
+
+@pytest.mark.parametrize("name", RANDOM_STRATEGIES)
+def test_each_random_miner_draws_inside_its_definition(name: str) -> None:
+    """One triplet per drawable pair, each negative one the definition gives a positive probability."""
+    labels = LABEL_SETS["singleton"]
+    emb = unit_rows(len(labels), seed=5)
+    miner = get_miner(name, margin=0.8)
+    assert miner.random
+    want = draw_probabilities(emb, labels, name, 0.8, "euclidean")
+    got = as_list(miner(emb, torch.tensor(labels), torch.Generator().manual_seed(3)))
+    assert sorted((a, p) for a, p, _ in got) == sorted(want)
+    assert all(want[(a, p)].get(n, 0) > 0 for a, p, n in got)
+
+
+def _skew(emb: torch.Tensor, labels: list[int], triplets: list, name: str, margin: float) -> float:
+    """η = mean over the triplets of (negatives of the anchor) × P(n | a, p), P from the definition (1 for a
+    deterministic miner)."""
+    probs = draw_probabilities(emb, labels, name, margin, "euclidean") if name in RANDOM_STRATEGIES else None
+    terms = [len(negatives_of(labels, a)) * (probs[(a, p)][n] if probs else 1.0) for a, p, n in triplets]
+    return sum(terms) / len(terms)
+
+
+@pytest.mark.parametrize("name", MINERS.names())
+def test_each_miner_reports_its_skew(name: str) -> None:
+    labels = LABEL_SETS["balanced"]
+    emb = unit_rows(len(labels), seed=2)
+    miner = get_miner(name, margin=0.8)
+    triplets = miner(emb, torch.tensor(labels), torch.Generator().manual_seed(0))
+    assert miner.skew(emb, torch.tensor(labels), triplets) == pytest.approx(
+        _skew(emb, labels, as_list(triplets), name, 0.8), rel=1e-12
+    )
+    empty = Triplets(*(torch.zeros(0, dtype=torch.long),) * 3)
+    assert miner.skew(emb, torch.tensor(labels), empty) is None
+
+
+def test_uniform_sampling_has_skew_one() -> None:
+    labels = torch.tensor(LABEL_SETS["singleton"])
+    emb = unit_rows(len(labels), seed=9)
+    miner = get_miner("one-to-one")
+    assert miner.skew(emb, labels, miner(emb, labels, torch.Generator().manual_seed(1))) == pytest.approx(1.0)
+
+
+class FarthestNegative(PairMiner):
+    """A user's miner: per (a, p), the negative farthest from a."""
+
+    def negative_weights(self, emb, dist, negative, anchors, positives):
+        return negative[anchors].to(dist.dtype)
+
+    def mine(self, emb, labels, generator):
+        found = super().mine(emb, labels, generator)  # the closest negative of every pair, replaced below
+        dist = self.distance.pairwise(emb, emb)
+        far = dist.masked_fill(labels[:, None] == labels[None, :], -math.inf).argmax(1)
+        return found._replace(negatives=far[found.anchors])
+
+
+def test_a_users_miner_class_is_a_registered_miner_the_triplet_loss_takes() -> None:
+    from raydist.config import Config, apply_overrides
+    from raydist.losses import get_loss
+
+    register_miner("farthest", FarthestNegative)
+    try:
+        assert MINERS.get("farthest") is FarthestNegative and FarthestNegative.name == "farthest"
+        cfg = apply_overrides(
+            Config(), {"loss.kind": "triplet", "loss.miner": "farthest", "loss.margin": 3.0}
+        )
+        loss = get_loss("triplet")(cfg)
+        assert isinstance(loss.miner, FarthestNegative) and loss.miner.margin == 3.0
+        labels = LABEL_SETS["balanced"]
+        emb = unit_rows(len(labels), seed=4)
+        table = distance_table(emb, "euclidean")
+        want = {
+            (a, p, max(negatives_of(labels, a), key=lambda n: (table[a][n], -n)))
+            for a, p in positive_pairs(labels)
+        }
+        assert set(as_list(loss.miner(emb, torch.tensor(labels)))) == want
+    finally:
+        MINERS.unregister("farthest")
+    assert "farthest" not in MINERS
+
+
+def test_register_miner_refuses_what_is_not_a_miner() -> None:
+    with pytest.raises(ValueError, match="expected a TripletMiner subclass"):
+        register_miner("not-a-miner", lambda emb, labels: None)
+    assert "not-a-miner" not in MINERS
+
+
+DROPPED_MINER = """
+from raydist.losses.miners import MINERS, TripletMiner, Triplets, label_masks
+
+
+@MINERS.register("first-negative")
+class FirstNegative(TripletMiner):
+    def mine(self, emb, labels, generator):
+        positive, negative = label_masks(labels)
+        anchors, positives = positive.nonzero(as_tuple=True)
+        return Triplets(anchors, positives, negative.float().argmax(1)[anchors])
+"""
+
+FOUND = """
+import json, torch
+from raydist.config import load_config
+from raydist.losses import MINERS, get_loss
+cfg = load_config(overrides={"loss.kind": "triplet", "loss.miner": "first-negative"})
+miner = get_loss("triplet")(cfg).miner
+got = miner(torch.eye(4, dtype=torch.float64), torch.tensor([0, 0, 1, 1]))
+print(json.dumps({"names": MINERS.names(), "module": MINERS.module_of("first-negative"),
+                  "triplets": [t.tolist() for t in got]}))
+"""
+
+
+def test_a_miner_module_dropped_into_the_package_is_found(tmp_path) -> None:
+    """A new miner is one file in raydist/losses/miners/ (of a copy of the package, first on the path of a fresh
+    process): a run names it as loss.miner with nothing else changed."""
+    copy = tmp_path / "raydist"
+    shutil.copytree(Path(raydist.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "losses" / "miners" / "first_negative.py").write_text(DROPPED_MINER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, "-c", FOUND], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = json.loads(run.stdout.splitlines()[-1])
+    assert "first-negative" in got["names"] and set(MINERS.names()) < set(got["names"])
+    assert got["module"] == "raydist.losses.miners.first_negative"
+    assert got["triplets"] == [[0, 1, 2, 3], [1, 0, 3, 2], [2, 2, 0, 0]]
+
+
+@pytest.mark.parametrize("name", DISTANCES.names())
+def test_distance_objects_match_loops(name: str) -> None:
+    x, y = unit_rows(4, seed=1), unit_rows(3, seed=2)
+    distance = get_distance(name)
+    assert get_distance(distance) is distance and distance.name == name
+    want = torch.tensor(distance_table(torch.cat([x, y]), name), dtype=torch.float64)[:4, 4:]
+    torch.testing.assert_close(distance.pairwise(x, y), want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(distance.paired(x[:3], y), want.diagonal(), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", SIMILARITIES.names())
+def test_similarity_objects_match_loops(name: str) -> None:
+    img, cap = unit_rows(4, seed=3), unit_rows(3, seed=4)
+
+    def s(i: torch.Tensor, c: torch.Tensor) -> float:
+        pairs = list(zip(i.tolist(), c.tolist(), strict=True))
+        if name == "dot":
+            return sum(a * b for a, b in pairs)
+        return -sum(max(0.0, b - a) ** 2 for a, b in pairs)
+
+    similarity = get_similarity(name)
+    assert get_similarity(similarity) is similarity and similarity.name == name
+    want = torch.tensor([[s(i, c) for c in cap] for i in img], dtype=torch.float64)
+    torch.testing.assert_close(similarity.pairwise(img, cap), want, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(similarity.paired(img[:3], cap), want.diagonal(), rtol=1e-12, atol=1e-15)
+    assert similarity.width_per_score(7) == (7 if name == "order" else 1)
+
+
+def test_reducers_match_their_definitions() -> None:
+    terms = torch.tensor([0.5, 0.0, 2.0, 0.0, 1.25], dtype=torch.float64)
+    want = {"sum": 3.75, "mean": 3.75 / 5, "mean_nonzero": 3.75 / 3}
+    assert sorted(REDUCERS.names()) == sorted(want)
+    for name, value in want.items():
+        reducer = get_reducer(name)
+        assert reducer.name == name and float(reducer(terms)) == pytest.approx(value, rel=1e-15)
+    assert float(get_reducer("mean").of_total(terms.sum(), 5)) == pytest.approx(0.75, rel=1e-15)
+    assert float(get_reducer("sum").of_total(terms.sum(), 5)) == 3.75
+    assert [REDUCERS.get(n).reduces_totals() for n in ("sum", "mean", "mean_nonzero")] == [True, True, False]
+    with pytest.raises(ValueError, match="needs the terms"):
+        get_reducer("mean_nonzero").of_total(terms.sum(), 5)
+    empty = torch.zeros(0, dtype=torch.float64, requires_grad=True)
+    for name in want:  # nothing to reduce: a graph-connected 0
+        value = get_reducer(name)(empty)
+        value.backward()
+        assert float(value.detach()) == 0.0 and empty.grad is not None
