@@ -38,6 +38,7 @@ from raydist.tasks.base import PROBE_LOSS
 from raydist.train.gradient_caching import cached_step_backward, check_model
 from raydist.train.hooks import Hook
 from raydist.train.optim import BackboneFreeze, EpochStepLR, WarmupDecay, build_optimizer, build_schedule
+from raydist.train.progress import RunClock, eta_text
 
 
 class Runtime(Protocol):
@@ -104,15 +105,26 @@ def samples_per_s(step_ends: Sequence[float], rows_per_step: int) -> float:
 
 class Progress:
     """Steps done of the epoch and of the run, samples/s (:func:`samples_per_s`) over the last ``window``
-    steps of the epoch, and the ETA."""
+    steps of the epoch, and the run's ETA (:mod:`raydist.train.progress`; "at most" with ``early_stopping``)."""
 
-    def __init__(self, epochs: int, steps_per_epoch: int, rows_per_step: int, window: int = 50) -> None:
+    def __init__(
+        self,
+        epochs: int,
+        steps_per_epoch: int,
+        rows_per_step: int,
+        window: int = 50,
+        *,
+        early_stopping: bool = False,
+    ) -> None:
         self.epochs, self.steps, self.rows, self.window = epochs, steps_per_epoch, rows_per_step, window
         self.times: list[float] = []  # clock at the end of each step of this epoch
         self.done = 0
+        self.early_stopping, self.clock = early_stopping, RunClock()
 
     def start_epoch(self) -> None:
-        """Forget the previous epoch's steps (the gap of validation and checkpoints is no training time)."""
+        """Hand the previous epoch's steps to the run's clock and start this epoch's (samples/s counts no
+        validation or checkpoint time; the ETA counts both)."""
+        self.clock.finish_epoch(self.times)
         self.times = []
 
     def step(self) -> None:
@@ -120,23 +132,19 @@ class Progress:
         self.times.append(time.perf_counter())
         self.done += 1
 
-    def rate(self) -> float:
-        """Steps per second over the recent window."""
-        return step_rate(self.times[-(self.window + 1) :])
-
     def epoch_samples_per_s(self) -> float:
         """Global samples/s over every step of this epoch."""
         return samples_per_s(self.times, self.rows)
 
     def line(self, epoch: int, step_in_epoch: int) -> str:
-        """``epoch 2/5 step 40/117 (34%) samples/s 1234 ETA 3m05s`` (ETA to the end of the run's training)."""
-        rate = self.rate()
+        """``epoch 2/5 step 40/117 (34%) samples/s 1234 run ETA 3m05s`` (to the end of the run's last epoch)."""
         left = max(self.epochs * self.steps - (epoch * self.steps + step_in_epoch), 0)
-        eta_text = f"{int(left / rate // 60)}m{int(left / rate % 60):02d}s" if rate > 0 else "?"
+        eta = self.clock.eta(self.times, left, self.epochs - epoch)
         pct = 100 * step_in_epoch / max(self.steps, 1)
         return (
             f"epoch {epoch + 1}/{self.epochs} step {step_in_epoch}/{self.steps} ({pct:.0f}%) "
-            f"samples/s {samples_per_s(self.times[-(self.window + 1) :], self.rows):.0f} ETA {eta_text}"
+            f"samples/s {samples_per_s(self.times[-(self.window + 1) :], self.rows):.0f} "
+            f"{eta_text(eta, early_stopping=self.early_stopping)}"
         )
 
 
@@ -202,7 +210,9 @@ def run_loop(
         state = _restore(restore, cfg, task, registry, rank)
     model = parts.model = runtime.prepare_model(parts.model)
 
-    progress = Progress(cfg.train.epochs, steps, plan.rows_per_step)
+    progress = Progress(
+        cfg.train.epochs, steps, plan.rows_per_step, early_stopping=bool(cfg.train.early_stop_patience)
+    )
     first_step_unix: float | None = None
     stopped = False
     while state.epoch < cfg.train.epochs:
