@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from raydist.checkpoint import has_state
 from raydist.cli import main
 from raydist.data import make_synthetic
 from raydist.train.loop import Progress, samples_per_s
@@ -48,7 +49,7 @@ def test_in_process_run_resume_and_eval(small_pairs, tmp_path, capsys):  # 400 r
     assert code == 0
     run = Path(first["run_dir"])
     assert run == tmp_path / "runs" / "run1" and (run / "history.json").is_file()
-    assert first["best_checkpoint"] and Path(first["best_checkpoint"], "state.pt").is_file()
+    assert first["best_checkpoint"] and has_state(first["best_checkpoint"])
     assert first["test_metrics"]["rsum"] > 0
     printed = capsys.readouterr().out
     assert "== test split, best checkpoint ==" in printed and "raydist eval --checkpoint" in printed

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from object_store import upload
 
+from raydist.checkpoint import STATE_FILE
 from raydist.cli import main
 from raydist.data import ensure_default_dataset
 from raydist.data.synthetic_webdataset import write_webdataset
@@ -151,7 +152,7 @@ def test_ctrl_c_on_a_run_in_s3_exits_130_and_the_same_command_resumes_it(s3_serv
     checkpoint = _printed(text, "checkpoint:")
     assert checkpoint.startswith(f"{storage}/cut/checkpoint_")
     keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket="cut-runs")["Contents"]]
-    assert "exp/cut/stop-requested" not in keys and f"{checkpoint.split('/', 3)[3]}/state.pt" in keys
+    assert "exp/cut/stop-requested" not in keys and f"{checkpoint.split('/', 3)[3]}/{STATE_FILE}" in keys
 
     outcome = tmp_path / "resumed.json"
     resumed = _run([*command, "--json", str(outcome)])

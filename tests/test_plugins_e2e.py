@@ -22,12 +22,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 from test_tasks_images import write_colour_folders
 
 from raydist.checkpoint.io import find_checkpoint
-from raydist.checkpoint.names import CONFIG_FILE, STATE_FILE
+from raydist.checkpoint.names import CONFIG_FILE
+from raydist.checkpoint.state_files import read_state
 from raydist.distributed.spawn import free_port
 from raydist.runfiles import STEPS_FILE
 
@@ -76,7 +76,7 @@ def _check_trained(run_dir: Path, plugin: Path, neg_margin: float) -> None:
     saved = yaml.safe_load((checkpoint / CONFIG_FILE).read_text())
     assert saved["plugins"] == [str(plugin)] and saved["loss"]["neg_margin"] == neg_margin
     assert saved["loss"]["kind"] == "contrastive" and saved["model"]["image_encoder"] == "tiny-conv"
-    state = torch.load(checkpoint / STATE_FILE, map_location="cpu", weights_only=False)
+    state = read_state(checkpoint)
     convs = [v for k, v in state["model"].items() if k.endswith("weight") and v.ndim == 4]
     assert [tuple(w.shape) for w in convs] == [(16, 3, 3, 3), (16, 16, 3, 3)]  # tiny-conv's two convolutions
 

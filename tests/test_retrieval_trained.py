@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
-from raydist.checkpoint import STATE_FILE, save_checkpoint
+from raydist.checkpoint import save_checkpoint
+from raydist.checkpoint.names import TENSORS_FILE
 from raydist.cli import main
 from raydist.config import ConfigError, load_config
 from raydist.data.synthetic_labels import make_synthetic_labels
@@ -49,7 +51,7 @@ def test_loaded_model_holds_the_saved_weights_in_eval_mode(labels_dataset, tmp_p
         tmp_path / "run" / "checkpoint_00000003", labels_dataset, **{"model.nesting": [16, 64]}
     )
     trained = load_trained(tmp_path / "run")  # a run folder, and the dataset the checkpoint records
-    saved = torch.load(folder / STATE_FILE, weights_only=False)["model"]
+    saved = {k.removeprefix("model/"): v for k, v in load_file(folder / TENSORS_FILE).items()}
     loaded = trained.model.state_dict()
     assert loaded.keys() == saved.keys() and all(torch.equal(loaded[k], saved[k]) for k in saved)
     assert not trained.model.training and trained.checkpoint_path == folder

@@ -19,10 +19,10 @@ from raydist.tasks import DataInfo, build_task
 from raydist.train.local import LocalRuntime
 
 
-class Explodes:
-    """Pickling this raises, as a crash in the middle of torch.save would."""
+class Explodes(dict):
+    """Writing this raises, as a crash in the middle of writing the state would."""
 
-    def __reduce__(self):
+    def items(self):
         raise RuntimeError("disk full")
 
 
@@ -51,7 +51,7 @@ def test_crash_while_writing_leaves_no_loadable_half(tmp_path, vocab_file):
         save_checkpoint(run / "checkpoint_2", {"w": Explodes()}, cfg, files={"vocab.json": vocab_file})
     assert not (run / "checkpoint_2" / STATE_FILE).exists()
     assert find_checkpoint(run).name == "checkpoint_1"  # the half-written one is never picked
-    with pytest.raises(FileNotFoundError, match="no state.pt"):
+    with pytest.raises(FileNotFoundError, match=f"no {STATE_FILE}"):
         load_checkpoint(run / "checkpoint_2")
 
 
@@ -61,7 +61,7 @@ def test_truncated_state_file_is_a_clear_error(tmp_path, vocab_file):
     )
     data = (folder / STATE_FILE).read_bytes()
     (folder / STATE_FILE).write_bytes(data[: len(data) // 2])
-    with pytest.raises(ValueError, match=r"state.pt: unreadable checkpoint state"):
+    with pytest.raises(ValueError, match=rf"{STATE_FILE}: unreadable checkpoint state"):
         load_checkpoint(folder)
 
 
@@ -88,7 +88,7 @@ def test_newest_is_the_last_name_whatever_the_mtimes(tmp_path, vocab_file, label
     for age, name in enumerate(names):
         folder = save_checkpoint(run / name, {"w": torch.ones(1)}, cfg, files={"vocab.json": vocab_file})
         os.utime(folder, (1e9 - age * 1e3, 1e9 - age * 1e3))  # the last written is the oldest by mtime
-    (run / "checkpoint_99999999").mkdir()  # sorts last, but has no state.pt
+    (run / "checkpoint_99999999").mkdir()  # sorts last, but has no state
     assert newest_checkpoint(run) == run / names[-1] and find_checkpoint(run) == run / names[-1]
     task = build_task(cfg, DataInfo.from_dataset(labels_dataset))
     runtime = LocalRuntime(cfg, task, StepPlan.from_config(cfg), run)

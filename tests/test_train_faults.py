@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from raydist.checkpoint import load_checkpoint
+from raydist.checkpoint import has_state, load_checkpoint
 from raydist.config import ConfigError, load_config
 from raydist.train.trainer import run_training
 
@@ -93,13 +93,13 @@ def test_worker_killed_from_outside_run_completes(ray_cluster, tiny_dataset, tmp
 
     def registered_checkpoint() -> Path | None:
         """The checkpoint Ray Train's controller has registered: the latest one named in its checkpoint manager
-        snapshot (written once the checkpoint folder is persisted), with our state.pt in it."""
+        snapshot (written once the checkpoint folder is persisted), with our state in it."""
         for snapshot in Path(tmp_path).glob("*/checkpoint_manager_snapshot.json"):
             try:
                 latest = json.loads(snapshot.read_text()).get("latest_checkpoint_result")
             except (OSError, ValueError):  # being written: look again
                 continue
-            if latest and (snapshot.parent / latest["checkpoint_dir_name"] / "state.pt").is_file():
+            if latest and has_state(snapshot.parent / latest["checkpoint_dir_name"]):
                 return snapshot.parent / latest["checkpoint_dir_name"]
         return None
 
@@ -115,7 +115,7 @@ def test_worker_killed_from_outside_run_completes(ray_cluster, tiny_dataset, tmp
             time.sleep(0.2)
         waited.append(
             f"no checkpoint registered in {tmp_path}/*/checkpoint_manager_snapshot.json "
-            f"(with its checkpoint's state.pt) and no live RayTrainWorker to kill within {timeout} s"
+            f"(with its checkpoint's state) and no live RayTrainWorker to kill within {timeout} s"
         )
 
     thread = threading.Thread(target=killer, daemon=True)

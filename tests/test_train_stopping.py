@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from raydist.checkpoint import load_checkpoint
+from raydist.checkpoint import has_state, load_checkpoint
 from raydist.cli import main
 from raydist.data import make_synthetic
 from raydist.runfiles import LOG_FILE, STEPS_FILE
@@ -122,7 +122,7 @@ def test_ctrl_c_in_process_checkpoints_the_step_and_the_same_name_resumes_exactl
     out = capsys.readouterr().out
     assert code == 130, out
     checkpoint = Path(_printed(out, "checkpoint:"))
-    assert checkpoint.parent == runs / "cut" and (checkpoint / "state.pt").is_file()
+    assert checkpoint.parent == runs / "cut" and has_state(checkpoint)
     assert _printed(out, "resume with:") == f"raydist train --resume {checkpoint}"
     stopped_at = load_checkpoint(checkpoint)[0]["loop"]["global_step"]
     assert 2 <= stopped_at < EPOCHS * STEPS and _logged_steps(runs / "cut") == list(range(1, stopped_at + 1))

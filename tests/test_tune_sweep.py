@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from raydist.checkpoint import has_state
 from raydist.cli import main
 from raydist.config import ConfigError, load_config
 from raydist.runtime import cluster_capacity
@@ -295,7 +296,4 @@ def test_in_process_trials_report_what_a_plain_in_process_run_trains(ray_cluster
     best_row = max(outcome.rows, key=lambda r: r.metric)
     assert outcome.best_trial == best_row.trial
     folder = Path(outcome.experiment_path) / best_row.trial / "train"
-    assert (
-        Path(outcome.best_checkpoint).parent == folder
-        and (Path(outcome.best_checkpoint) / "state.pt").is_file()
-    )
+    assert Path(outcome.best_checkpoint).parent == folder and has_state(outcome.best_checkpoint)

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from object_store import free_port, upload
 
+from raydist.checkpoint import has_state
 from raydist.checkpoint.remote import remote_checkpoints
 from raydist.cli import main
 from raydist.data import make_synthetic, validate_dataset
@@ -193,7 +194,7 @@ def test_a_run_on_the_server_loads_as_the_local_run_it_was_uploaded_from(
     newest = remote_checkpoints(uri)[-1]
     assert choose_trained(uri, latest=True).path.name == newest
     given = choose_trained(f"{uri}/{newest}")
-    assert given.reason == "the checkpoint given" and (given.path / "state.pt").is_file()
+    assert given.reason == "the checkpoint given" and has_state(given.path)
 
     texts = ["a white child sitting in the park", "two dogs"]
     local_emb = Embedder.from_checkpoint(runs / "local").embed_texts(texts)

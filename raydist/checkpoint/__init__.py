@@ -30,6 +30,12 @@ from raydist.checkpoint.io import (
     state_differences,
 )
 from raydist.checkpoint.registry import Stateful, StateRegistry
+from raydist.checkpoint.state_files import (
+    UntrustedCheckpointError,
+    convert_checkpoints,
+    has_state,
+    read_state,
+)
 
 __all__ = [
     "CONFIG_FILE",
@@ -38,18 +44,22 @@ __all__ = [
     "ChosenCheckpoint",
     "StateRegistry",
     "Stateful",
+    "UntrustedCheckpointError",
     "change_lines",
     "checkpoint_score",
     "check_model_fits",
     "choose_checkpoint",
     "config_changes",
+    "convert_checkpoints",
     "find_checkpoint",
     "format_changes",
+    "has_state",
     "load_checkpoint",
     "load_task_info",
     "local_folder",
     "newest_checkpoint",
     "read_config",
+    "read_state",
     "record_best_checkpoint",
     "recorded_dataset",
     "resumed_config",

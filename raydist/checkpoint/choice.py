@@ -9,10 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from raydist.checkpoint.io import find_checkpoint, local_folder, newest_checkpoint, run_checkpoints
-from raydist.checkpoint.names import STATE_FILE
+from raydist.checkpoint.state_files import has_state, read_state
 from raydist.runfiles import BEST_CHECKPOINT_FILE
 
 
@@ -61,7 +59,7 @@ def _recorded_best(run_dir: Path, newest: Path) -> ChosenCheckpoint | None:
             "checkpoint, metric, value and newest: delete it to choose by the checkpoints' "
             "val metrics"
         ) from e
-    if recorded_newest != newest.name or not (run_dir / str(name) / STATE_FILE).is_file():
+    if recorded_newest != newest.name or not has_state(run_dir / str(name)):
         return None
     shown = f" = {value:.4g}" if isinstance(value, (int, float)) else ""
     return ChosenCheckpoint(run_dir / str(name), f"best by {metric}{shown}")
@@ -70,13 +68,8 @@ def _recorded_best(run_dir: Path, newest: Path) -> ChosenCheckpoint | None:
 def checkpoint_score(folder: str | Path, metric: str) -> float | None:
     """The val metric a checkpoint was reported with: the last epoch of the history it carries
     (``state["loop"]["history"]``) when that epoch ended at the checkpoint's step; None for a mid-epoch
-    checkpoint or one without a history. ``state.pt`` is memory-mapped, so its tensors are not read."""
-    path = Path(folder) / STATE_FILE
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-    except Exception as e:  # torch raises several types for truncated/corrupt files
-        raise ValueError(f"{path}: unreadable checkpoint state: {e}") from e
-    loop = state.get("loop") or {}
+    checkpoint or one without a history. Only the loop's state is read (no tensor of the model)."""
+    loop = read_state(folder, "loop") or {}
     history = loop.get("history") or []
     if not history or history[-1].get("step") != loop.get("global_step"):
         return None

@@ -1,7 +1,8 @@
-"""Checkpoint folders: ``state.pt`` (model, optimizer, scheduler, counters, RNG states, history, the state
-of every registered component), ``config.yaml``, ``task.json`` and the task's extra files (``vocab.json``).
+"""Checkpoint folders: the state (model, optimizer, scheduler, counters, RNG states, history, the state of every
+registered component) as ``state.safetensors`` + ``state.json`` (:mod:`raydist.checkpoint.state_files`: data,
+never a pickle), ``config.yaml``, ``task.json`` and the task's extra files (``vocab.json``).
 
-Files are written to temporary names and renamed, and ``state.pt`` is written last, so a crash while
+Files are written to temporary names and renamed, and ``state.json`` is written last, so a crash while
 writing never leaves a folder that loads half.
 """
 
@@ -22,6 +23,7 @@ from torch import nn
 
 from raydist.checkpoint.names import CHECKPOINT_GLOB, CONFIG_FILE, STATE_FILE, TASK_FILE
 from raydist.checkpoint.remote import fetch_run_or_checkpoint
+from raydist.checkpoint.state_files import has_state, read_state, write_state
 from raydist.config import Config, ConfigError, apply_overrides, from_saved, validate
 from raydist.data.remote import local_dataset
 from raydist.data.schema import MANIFEST_NAME
@@ -41,18 +43,23 @@ def _atomic_write_bytes(path: Path, write: Any) -> None:
 
 
 def rng_state() -> dict[str, Any]:
-    """Python, NumPy and torch CPU RNG states."""
-    return {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-    }
+    """Python, NumPy and torch CPU RNG states: Python's and NumPy's as plain lists and numbers (JSON), torch's
+    a uint8 tensor."""
+    version, internal, gauss = random.getstate()
+    numpy_state = np.random.get_state(legacy=False)
+    numpy_state["state"]["key"] = numpy_state["state"]["key"].tolist()
+    return {"python": [version, list(internal), gauss], "numpy": numpy_state, "torch": torch.get_rng_state()}
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what :func:`rng_state` captured."""
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    """Restore what :func:`rng_state` captured (or an older checkpoint's tuples)."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    numpy_state = state["numpy"]
+    if isinstance(numpy_state, dict):
+        key = np.asarray(numpy_state["state"]["key"], dtype=np.uint32)
+        numpy_state = {**numpy_state, "state": {**numpy_state["state"], "key": key}}
+    np.random.set_state(numpy_state)
     torch.set_rng_state(state["torch"])
 
 
@@ -65,7 +72,8 @@ def save_checkpoint(
     files: dict[str, Path] | None = None,
 ) -> Path:
     """Write a checkpoint folder: ``files`` (name → source, e.g. the vocab), ``task.json`` (the task's name
-    and data facts), ``config.yaml``, then ``state.pt`` last, each file via a temporary name."""
+    and data facts), ``config.yaml``, then the state (:func:`raydist.checkpoint.state_files.write_state`:
+    ``state.json`` last), each file via a temporary name."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     for name, src in (files or {}).items():
@@ -76,17 +84,18 @@ def save_checkpoint(
         _atomic_write_bytes(folder / TASK_FILE, lambda f: f.write(task_text))
     text = yaml.safe_dump(cfg.to_dict(), sort_keys=False).encode()
     _atomic_write_bytes(folder / CONFIG_FILE, lambda f: f.write(text))
-    _atomic_write_bytes(folder / STATE_FILE, lambda f: torch.save(state, f))
+    write_state(folder, state)
     return folder
 
 
 def run_checkpoints(run_dir: str | Path) -> list[Path]:
-    """The complete checkpoint folders (those with ``state.pt``) of a run folder, oldest first.
+    """The complete checkpoint folders (those with ``state.json``, or an older one's ``state.pt``) of a run
+    folder, oldest first.
 
     Order is by name, never by mtime (a copy or a sync changes mtimes): Ray Train names its folders
     ``checkpoint_<YYYY-mm-dd_HH-MM-SS.ffffff>`` (the time of the report) and :class:`raydist.train.local.
     LocalRuntime` names them ``checkpoint_<global step, 8 digits>``; both sort by name in the order written."""
-    return sorted(p for p in Path(run_dir).glob(CHECKPOINT_GLOB) if (p / STATE_FILE).is_file())
+    return sorted(p for p in Path(run_dir).glob(CHECKPOINT_GLOB) if has_state(p))
 
 
 def newest_checkpoint(run_dir: str | Path) -> Path | None:
@@ -108,7 +117,7 @@ def find_checkpoint(path: str | Path) -> Path:
     """Resolve a checkpoint folder, or a run folder's :func:`newest_checkpoint` (either may be a URI:
     :func:`local_folder`)."""
     path = local_folder(path)
-    if (path / STATE_FILE).is_file():
+    if has_state(path):
         return path
     if not path.exists():
         raise FileNotFoundError(f"checkpoint path {path} does not exist")
@@ -129,14 +138,11 @@ def read_config(folder: Path) -> Config:
 
 
 def load_checkpoint(path: str | Path) -> tuple[dict[str, Any], Config, Path]:
-    """Load ``(state, config, folder)`` from a checkpoint or run folder."""
+    """Load ``(state, config, folder)`` from a checkpoint or run folder (the state read as data:
+    :func:`raydist.checkpoint.state_files.read_state`, the one reader of checkpoint state)."""
     folder = find_checkpoint(path)
     cfg = read_config(folder)
-    try:
-        state = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=False)
-    except Exception as e:  # torch raises several types for truncated/corrupt files
-        raise ValueError(f"{folder / STATE_FILE}: unreadable checkpoint state: {e}") from e
-    return state, cfg, folder
+    return read_state(folder), cfg, folder
 
 
 def config_changes(saved: Config, current: Config) -> dict[str, tuple[Any, Any]]:

@@ -16,7 +16,7 @@ class Stateful(Protocol):
 
 
 class StateRegistry:
-    """Named stateful components; :meth:`state_dict` is what a checkpoint's ``state.pt`` holds for them."""
+    """Named stateful components; :meth:`state_dict` is what a checkpoint's state holds for them."""
 
     def __init__(self) -> None:
         self._items: dict[str, Stateful] = {}

@@ -1,7 +1,7 @@
 """Checkpoint and run folders on object storage (``s3://``, ``gs://``): the local copy every reader works on.
 
-A checkpoint folder is copied whole, ``state.pt`` last (so a copy with ``state.pt`` is complete, as a local
-folder is); a run folder gets its complete checkpoint folders and its run files, and the copies of checkpoints
+A checkpoint folder is copied whole, ``state.json`` (an older folder's ``state.pt``) last, so a copy with it is
+complete, as a local folder is; a run folder gets its complete checkpoint folders and its run files, and the copies of checkpoints
 the store no longer holds (Ray Train keeps ``train.keep_checkpoints``) are removed. Files already copied with
 the stored size are not read again. The copies live under :func:`raydist.uris.cache_path`."""
 
@@ -11,7 +11,7 @@ import fnmatch
 import shutil
 from pathlib import Path
 
-from raydist.checkpoint.names import CHECKPOINT_GLOB, STATE_FILE
+from raydist.checkpoint.names import CHECKPOINT_GLOB, STATE_FILES
 from raydist.runfiles import BEST_CHECKPOINT_FILE, HISTORY_FILE
 from raydist.uris import cache_path, download, file_sizes, file_type, join, list_folder, missing_location
 
@@ -19,17 +19,18 @@ RUN_FILES = (BEST_CHECKPOINT_FILE, HISTORY_FILE)  # the run-folder files a reade
 
 
 def remote_checkpoints(run: str) -> list[str]:
-    """Names of the complete checkpoint folders (those with ``state.pt``) of a remote run folder, oldest first
+    """Names of the complete checkpoint folders (those with ``state.json`` or ``state.pt``) of a remote run folder,
+    oldest first
     (by name, as :func:`raydist.checkpoint.run_checkpoints` orders local ones)."""
     entries = list_folder(run)
     names = sorted(
         n for n, kind in entries.items() if kind == "folder" and fnmatch.fnmatch(n, CHECKPOINT_GLOB)
     )
-    return [n for n in names if file_type(join(run, n, STATE_FILE)) == "file"]
+    return [n for n in names if any(file_type(join(run, n, f)) == "file" for f in STATE_FILES)]
 
 
 def _fetch_checkpoint(location: str, dest: Path) -> None:
-    names = sorted(file_sizes(location), key=lambda n: n == STATE_FILE)  # state.pt last
+    names = sorted(file_sizes(location), key=lambda n: n in STATE_FILES)  # the mark of completeness last
     download(location, dest, names)
 
 
@@ -40,7 +41,7 @@ def fetch_run_or_checkpoint(location: str) -> Path:
     if not entries:
         raise missing_location(location, "a checkpoint folder or a run folder with checkpoints")
     dest = cache_path(location)
-    if entries.get(STATE_FILE) == "file":
+    if any(entries.get(f) == "file" for f in STATE_FILES):
         _fetch_checkpoint(location, dest)
         return dest
     names = remote_checkpoints(location)

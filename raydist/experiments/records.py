@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from raydist.checkpoint import has_state
+
 TRIALS_FILE = "trials.json"
 
 
@@ -129,7 +131,7 @@ def local_checkpoint(path: str, cache: Path) -> Path:
     import pyarrow.fs
 
     dest = cache / Path(path.rstrip("/")).name
-    if not (dest / "state.pt").is_file():
+    if not has_state(dest):
         dest.mkdir(parents=True, exist_ok=True)
         pyarrow.fs.copy_files(path, str(dest))
     return dest
