@@ -47,7 +47,11 @@ def import_plugins(values: Mapping[str, Any]) -> dict[str, Any]:
     load_entry_points()
     values = dict(values)
     if "plugins" in values:
-        values["plugins"] = import_named_plugins(values["plugins"])
+        named = parse_text("plugins", values["plugins"])  # a command line's "[a.py, b.py]"
+        plugins = resolve_plugins(named)
+        if plugins is not None:
+            load_plugins(plugins)
+        values["plugins"] = named if plugins is None else plugins  # another shape: validation refuses it
     return values
 
 
@@ -85,18 +89,6 @@ def resolve_plugins(value: Any, base: str | Path | None = None) -> list[str] | N
     if not isinstance(named, list) or not all(isinstance(p, str) for p in named):
         return None
     return list(dict.fromkeys(resolve_spec(p, base) for p in named))
-
-
-def import_named_plugins(value: Any, base: str | Path | None = None) -> Any:
-    """Import the plugins a ``plugins`` value names (:func:`resolve_plugins`, a command-line string parsed
-    first) and return them as a config holds them; a value of another shape is returned as it is, for
-    validation to refuse."""
-    value = parse_text("plugins", value)
-    plugins = resolve_plugins(value, base)
-    if plugins is None:
-        return value
-    load_plugins(plugins)
-    return plugins
 
 
 def from_dict(nested: Mapping[str, Any]) -> Config:
