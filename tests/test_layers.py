@@ -24,7 +24,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "raydist.dataset_task",
             "raydist.console",
             "raydist.runfiles",
-            "raydist.choices",
             "raydist.nesting",
             "raydist.presets",
             "raydist.uris",

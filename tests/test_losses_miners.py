@@ -299,3 +299,30 @@ def test_reducers_match_their_definitions() -> None:
         value = get_reducer(name)(empty)
         value.backward()
         assert float(value.detach()) == 0.0 and empty.grad is not None
+
+
+def test_the_documented_miner_is_one_class_a_run_selects() -> None:
+    """docs/metric-learning.md's "Adding a miner" example, run as written: registered by its name, it draws each
+    pair's negative uniformly among the negatives farther than the positive (its η from those probabilities)."""
+    doc = (Path(__file__).parents[1] / "docs" / "metric-learning.md").read_text()
+    code = doc.split("## Adding a miner", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(code, "docs/metric-learning.md", "exec"), {"__name__": "docs_example_miner"})
+    try:
+        labels = LABEL_SETS["singleton"]
+        emb = unit_rows(len(labels), seed=6)
+        table = distance_table(emb, "euclidean")
+        candidates = {
+            (a, p): [n for n in negatives_of(labels, a) if table[a][n] > table[a][p]]
+            for a, p in positive_pairs(labels)
+        }
+        miner = get_miner("uniform-farther")
+        triplets = miner(emb, torch.tensor(labels), torch.Generator().manual_seed(2))
+        got = as_list(triplets)
+        assert sorted((a, p) for a, p, _ in got) == sorted(pair for pair, c in candidates.items() if c)
+        assert all(n in candidates[(a, p)] for a, p, n in got)
+        want = [len(negatives_of(labels, a)) / len(candidates[(a, p)]) for a, p, _ in got]
+        assert miner.skew(emb, torch.tensor(labels), triplets) == pytest.approx(
+            sum(want) / len(want), rel=1e-12
+        )
+    finally:
+        MINERS.unregister("uniform-farther")
