@@ -17,7 +17,7 @@ What is measured (full mode; smoke mode is the same at tiny sizes, :data:`SMOKE`
    ``IndexFlatIP`` over ``normalize(x[:, :D_s])`` for a shortlist of 200, then an exact re-rank at D of the
    shortlist rows (faiss's ``knn_inner_products_by_idx``, which reads each candidate row in place;
    :func:`cascade_search`), D_s ∈ {16, 32, 64}; ``funnel``: the MRL funnel
-   16→32→64→128→1024 keeping 200, 100, 50, 25 (:func:`raydist.eval.retrieve.default_funnel`); ``hnsw D``:
+   16→32→64→128→1024 keeping 200, 100, 50, 25 (:func:`raydist.retrieval.search.default_funnel`); ``hnsw D``:
    faiss ``IndexHNSWFlat`` at 1024, M = 32, efSearch 128; ``ivf-prefix D_s``: raydist's AdANNS-IVF
    (:class:`raydist.retrieval.index.PrefixIVFIndex`): √N lists clustered on the 16-dim prefix,
    ``nprobe`` = 8 lists chosen by the query's 16-dim prefix, candidates scored at full D; ``adaptive ivf
