@@ -22,7 +22,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--data", help="dataset folder of --index SPLIT (default: the one the checkpoint was trained on)"
     )
     add_latest(p)
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (0.0.0.0: every interface; without --api-key-env a warning)",
+    )
+    p.add_argument(
+        "--api-key-env",
+        metavar="VAR",
+        help="require 'Authorization: Bearer <key>' on every route but /health (401 without it), the key being "
+        "the value of the environment variable VAR",
+    )
+    p.add_argument(
+        "--max-requests-per-s",
+        type=int,
+        metavar="N",
+        help="at most N requests in any second from one client address, per replica (429 beyond; /health free)",
+    )
     p.add_argument("--port", type=int, default=8000, help="port to listen on")
     p.add_argument("--replicas", type=int, default=1, help="model replicas (scale out on a cluster)")
     p.add_argument("--replica-cpus", type=float, default=0.5, help="logical CPUs reserved per replica")
@@ -38,6 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until Ctrl-C."""
+    from raydist.serving.access import AccessRules
     from raydist.serving.deployment import serve_until_stopped
     from raydist.serving.service import ServeOptions
 
@@ -58,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
         replicas=args.replicas,
         replica_cpus=args.replica_cpus,
         options=options,
+        access=AccessRules.from_env(args.api_key_env, args.max_requests_per_s),
         address=args.address,
         log_level="INFO" if args.verbose else "WARNING",
     )

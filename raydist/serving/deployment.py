@@ -1,6 +1,7 @@
 """``raydist serve``: a :class:`raydist.serving.service.Retriever` behind HTTP with Ray Serve -- FastAPI routes
 (``/health``, ``/embed``, ``/search``, OpenAPI docs at ``/docs``) through Serve's ingress, requests batched with
-``@serve.batch``, on a private local Ray or a cluster, stopped cleanly by SIGINT/SIGTERM."""
+``@serve.batch``, on a private local Ray or a cluster, stopped cleanly by SIGINT/SIGTERM; every request but
+``/health`` first passes the replica's :class:`raydist.serving.access.Gate` (key, rate)."""
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations (``Request``) as objects.
 import asyncio
@@ -18,9 +19,11 @@ from fastapi.responses import JSONResponse
 from ray import serve
 
 from raydist.checkpoint import read_config
+from raydist.console import warn
 from raydist.data.schema import SPLITS
 from raydist.retrieval.trained import ALL_SPLITS, choose_trained
 from raydist.runtime import init_ray
+from raydist.serving.access import AccessRules, Gate, exposure_warning
 from raydist.serving.service import (
     EmbedRequest,
     Job,
@@ -46,14 +49,37 @@ def _body(model: type) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
+@api.middleware("http")
+async def check_access(request: Request, call_next: Callable[[Request], Any]) -> Any:
+    """401 without the key, 429 beyond the client's rate (:class:`raydist.serving.access.Gate`), before a route
+    runs; the replica's gate is ``api.state.gate`` (one replica per process)."""
+    gate = getattr(request.app.state, "gate", None)
+    client = request.client.host if request.client else "unknown"
+    refusal = gate and gate.refusal(request.url.path, request.headers.get("authorization"), client)
+    if refusal:
+        status, field, message = refusal
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {"Retry-After": "1"}
+        return JSONResponse(
+            RequestError(status, field, message).payload(), status_code=status, headers=headers
+        )
+    return await call_next(request)
+
+
 @serve.deployment(name="Retriever", max_constructor_retry_count=1)
 @serve.ingress(api)
 class RetrieverDeployment:
     """One replica: the model and its index (:func:`raydist.serving.service.load_retriever`) and the routes."""
 
     def __init__(
-        self, checkpoint: str, index: str, data_dir: str | None, latest: bool, options: ServeOptions
+        self,
+        checkpoint: str,
+        index: str,
+        data_dir: str | None,
+        latest: bool,
+        options: ServeOptions,
+        access: AccessRules,
     ) -> None:
+        api.state.gate = Gate(access)
         self.retriever = load_retriever(checkpoint, index, data_dir=data_dir, latest=latest, options=options)
         self.answer.set_max_batch_size(options.max_batch)
         self.answer.set_batch_wait_timeout_s(options.batch_wait_s)
@@ -124,18 +150,25 @@ def deploy(
     replicas: int = 1,
     replica_cpus: float = 0.5,
     options: ServeOptions | None = None,
+    access: AccessRules | None = None,
     address: str | None = None,
     log_level: str = "WARNING",
 ) -> Served:
     """Deploy the model and its index with Ray Serve on ``host:port`` (``replicas`` replicas of
     ``replica_cpus`` logical CPUs each) and return once every replica has loaded them. Joins the cluster at
     ``address`` (or ``RAY_ADDRESS``), or the Ray this process already runs; else starts a private local one.
-    Serve's own logs (and each request's access line, at INFO) show from ``log_level`` up."""
+    Serve's own logs (and each request's access line, at INFO) show from ``log_level`` up. ``access``: the key
+    and rate every request but ``/health`` is checked against; a server on a host other than loopback without a
+    key is a warning."""
     import ray
 
     if replicas < 1 or replica_cpus < 0:
         raise ValueError(f"--replicas {replicas}, --replica-cpus {replica_cpus}: expected >= 1 and >= 0")
     check_index_arg(index)
+    access = access or AccessRules()
+    exposed = exposure_warning(host, access)
+    if exposed:
+        warn(exposed)
     chosen = choose_trained(checkpoint, latest=latest)
     # a missing or unreadable checkpoint: a clear error now, not in a replica's log (its plugins imported here)
     plugins = read_config(chosen.path).plugins
@@ -157,7 +190,7 @@ def deploy(
         num_replicas=replicas,
         ray_actor_options={"num_cpus": replica_cpus},
         max_ongoing_requests=2 * options.max_batch,  # room for a full batch while the last one runs
-    ).bind(absolute(checkpoint), index_arg, absolute(data_dir), latest, options)
+    ).bind(absolute(checkpoint), index_arg, absolute(data_dir), latest, options, access)
     serve.run(app, name=APP_NAME, route_prefix="/", blocking=False, logging_config=serve_logs)
     return Served(f"http://{host}:{port}", private, cluster)
 
