@@ -143,3 +143,28 @@ def test_validate_names_an_image_that_does_not_decode_by_shard_and_key(tmp_path,
     assert main(["validate", str(source)]) == 1
     out = capsys.readouterr().out
     assert "test/00000.tar" in out and "key 000000030: truncated" in out, out
+
+
+@pytest.mark.parametrize(
+    "name, link, why",
+    [
+        ("../000000002.txt", None, "a path with '..'"),
+        ("a/../../000000002.txt", None, "a path with '..'"),
+        ("/etc/000000002.txt", None, "an absolute path"),
+        ("000000002.txt", tarfile.SYMTYPE, "a link (to '/etc/passwd')"),
+        ("000000002.txt", tarfile.LNKTYPE, "a link (to '/etc/passwd')"),
+    ],
+    ids=["dotdot", "inner-dotdot", "absolute", "symlink", "hardlink"],
+)
+def test_a_member_that_escapes_the_shard_is_refused_naming_the_shard_and_the_key(tmp_path, name, link, why):
+    folder = write_webdataset(tmp_path / "wds", per_split={"train": 24, "val": 6, "test": 6})
+    shard = folder / "train" / "00000.tar"
+    with tarfile.open(shard, "a") as tar:
+        if link is None:
+            add_member(tar, name, b"a caption")
+        else:
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = link, "/etc/passwd"
+            tar.addfile(info)
+    key = name.rpartition(".")[0]
+    assert f"train/00000.tar: key {key}: member {name!r} refused: {why}" in _refusal(folder)

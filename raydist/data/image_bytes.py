@@ -1,4 +1,5 @@
-"""Encoded images (PNG or JPEG file bytes) in a dataset: the full decode check with Pillow, what the manifest
+"""Encoded images (PNG or JPEG file bytes) in a dataset: the one way to open them (:func:`open_image`: the pixel
+limit checked from the header, before any pixel is decoded), the full decode check with Pillow, what the manifest
 records about them (channels, median size), and image files read on demand by the converters."""
 
 from __future__ import annotations
@@ -19,6 +20,27 @@ SUPPORTED_FORMATS = {
     "WEBP": "WEBP",  # what img2dataset writes with --output_format webdataset --encode_format webp
 }  # Pillow's name -> ours (MPO: a camera JPEG)
 GREYSCALE_BANDS = frozenset({"1", "L", "I", "F"})  # Pillow bands of a single-channel grey image
+MAX_IMAGE_PIXELS = 8192 * 8192  # width x height of the largest image decoded (~200 MB as RGB pixels)
+
+
+class ImageTooLargeError(RaydistDataError):
+    """An image whose header claims more pixels than :data:`MAX_IMAGE_PIXELS`: refused before decoding."""
+
+
+def open_image(data: bytes, max_pixels: int = MAX_IMAGE_PIXELS) -> Image.Image:
+    """A Pillow image of encoded bytes with only its header read; :class:`ImageTooLargeError` when its width ×
+    height is over ``max_pixels`` (so no decompression bomb is decoded). Every decode of image bytes in raydist
+    starts here (data checks, converters, the training views, the Embedder, ``/embed``)."""
+    try:
+        image = Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError as e:  # Pillow's own check, at twice its default limit
+        raise ImageTooLargeError(f"too large: more than {max_pixels:,} pixels ({e})") from e
+    if image.width * image.height > max_pixels:
+        raise ImageTooLargeError(
+            f"too large: {image.width}×{image.height} = {image.width * image.height:,} pixels, more than "
+            f"{max_pixels:,}"
+        )
+    return image
 
 
 @dataclass(frozen=True)
@@ -33,16 +55,19 @@ class ImageInfo:
 
 
 def check_image(data: bytes) -> ImageInfo:
-    """Decode ``data`` completely with Pillow (``Image.open(...).load()``); RaydistDataError saying why it is
-    not a usable image: zero-size, unsupported image format (PNG, JPEG or WebP only), truncated or corrupt."""
+    """Decode ``data`` completely with Pillow (:func:`open_image`, then ``load()``); RaydistDataError saying why
+    it is not a usable image: zero-size, too large, unsupported image format (PNG, JPEG or WebP only), truncated
+    or corrupt."""
     if len(data) == 0:
         raise RaydistDataError("zero-size image (0 bytes)")
     try:
-        image = Image.open(io.BytesIO(data))
+        image = open_image(data)
         if image.format in SUPPORTED_FORMATS:
             image.load()
     except UnidentifiedImageError as e:
         raise RaydistDataError("corrupt: not a recognisable image file") from e
+    except ImageTooLargeError:
+        raise
     except (
         Exception
     ) as e:  # any failure of Pillow's parsers on bad bytes (OSError, SyntaxError, ValueError ...)

@@ -5,13 +5,14 @@ view is a pure function of (bytes, seed, epoch, sample_id), so streamed, in-memo
 
 from __future__ import annotations
 
-import io
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 from PIL import Image
+
+from raydist.data.image_bytes import open_image
 
 Batch = dict[str, np.ndarray]
 
@@ -35,9 +36,10 @@ def image_pixels(img: Image.Image, channels: int) -> np.ndarray:
 
 
 def decode_image(data: bytes, channels: int) -> np.ndarray:
-    """The :func:`image_pixels` of an encoded image (PNG/JPEG bytes)."""
+    """The :func:`image_pixels` of an encoded image (PNG/JPEG bytes), opened by
+    :func:`raydist.data.image_bytes.open_image` (an image over the pixel limit is a RaydistDataError)."""
     _mode(channels)
-    with Image.open(io.BytesIO(data)) as img:
+    with open_image(data) as img:
         return image_pixels(img, channels)
 
 

@@ -24,7 +24,7 @@ import shutil
 import tarfile
 import uuid
 from collections.abc import Iterator, Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -77,11 +77,19 @@ def sample_id(split: str, key: str) -> int:
 
 def tar_samples(path: str | Path) -> Iterator[tuple[str, dict[str, bytes]]]:
     """``(key, {extension: bytes})`` per sample, in tar order; consecutive members with one key are one sample.
-    A file that is not a tar raises RaydistDataError naming it."""
+    A file that is not a tar, or a member that is a link or whose name is absolute or has a ``..`` part
+    (:func:`unsafe_member`), raises RaydistDataError naming the shard and the member's key."""
     key, files = None, {}
     try:
         with tarfile.open(path, "r|*") as tar:
             for member in tar:
+                unsafe = unsafe_member(member)
+                if unsafe:
+                    found = _MEMBER.match(member.name)
+                    raise RaydistDataError(
+                        f"{path}: key {found.group(1) if found else member.name}: member {member.name!r} "
+                        f"refused: {unsafe}"
+                    )
                 match = _MEMBER.match(member.name) if member.isfile() else None
                 if match is None:
                     continue
@@ -94,6 +102,20 @@ def tar_samples(path: str | Path) -> Iterator[tuple[str, dict[str, bytes]]]:
         raise RaydistDataError(f"{path}: not a readable tar shard ({e})") from e
     if key is not None:
         yield key, files
+
+
+def unsafe_member(member: tarfile.TarInfo) -> str | None:
+    """Why a tar member is refused (a shard holds files and folders named inside it), None when it is not: a
+    symbolic or hard link, a device or pipe, an absolute name or one with a ``..`` part."""
+    if member.issym() or member.islnk():
+        return f"a link (to {member.linkname!r})"
+    if not (member.isfile() or member.isdir()):
+        return "not a file or a folder"
+    if PurePosixPath(member.name).is_absolute():
+        return "an absolute path"
+    if ".." in PurePosixPath(member.name).parts:
+        return "a path with '..'"
+    return None
 
 
 def _label(raw: bytes) -> int | None:

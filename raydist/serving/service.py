@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import io
 import json
 from collections import defaultdict
 from collections.abc import Sequence
@@ -20,6 +19,7 @@ import numpy as np
 from PIL import Image
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from raydist.data.image_bytes import ImageTooLargeError, open_image
 from raydist.data.schema import SPLITS
 from raydist.retrieval.embedder import Embedder
 from raydist.retrieval.index import FaissIndex, build_indexes, unit_rows
@@ -290,8 +290,10 @@ def _decode_image(i: int, item: str) -> Image.Image:
     except (binascii.Error, ValueError) as e:
         raise RequestError(422, f"images.{i}", f"not base64 ({e})") from e
     try:
-        image = Image.open(io.BytesIO(data))
+        image = open_image(data)  # the pixel limit, from the header
         image.load()
+    except ImageTooLargeError as e:
+        raise RequestError(413, f"images.{i}", str(e)) from e
     except (OSError, ValueError, Image.DecompressionBombError) as e:
         raise RequestError(422, f"images.{i}", f"not a decodable PNG/JPEG image ({e})") from e
     return image
