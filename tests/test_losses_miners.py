@@ -44,7 +44,7 @@ from raydist.losses import (
     ranking_terms,
 )
 from raydist.losses.distances import get_distance
-from raydist.losses.miners import PairMiner, register_miner
+from raydist.losses.miners import Miner, PairMiner, register_miner
 from raydist.losses.reducers import get_reducer
 from raydist.losses.similarity import get_similarity
 
@@ -207,6 +207,24 @@ def test_a_users_miner_class_is_a_registered_miner_the_triplet_loss_takes() -> N
     finally:
         MINERS.unregister("farthest")
     assert "farthest" not in MINERS
+
+
+def test_a_users_mining_function_is_a_registered_miner_with_its_name() -> None:
+    def first_negative(emb, labels, *, margin, distance, generator=None):
+        positive, negative = (labels[:, None] == labels[None, :]), labels[:, None] != labels[None, :]
+        pairs = (positive & ~torch.eye(len(labels), dtype=torch.bool)).nonzero(as_tuple=True)
+        return Triplets(pairs[0], pairs[1], negative.double().argmax(1)[pairs[0]])
+
+    register_miner("first", Miner(first_negative))
+    try:
+        miner = get_miner("first", distance="cosine")
+        assert (miner.name, miner.random, miner.distance.name) == ("first", False, "cosine")
+        labels = torch.tensor([0, 0, 1, 1])
+        triplets = miner(torch.eye(4, dtype=torch.float64), labels)
+        assert as_list(triplets) == [(0, 1, 2), (1, 0, 2), (2, 3, 0), (3, 2, 0)]
+        assert miner.skew(torch.eye(4), labels, triplets) is None  # no probabilities given
+    finally:
+        MINERS.unregister("first")
 
 
 def test_register_miner_refuses_what_is_not_a_miner() -> None:

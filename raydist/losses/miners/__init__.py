@@ -167,10 +167,12 @@ class PairMiner(TripletMiner):
 
 
 def _check_miner(name: str, miner: Any) -> None:
-    """A :class:`TripletMiner` subclass (its :attr:`~TripletMiner.name` is set) or a :class:`Miner`."""
+    """A :class:`TripletMiner` subclass or a :class:`Miner`; either learns its registered name."""
     if isinstance(miner, type) and issubclass(miner, TripletMiner):
         miner.name = name
-    elif not isinstance(miner, Miner):
+    elif isinstance(miner, Miner):
+        object.__setattr__(miner, "name", name)
+    else:
         raise RegistryError(
             f"miner {name!r}: expected a TripletMiner subclass or a raydist.losses.Miner, got {miner!r}"
         )
@@ -212,11 +214,10 @@ class Miner:
 class _FunctionMiner(TripletMiner):
     """A :class:`Miner`'s function with its options; rows are passed as given (the function's own business)."""
 
-    name = "function"
-
     def __init__(self, spec: Miner, **options: Any) -> None:
         super().__init__(**options)
         self.spec, self.random = spec, spec.random
+        self.name = getattr(spec, "name", None) or getattr(spec.mine, "__name__", "function")
 
     @torch.no_grad()
     def __call__(self, emb: Tensor, labels: Tensor, generator: torch.Generator | None = None) -> Triplets:
