@@ -223,8 +223,8 @@ def read_pickle_state(path: str | Path, *, mmap: bool = False) -> Any:
     except pickle.UnpicklingError as e:
         if "weights only load failed" not in str(e).lower():
             raise ValueError(f"{path}: unreadable checkpoint state: {e}") from e
-        found = re.search(r"Unsupported (?:global|operand)[^.\n]*|Unsupported class [^\n.]*", str(e))
-        why = f" ({found.group(0).strip()})" if found else ""
+        found = re.search(r"GLOBAL (\S+)", str(e))  # the function or class the pickle would call
+        why = f" ({found.group(1)})" if found else ""
         raise UntrustedCheckpointError(
             f"{path}: refused: a pickle checkpoint that asks to run code{why}, and raydist loads checkpoints as "
             f"data only; if you trust this file, convert it: {CONVERT_COMMAND} {path.parent} NEW_FOLDER"
