@@ -247,3 +247,25 @@ def test_an_older_pickle_checkpoint_loads_as_weights_and_converts(small_pairs, t
     assert not (new / LEGACY_STATE_FILE).exists() and _same(read_state(new), state)
     assert "converted:" in capsys.readouterr().out
     assert main(["checkpoint", "convert", str(old.parent), str(tmp_path / "new")]) == 2  # never overwrites
+
+
+@pytest.mark.parametrize(
+    "damage, file, why",
+    [
+        (lambda f: (f / STATE_FILE).write_text('{"loop": {"$numpy": ["|O", 1]}}'), STATE_FILE, "is not data"),
+        (lambda f: (f / STATE_FILE).write_text('{"loop": {"$pickle": "x"}}'), STATE_FILE, "unknown tag"),
+        (
+            lambda f: (f / STATE_FILE).write_text('{"w": {"$tensor": "nope"}}'),
+            TENSORS_FILE,
+            "no tensor 'nope'",
+        ),
+        (lambda f: (f / TENSORS_FILE).write_bytes(b"\x10"), TENSORS_FILE, "unreadable checkpoint tensors"),
+        (lambda f: (f / TENSORS_FILE).unlink(), TENSORS_FILE, "unreadable checkpoint tensors"),
+    ],
+    ids=["object-dtype", "unknown-tag", "missing-tensor", "corrupt-tensors", "no-tensors"],
+)
+def test_a_damaged_state_is_one_error_naming_the_file(tmp_path, damage, file, why):
+    folder = save_checkpoint(tmp_path / "c", {"w": torch.ones(3), "loop": {"step": 1}}, load_config("tiny"))
+    damage(folder)
+    with pytest.raises(ValueError, match=rf"{folder / file}: .*{why}"):
+        load_checkpoint(folder)

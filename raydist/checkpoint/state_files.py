@@ -111,7 +111,10 @@ def decode_state(tree: Any, tensor: Callable[[str], torch.Tensor]) -> Any:
                 if key == ITEMS:
                     return {decode(k): decode(v) for k, v in inner}
                 if key == NUMPY:
-                    return np.dtype(inner[0]).type(inner[1])
+                    dtype = np.dtype(inner[0])
+                    if dtype.hasobject:
+                        raise ValueError(f"a NumPy scalar of dtype {dtype} is not data")
+                    return dtype.type(inner[1])
                 raise ValueError(f"unknown tag {key!r}")
         return {_unescape(k): decode(v) for k, v in value.items()}
 
