@@ -28,12 +28,12 @@ from raydist.checkpoint.names import LEGACY_STATE_FILE, TENSORS_FILE
 from raydist.checkpoint.state_files import decode_state, encode_state
 from raydist.cli import main
 from raydist.config import load_config
-from raydist.distributed import StepPlan
 from raydist.retrieval.embedder import Embedder
 from raydist.serving.service import load_retriever
 from raydist.tasks import DataInfo, build_task
 from raydist.train.local import LocalRuntime
 from raydist.train.loop import run_loop
+from raydist.train.plan import step_plan
 
 
 class Payload:
@@ -97,7 +97,7 @@ def _setup(data_dir, run_dir, epochs):
         "tiny", overrides={"data.path": str(data_dir), "train.num_workers": 0, "train.epochs": epochs}
     )
     task = build_task(cfg, DataInfo.from_dataset(data_dir))
-    plan = StepPlan.from_config(cfg)
+    plan = step_plan(cfg, task.info.task)
     return cfg, task, plan, LocalRuntime(cfg, task, plan, run_dir)
 
 

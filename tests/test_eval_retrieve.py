@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from raydist.config import load_config
-from raydist.distributed import StepPlan
 from raydist.eval.adaptive import funnel_retrieval, mflops_per_query
 from raydist.eval.metrics import retrieval_metrics
 from raydist.eval.retrieve import (
@@ -33,6 +32,7 @@ from raydist.retrieval.trained import checkpoint_retrieval_report, evaluate_chec
 from raydist.tasks import DataInfo, build_task
 from raydist.train.local import LocalRuntime
 from raydist.train.loop import run_loop
+from raydist.train.plan import step_plan
 
 PAIRS_KEYS = [f"{d}_r{k}" for d in ("t2i", "i2t") for k in (1, 5, 10)] + ["rsum"]
 
@@ -51,7 +51,7 @@ def _train(data_dir, run_dir, **overrides):
         },
     )
     task = build_task(cfg, DataInfo.from_dataset(data_dir))
-    plan = StepPlan.from_config(cfg)
+    plan = step_plan(cfg, task.info.task)
     runtime = LocalRuntime(cfg, task, plan, run_dir)
     run_loop(cfg, task, runtime, plan)
     return runtime.checkpoints[-1]

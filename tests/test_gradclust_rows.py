@@ -20,11 +20,12 @@ from torch import Tensor, nn
 
 from raydist.config import load_config
 from raydist.data import Vocab
-from raydist.distributed import StepPlan, gather_step, step_generator
+from raydist.distributed import gather_step, step_generator
 from raydist.gradclust import GradientClustering, LayerCapture, scan_layers, squared_distances
 from raydist.gradclust.centres import PreparedCentres, batch_terms, distances_from, stackable
 from raydist.gradclust.layers import has_bias
 from raydist.tasks import DataInfo, Encoded, StepContext, Task, build_task
+from raydist.train.plan import step_plan
 
 DTYPE = torch.float64
 K = 3
@@ -114,7 +115,7 @@ def step_loss(task: Task, encoded: Encoded) -> Tensor:
     """The training step's loss (raydist/train/loop.py train_step) at W = 1, kept in float64."""
     cfg = task.cfg
     gathered = gather_step(encoded.embeddings, encoded.ids, enabled=cfg.loss.gather and task.gathers)
-    negative_set = StepPlan.from_config(cfg).draw(0, step_generator(cfg.train.seed, 0))
+    negative_set = step_plan(cfg, task.info.task).draw(0, step_generator(cfg.train.seed, 0))
     return task.loss(encoded, gathered, negative_set, StepContext(0, 0, 0, 1), {})
 
 

@@ -92,7 +92,7 @@ def test_ray_train_workers_get_the_arena_env_only_when_tuned(tmp_path) -> None:
     from raydist.train.trainer import build_trainer
 
     data = make_synthetic(
-        tmp_path / "data", images=12, captions_per_image=2, dim=8, seed=0, val_images=4, test_images=4
+        tmp_path / "data", images=16, captions_per_image=2, dim=8, seed=0, val_images=4, test_images=4
     )
     for on in (True, False):
         cfg = load_config("tiny", overrides={"data.path": str(data), "train.tune_malloc": on})

@@ -15,11 +15,11 @@ from raydist.checkpoint.names import TENSORS_FILE
 from raydist.cli import main
 from raydist.config import ConfigError, load_config
 from raydist.data.synthetic_labels import make_synthetic_labels
-from raydist.distributed import StepPlan
 from raydist.retrieval.trained import load_trained, resume_checkpoint
 from raydist.tasks import DataInfo, build_task
 from raydist.train.local import LocalRuntime
 from raydist.train.loop import run_loop
+from raydist.train.plan import step_plan
 
 CLASSES = 10  # labels_dataset (tests/conftest.py)
 
@@ -124,6 +124,6 @@ def test_the_loop_refuses_a_checkpoint_its_model_does_not_fit(labels_dataset, tm
     folder = _checkpoint(tmp_path / "c", labels_dataset)
     cfg = _config(labels_dataset, **{"model.nesting": [16, 64]})
     task = build_task(cfg, DataInfo.from_dataset(labels_dataset))
-    plan = StepPlan.from_config(cfg)
+    plan = step_plan(cfg, task.info.task)
     with pytest.raises(ConfigError, match="cannot change model.nesting"):
         run_loop(cfg, task, LocalRuntime(cfg, task, plan, tmp_path / "run"), plan, resume_from=str(folder))

@@ -84,3 +84,27 @@ def test_a_plan_resolves_the_schedule_of_its_dataset_and_refuses_what_does_not_f
         RaydistDataError, match="fewer than one global batch of 4096"
     ):  # larger than the split
         prepare_run(load_config("tiny", overrides={"data.path": str(tiny_dataset), "train.batch_size": 4096}))
+
+
+def test_an_explicit_epochs_is_kept_over_a_presets_min_steps(tiny_dataset, tmp_path):
+    """Issue #51: ``train.epochs=1`` on the command line is a 1-epoch run (the default preset's min_steps=585
+    would raise it), and the schedule says what min_steps would have done; with epochs left to the preset, or
+    set in the same layer as min_steps, the raise stays."""
+    steps = 2000 // 128  # tiny_dataset: 400 images × 5 captions; the default preset's global batch 128
+    would = -(-585 // steps)
+    explicit = prepare_run(
+        load_config("default", overrides={"data.path": str(tiny_dataset), "train.epochs": 1})
+    )
+    assert explicit.cfg.train.epochs == 1 and explicit.cfg.train.min_steps == 0
+    assert (
+        f"would have raised it to {would} epochs" in explicit.schedule
+        and "train.min_steps=585" in explicit.schedule
+    )
+    preset = prepare_run(load_config("default", overrides={"data.path": str(tiny_dataset)}))
+    assert preset.cfg.train.epochs == would and "would have" not in preset.schedule
+    both = tmp_path / "both.yaml"
+    both.write_text("train:\n  epochs: 1\n  min_steps: 100\n")
+    same_layer = prepare_run(
+        load_config(preset_file=both, overrides={"data.path": str(tiny_dataset), "train.batch_size": 128})
+    )
+    assert same_layer.cfg.train.epochs == -(-100 // steps)

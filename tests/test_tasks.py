@@ -15,11 +15,11 @@ from torch import nn
 from raydist.cli import main
 from raydist.config import load_config
 from raydist.data import feature_matrix, read_split, validate_dataset
-from raydist.distributed import StepPlan
 from raydist.tasks import DataInfo, Encoded, Task, build_task, register_task, task_names
 from raydist.train.hooks import ValidationHook
 from raydist.train.local import LocalRuntime
 from raydist.train.loop import run_loop
+from raydist.train.plan import step_plan
 
 
 @register_task
@@ -65,7 +65,7 @@ def test_a_new_task_is_one_registered_class(labels_dataset, tmp_path):
     )
     task = build_task(cfg, DataInfo.from_dataset(data))
     assert isinstance(task, NearestCentroidTask)
-    plan = StepPlan.from_config(cfg)
+    plan = step_plan(cfg, task.info.task)
     runtime = LocalRuntime(cfg, task, plan, tmp_path / "run")
     out = run_loop(cfg, task, runtime, plan, hooks=[ValidationHook(task)])
     assert out["history"][-1]["val/acc"] > 40  # 10 classes: chance 10 %

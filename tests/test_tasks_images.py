@@ -20,13 +20,13 @@ from raydist.converters.karpathy import convert_karpathy
 from raydist.data import Vocab, dataset_task, read_split
 from raydist.data.image_transforms import decode_image, default_mean_std, eval_view, train_view, view_rng
 from raydist.data.stream import InMemoryBatches, train_arrays
-from raydist.distributed import StepPlan
 from raydist.eval.metrics import retrieval_metrics
 from raydist.tasks import DataInfo, build_task
 from raydist.tasks.images import check_image_config, crop_size, image_transform
 from raydist.train.hooks import ValidationHook
 from raydist.train.local import LocalRuntime
 from raydist.train.loop import run_loop
+from raydist.train.plan import step_plan
 from raydist.train.trainer import run_training
 
 COLOURS = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (40, 60, 230)}
@@ -219,7 +219,7 @@ def test_a_small_cnn_learns_shapes_and_colours_in_process(shapes, tmp_path):
     task = build_task(cfg, DataInfo.from_dataset(shapes))
     torch.manual_seed(cfg.train.seed)
     before = task.evaluate(task.build_model(), "val")["rsum"]
-    plan = StepPlan.from_config(cfg)
+    plan = step_plan(cfg, task.info.task)
     runtime = LocalRuntime(cfg, task, plan, tmp_path / "run")
     started = time.perf_counter()
     out = run_loop(cfg, task, runtime, plan, hooks=[ValidationHook(task)])
@@ -266,7 +266,7 @@ def test_labels_on_encoded_images_train_and_evaluate_eval_views(colour_folders, 
     info = DataInfo.from_dataset(colour_folders)
     check_image_config(cfg, info)
     task = build_task(cfg, info)
-    plan = StepPlan.from_config(cfg)
+    plan = step_plan(cfg, task.info.task)
     runtime = LocalRuntime(cfg, task, plan, tmp_path / "run")
     batch = next(iter(runtime.train_batches(0)))
     assert batch["image"].shape == (12, 3, SIZE, SIZE) and batch["label"].dtype == np.int64

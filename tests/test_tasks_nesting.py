@@ -10,9 +10,10 @@ import torch.nn.functional as F
 
 from raydist.config import load_config
 from raydist.data.stream import split_columns
-from raydist.distributed import StepPlan, gather_step, step_generator
+from raydist.distributed import gather_step, step_generator
 from raydist.losses import l2_normalize, ranking_loss
 from raydist.tasks import DataInfo, StepContext, build_task, to_tensors
+from raydist.train.plan import step_plan
 
 
 def _pairs_loss(data_dir, **overrides):
@@ -25,7 +26,7 @@ def _pairs_loss(data_dir, **overrides):
     batch["image"] = batch["image"].double()
     enc = task.encode(model, batch)
     gathered = gather_step(enc.embeddings, enc.ids)
-    negative_set = StepPlan.from_config(cfg).draw(0, step_generator(0, 0))
+    negative_set = step_plan(cfg, task.info.task).draw(0, step_generator(0, 0))
     ctx = StepContext(epoch=5, global_step=0, rank=0, world=1)
     return task.loss(enc, gathered, negative_set, ctx, {}), enc
 

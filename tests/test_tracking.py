@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from raydist.config import ConfigError, load_config
-from raydist.distributed import StepPlan
 from raydist.tasks import DataInfo, StepContext, build_task
 from raydist.train.local import LocalRuntime
 from raydist.train.loop import run_loop
+from raydist.train.plan import step_plan
 from raydist.train.tracking import TrackingHook
 from raydist.train.wiring import build_hooks
 
@@ -31,7 +31,7 @@ def _config(data_dir, **overrides):
 def _train(cfg, data_dir, run_dir):
     """run_loop in this process with the run's hooks (validation, tracking) writing into ``run_dir``."""
     task = build_task(cfg, DataInfo.from_dataset(data_dir))
-    plan = StepPlan.from_config(cfg)
+    plan = step_plan(cfg, task.info.task)
     runtime = LocalRuntime(cfg, task, plan, run_dir)
     return run_loop(cfg, task, runtime, plan, hooks=build_hooks(cfg, task, runtime, str(run_dir)))
 

@@ -14,9 +14,9 @@ from raydist.checkpoint import (
     save_checkpoint,
 )
 from raydist.config import load_config
-from raydist.distributed import StepPlan
 from raydist.tasks import DataInfo, build_task
 from raydist.train.local import LocalRuntime
+from raydist.train.plan import step_plan
 
 
 class Explodes(dict):
@@ -91,6 +91,6 @@ def test_newest_is_the_last_name_whatever_the_mtimes(tmp_path, vocab_file, label
     (run / "checkpoint_99999999").mkdir()  # sorts last, but has no state
     assert newest_checkpoint(run) == run / names[-1] and find_checkpoint(run) == run / names[-1]
     task = build_task(cfg, DataInfo.from_dataset(labels_dataset))
-    runtime = LocalRuntime(cfg, task, StepPlan.from_config(cfg), run)
+    runtime = LocalRuntime(cfg, task, step_plan(cfg, task.info.task), run)
     assert runtime.checkpoint_to_restore() == str(run / names[-1])
     assert newest_checkpoint(tmp_path / "empty") is None

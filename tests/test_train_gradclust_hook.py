@@ -8,11 +8,11 @@ import torch
 
 from raydist.checkpoint import load_checkpoint
 from raydist.config import load_config
-from raydist.distributed import StepPlan
 from raydist.tasks import DataInfo, build_task
 from raydist.train.gradclust_hook import GradientClusteringHook
 from raydist.train.local import LocalRuntime
 from raydist.train.loop import run_loop
+from raydist.train.plan import step_plan
 from raydist.train.wiring import build_hooks
 
 
@@ -29,7 +29,7 @@ def _run(data, run_dir, resume_from=None, **overrides):
         },
     )
     task = build_task(cfg, DataInfo.from_dataset(data))
-    plan = StepPlan.from_config(cfg)
+    plan = step_plan(cfg, task.info.task)
     runtime = LocalRuntime(cfg, task, plan, run_dir)
     hooks = build_hooks(cfg, task, runtime, str(run_dir))
     out = run_loop(cfg, task, runtime, plan, hooks=hooks, resume_from=resume_from)

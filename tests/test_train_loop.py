@@ -11,17 +11,17 @@ import torch
 
 from raydist.checkpoint import load_checkpoint
 from raydist.config import load_config
-from raydist.distributed import StepPlan
 from raydist.tasks import DataInfo, build_task
 from raydist.train.hooks import Hook, ValidationHook
 from raydist.train.local import LocalRuntime
 from raydist.train.loop import run_loop
+from raydist.train.plan import step_plan
 
 
 def _setup(data_dir, run_dir, **overrides):
     cfg = load_config("tiny", overrides={"data.path": str(data_dir), "train.num_workers": 1, **overrides})
     task = build_task(cfg, DataInfo.from_dataset(data_dir))
-    plan = StepPlan.from_config(cfg)
+    plan = step_plan(cfg, task.info.task)
     return cfg, task, plan, LocalRuntime(cfg, task, plan, run_dir)
 
 
@@ -236,7 +236,7 @@ def test_epochs_without_improvement_counts_from_the_first_best():
 def test_noisy_labels_stop_early_in_process(labels_dataset, tmp_path):
     """Label noise, no patience given: the resolved default stops a run whose val metric never improves
     (a learning rate too small to change it) after that many epochs."""
-    from raydist.train.plan import resolve_schedule
+    from raydist.train.plan import resolve_schedule, step_plan
 
     cfg = _labels_config(
         labels_dataset,
@@ -250,7 +250,7 @@ def test_noisy_labels_stop_early_in_process(labels_dataset, tmp_path):
     )
     cfg, _ = resolve_schedule(cfg, DataInfo.from_dataset(labels_dataset))
     task = build_task(cfg, DataInfo.from_dataset(labels_dataset))
-    plan = StepPlan.from_config(cfg)
+    plan = step_plan(cfg, task.info.task)
     out = run_loop(cfg, task, LocalRuntime(cfg, task, plan, tmp_path), plan, hooks=[ValidationHook(task)])
     assert [m["epoch"] for m in out["history"]] == list(range(1, cfg.train.early_stop_patience + 2))
 
@@ -269,7 +269,7 @@ def test_reported_training_loss_leaves_out_the_probe(labels_dataset, tmp_path):
         labels_dataset, **{"loss.kind": "triplet", "train.num_workers": 1, "train.batch_size": 64}
     )
     task = build_task(cfg, DataInfo.from_dataset(labels_dataset))
-    plan, ctx = StepPlan.from_config(cfg), StepContext(0, 0, 0, 1)
+    plan, ctx = step_plan(cfg, task.info.task), StepContext(0, 0, 0, 1)
     torch.manual_seed(0)
     parts = Trainables.build(cfg, task.build_model(), torch.device("cpu"))
     batch = next(iter(LocalRuntime(cfg, task, plan, tmp_path).train_batches(0)))

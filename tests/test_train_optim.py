@@ -19,7 +19,6 @@ from raydist.checkpoint import load_checkpoint
 from raydist.config import ConfigError, from_dict, load_config
 from raydist.converters.image_folder import convert_image_folder
 from raydist.data import dataset_task
-from raydist.distributed import StepPlan
 from raydist.models.image_encoders import BackboneEncoder
 from raydist.models.text_encoders import PretrainedTextEncoder
 from raydist.models.vse import build_model
@@ -28,6 +27,7 @@ from raydist.train.hooks import Hook
 from raydist.train.local import LocalRuntime
 from raydist.train.loop import Trainables, run_loop
 from raydist.train.optim import build_optimizer, build_schedule, parameter_groups
+from raydist.train.plan import step_plan
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -266,7 +266,7 @@ def _train(data, run_dir, *, hooks=(), resume=None, **overrides):
         task_of=dataset_task,
     )
     task = build_task(cfg, DataInfo.from_dataset(data))
-    plan = StepPlan.from_config(cfg)
+    plan = step_plan(cfg, task.info.task)
     runtime = LocalRuntime(cfg, task, plan, run_dir)
     out = run_loop(cfg, task, runtime, plan, hooks=list(hooks), resume_from=resume)
     return cfg, task, runtime, out

@@ -15,12 +15,11 @@ from test_tasks_images import write_colour_folders, write_shape_pairs
 
 from raydist.cli import main
 from raydist.config import load_config
-from raydist.distributed import StepPlan
 from raydist.recipe import run_recipe
 from raydist.tasks import DataInfo, build_task
 from raydist.tasks.images import augmentation
 from raydist.train.local import LocalRuntime, SharedSplit
-from raydist.train.plan import resolve_schedule
+from raydist.train.plan import resolve_schedule, step_plan
 from raydist.tune.auto import asha_grace, auto_knobs, plan_trials, trial_base, trial_threads
 
 IMAGE_KNOBS = ["train.lr", "data.crop", "data.crop_pad", "data.flip", "model.cnn_width", "model.cnn_grid"]
@@ -170,7 +169,7 @@ def test_an_in_process_run_takes_a_shared_split_that_fits_it(colour_labels, tmp_
     task = build_task(cfg, info)
     shared = SharedSplit.read(cfg, task)
     assert shared.arrays["image"].dtype == object and shared.arrays["image"][0].ndim == 3  # decoded pixels
-    plan = StepPlan.from_config(cfg)
+    plan = step_plan(cfg, task.info.task)
     runtime = LocalRuntime(cfg, task, plan, tmp_path / "a", shared=shared)
     assert runtime.arrays is shared.arrays
     other = load_config(

@@ -42,6 +42,7 @@ from raydist.distributed import StepPlan
 from raydist.malloc import tune_malloc, worker_env
 from raydist.tasks import DataInfo, StepContext, Task, build_task, to_tensors
 from raydist.train.loop import Trainables, train_step
+from raydist.train.plan import step_plan
 
 # (images, captions per image, feature dim, rows per shard): 100,000 train rows of 256-d features + captions
 FULL_DATA, SMOKE_DATA = (5000, 20, 256, 4100), (40, 5, 16, 200)
@@ -89,7 +90,7 @@ class WorkerProbe:
             tune_malloc()
         self.data_dir = Path(data_dir)
         self.task = build_task(self.cfg, DataInfo.from_dataset(self.data_dir))
-        self.rows = StepPlan.from_config(self.cfg).rows_per_worker
+        self.rows = step_plan(self.cfg, self.task.info.task).rows_per_worker
         self.stream = StreamedEpochs(
             shards,
             rows=self.rows,
@@ -143,7 +144,8 @@ class WorkerProbe:
 def consumption_steps(cfg: Config, task: Task, data_dir: Path, steps: int) -> Callable[[], float]:
     """A function that runs ``steps`` training steps of one worker (the default preset's rows per worker,
     MH, this process's torch threads) and returns their seconds."""
-    plan = StepPlan(StepPlan.from_config(cfg).rows_per_worker, cfg.loss.negative_set_size, 1)
+    plan = step_plan(cfg, task.info.task)
+    plan = StepPlan(plan.rows_per_worker, plan.negative_set_size, 1)
     arrays = train_arrays(data_dir, task.columns, task.transform)
     batches = InMemoryBatches(arrays, rows=plan.rows_per_worker, rank=0, world=1, seed=cfg.train.seed)
     torch.manual_seed(cfg.train.seed)

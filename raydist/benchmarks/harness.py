@@ -14,6 +14,7 @@ from pathlib import Path
 from raydist.config import Config, load_config
 from raydist.distributed import StepPlan
 from raydist.tasks import DataInfo, Task, build_task
+from raydist.train.plan import step_plan
 
 # Ray's environment for a benchmark process, set before Ray is imported (quiet, no auth on a private instance).
 # Not the test suite's RAY_TRAIN_HEALTH_CHECK_INTERVAL_S=0.5 (faster fits, but the controller polls the workers
@@ -54,7 +55,7 @@ def pairs_setup(
     """The ``default`` preset (plus ``overrides``) on ``data_dir``: config, pairs task and step plan."""
     cfg = load_config("default", overrides={"data.path": str(data_dir), **(overrides or {})})
     task = build_task(cfg, DataInfo.from_dataset(data_dir))
-    return cfg, task, StepPlan.from_config(cfg)
+    return cfg, task, step_plan(cfg, task.info.task)
 
 
 def seconds(fn: Callable[[], object]) -> float:

@@ -26,9 +26,9 @@ from raydist.config import load_config
 from raydist.converters.image_folder import convert_image_folder
 from raydist.data import dataset_task, read_split
 from raydist.data.stream import InMemoryBatches, StreamedEpochs, train_arrays, train_streams
-from raydist.distributed import StepPlan
 from raydist.tasks import DataInfo, StepContext, build_task
 from raydist.train.loop import Trainables, train_step
+from raydist.train.plan import step_plan
 
 # (classes, images per class, side in pixels) of the generated PNGs; the crop is CROP px
 FULL_DATA, SMOKE_DATA = (10, 400, 96), (2, 8, 24)
@@ -287,7 +287,7 @@ def images_rate(*, smoke: bool, repeats: int) -> str:
             task_of=dataset_task,
         )
         task = build_task(cfg, DataInfo.from_dataset(data))
-        plan = StepPlan.from_config(cfg)
+        plan = step_plan(cfg, task.info.task)
         rows = plan.rows_per_worker
         views = task.epoch_transform()
         passes = 1 if smoke else WARMUP_EPOCHS + 2 * math.ceil(repeats / 2)  # whole pairs of steady epochs

@@ -22,13 +22,13 @@ from raydist.benchmarks.harness import held, median, omp_wait_policy, pairs_setu
 from raydist.config import Config, from_saved
 from raydist.data import make_synthetic
 from raydist.data.stream import InMemoryBatches, train_arrays
-from raydist.distributed import StepPlan
 from raydist.distributed.spawn import free_port, spawn
 from raydist.malloc import tune_malloc
 from raydist.tasks import DataInfo, StepContext, build_task
 from raydist.train.hooks import Hook
 from raydist.train.loop import Trainables, train_step
 from raydist.train.loop import step_rate as progress_step_rate
+from raydist.train.plan import RunPlan, step_plan
 
 # (train images, captions per image, feature dim): 5600 × 5 = 28000 rows = 218 steps of the default global
 # batch 128 in one epoch (about 9 s of steps: on a shared 2-core box a 2 s window, 54 steps, swung ±10 % from
@@ -103,7 +103,9 @@ def ray_run(cfg: Config, data_dir: Path, storage: Path) -> dict[str, Any]:
 
     from raydist.train.trainer import build_trainer
 
-    base = build_trainer(cfg, data_dir, storage_path=str(storage))
+    info = DataInfo.from_dataset(data_dir)
+    plan = RunPlan(cfg, info, build_task(cfg, info), schedule="as configured")  # the config's own epochs
+    base = build_trainer(plan, storage_path=str(storage))
     trainer = TorchTrainer(
         timed_loop_per_worker,
         train_loop_config=base.train_loop_config,
@@ -139,7 +141,7 @@ def reference_process(
     if cfg.train.tune_malloc and not loop:  # run_loop sets them itself
         tune_malloc()
     task = build_task(cfg, DataInfo.from_dataset(data_dir))
-    plan = StepPlan(cfg.train.batch_size, cfg.loss.negative_set_size, world)
+    plan = step_plan(cfg, task.info.task, world)
     clock = StepClock()
     if loop:
         from raydist.train.local import LocalRuntime

@@ -21,8 +21,8 @@ from raydist.data.schema import SPLITS
 from raydist.data.shards import DatasetWriter
 from raydist.data.stream import StreamedEpochs, train_streams
 from raydist.data.synthetic_webdataset import write_webdataset
-from raydist.distributed import StepPlan
 from raydist.tasks import DataInfo, build_task
+from raydist.train.plan import step_plan
 from raydist.uris import CACHE_ENV, write_bytes
 
 # (train images, side in pixels, crop) of the generated JPEG/PNG/WebP samples; val and test are an eighth each
@@ -65,7 +65,7 @@ def streamed(data: Path, crop: int, batch: int, passes: int) -> EpochClock:
     )
     stream = StreamedEpochs(
         [ds.streaming_split(1, equal=True)[0] for ds in datasets.values()],
-        rows=StepPlan.from_config(cfg).rows_per_worker,
+        rows=step_plan(cfg, task.info.task).rows_per_worker,
         shuffle_buffer=cfg.data.shuffle_buffer,
         seed=0,
         rank=0,

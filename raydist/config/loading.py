@@ -205,14 +205,33 @@ def load_config(
     # first the plugins: a plugin's loss kind decides which of a shipped preset's loss values apply
     merged = import_plugins({**common, **(overrides or {})})
     task = task_of(str(merged.get("data.path") or "")) or DEFAULT_TASK
-    values: dict[str, Any] = {}
+    layers: list[dict[str, Any]] = []
     for i, (part, blocks) in enumerate(files):
         part = {**part, **blocks.get(task, {})}
-        values.update(shipped_loss_values(part, merged.get("loss.kind")) if preset and i == 0 else part)
-    values.update(overrides or {})
+        layers.append(shipped_loss_values(part, merged.get("loss.kind")) if preset and i == 0 else part)
+    layers.append(dict(overrides or {}))
+    values = {k: v for layer in layers for k, v in layer.items()}
+    unapplied = _explicit_epochs(values, layers)
     cfg = apply_overrides(Config(), values)
+    cfg._unapplied_min_steps = unapplied
     validate(cfg)
     return cfg
+
+
+def _explicit_epochs(values: dict[str, Any], layers: list[dict[str, Any]]) -> int:
+    """An explicit ``train.epochs`` wins over a ``train.min_steps`` from a lower layer (a preset's "at least
+    N steps" raises only the preset's own epochs): that min_steps is turned off in ``values`` and returned (the
+    run says what it would have done); else 0."""
+
+    def layer_of(key: str) -> int:
+        return max((i for i, layer in enumerate(layers) if key in layer), default=-1)
+
+    epochs_at, min_steps_at = layer_of("train.epochs"), layer_of("train.min_steps")
+    if not 0 <= min_steps_at < epochs_at:
+        return 0
+    unapplied = values["train.min_steps"]
+    values["train.min_steps"] = 0
+    return int(unapplied) if isinstance(unapplied, int | str) and str(unapplied).isdigit() else 0
 
 
 def shipped_loss_values(values: Mapping[str, Any], kind: Any) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 
 from raydist.config.base import ConfigError, Section, describe_errors, dotted_key
@@ -208,6 +208,9 @@ class Config(Section):
     # plugins imported before anything is built, in the driver and in every Ray process of the run
     # (raydist.plugins): .py files, package folders (stored as absolute paths) or module names
     plugins: list[str] = Field(default_factory=list)
+    # a train.min_steps that an explicit train.epochs set above it turned off (load_config: the layer that sets
+    # train.epochs wins over a lower one's min_steps); kept only to say what it would have done
+    _unapplied_min_steps: int = PrivateAttr(0)
 
     @field_validator("plugins", mode="before")
     @classmethod

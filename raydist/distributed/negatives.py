@@ -32,8 +32,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from raydist.config import Config
-
 
 def rows_per_worker(batch_size: int, negative_set_size: int | None, world_size: int) -> int:
     """Rows each worker embeds per step: ``max(batch_size, negative_set_size) / W``.
@@ -78,11 +76,6 @@ class StepPlan:
     def __post_init__(self) -> None:
         rows = rows_per_worker(self.batch_size, self.negative_set_size, self.world)
         object.__setattr__(self, "rows_per_worker", rows)
-
-    @classmethod
-    def from_config(cls, cfg: Config) -> StepPlan:
-        """The plan of a run config (W = ``train.num_workers``, at least 1)."""
-        return cls(cfg.train.batch_size, cfg.loss.negative_set_size, max(cfg.train.num_workers, 1))
 
     @property
     def rows_per_step(self) -> int:

@@ -10,12 +10,12 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from raydist.distributed import StepPlan
 from raydist.experiments.catalog import register_experiment
 from raydist.experiments.figures import finish, panels, save, spread_line
 from raydist.experiments.records import TrialRecord
 from raydist.experiments.spec import IN_PROCESS, Experiment, Setup, Summary, Sweep
 from raydist.experiments.tables import Spread, clearly_above, group_by, markdown_table, spread
+from raydist.train.plan import step_plan
 
 SIZES = (2, 8, 32, 128, 512, 2048)
 QUICK_SIZES = (8, 64)  # one sweep (64 = the quick batch); the grouping is unit-tested
@@ -46,7 +46,7 @@ def sweeps(setup: Setup) -> list[Sweep]:
     Sizes larger than the train split are left out (:func:`run_sizes`)."""
     base = setup.base
     sizes, _ = run_sizes(setup)
-    batch_steps = steps_per_epoch(setup.train_rows, StepPlan.from_config(base).rows_per_step)
+    batch_steps = steps_per_epoch(setup.train_rows, step_plan(base, "pairs").rows_per_step)
     groups = group_by(sizes, lambda n: max(n, base.train.batch_size))
     out = []
     for rows, members in groups.items():

@@ -59,9 +59,7 @@ def score_tiles(row_ids: Tensor, col_ids: Tensor, row_block: int, col_block: int
             )
 
 
-def tile_scores(
-    row_emb: Tensor, col_emb: Tensor, tile: ScoreTile, similarity: str | Similarity
-) -> Tensor:
+def tile_scores(row_emb: Tensor, col_emb: Tensor, tile: ScoreTile, similarity: str | Similarity) -> Tensor:
     """``s(row_emb[rows], col_emb[cols])`` with −inf at the tile's same-id entries."""
     scores = pairwise_similarity(row_emb[tile.rows], col_emb[tile.cols], similarity)
     scores[tile.same_rows, tile.same_cols] = -torch.inf

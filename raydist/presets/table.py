@@ -11,7 +11,7 @@ from raydist.config import ConfigError, load_config, preset_names
 from raydist.data import RaydistDataError
 from raydist.tasks import DataInfo
 from raydist.tasks.images import image_config_problems
-from raydist.train.trainer import resolve_schedule
+from raydist.train.plan import resolve_schedule
 
 TIME_TAG = "# time:"  # a preset file's measured run time, one comment line
 
@@ -29,14 +29,17 @@ def preset_header(name: str) -> tuple[str, str]:
 def schedule_of(name: str, data_dir: Path) -> str:
     """``3 epochs × 64 steps = 192 steps, batch 32, 2 workers`` on ``data_dir``, or why it does not apply."""
     try:
-        cfg, _ = resolve_schedule(load_config(name, overrides={"data.path": str(data_dir)}), data_dir)
+        info = DataInfo.from_dataset(data_dir)
+        cfg, _ = resolve_schedule(load_config(name, overrides={"data.path": str(data_dir)}), info)
     except (ConfigError, RaydistDataError, ValueError) as e:
         return f"not for this dataset ({str(e).splitlines()[0][:90]})"
-    problems = image_config_problems(cfg, DataInfo.from_dataset(data_dir))
+    problems = image_config_problems(cfg, info)
     if problems:
         return "not for this dataset: " + problems[0].replace(str(data_dir), "the dataset")[:110]
     t = cfg.train
-    note = resolve_schedule(cfg, data_dir)[1].split(";")[0].removeprefix("schedule: ")
+    note = (
+        resolve_schedule(cfg, info)[1].split(";")[0].removeprefix("schedule: ")
+    )  # as the resolved run reads
     workers = "in process" if t.num_workers == 0 else f"{t.num_workers} workers"
     return f"{note}, batch {t.batch_size}, {workers}"
 

@@ -14,10 +14,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from raydist.config import Config, epoch_steps, failure_retries
+from raydist.config import Config, epoch_steps, failure_retries, set_keys
 from raydist.data import check_split_size, ensure_default_dataset, validate_dataset
 from raydist.data.remote import data_location, local_dataset
 from raydist.distributed import StepPlan
+from raydist.losses import LossKind, get_loss
 from raydist.tasks import DataInfo, Task, build_task, check_task_config, get_task, task_names
 from raydist.tasks.images import augmentation, check_image_config
 from raydist.train.gradient_caching import check_grad_cache
@@ -56,7 +57,7 @@ class RunPlan:
     def step_plan(self, world: int = 1) -> StepPlan:
         """The rows each of ``world`` workers embeds per step and the negative-set draws
         (:class:`raydist.distributed.StepPlan`)."""
-        return step_plan(self.cfg, world)
+        return step_plan(self.cfg, self.info.task, world)
 
     def trial(self, cfg: Config) -> RunPlan:
         """The plan of another config on the same, already checked data (a Tune trial): its schedule resolved
@@ -64,9 +65,19 @@ class RunPlan:
         return plan_for(cfg, self.info)
 
 
-def step_plan(cfg: Config, world: int = 1) -> StepPlan:
-    """The step plan of ``cfg`` with ``world`` workers: the global batch and the loss's negative-set size."""
-    return StepPlan(cfg.train.batch_size, cfg.loss.negative_set_size, world)
+def loss_kind(cfg: Config, task: str) -> type[LossKind] | None:
+    """The loss kind class ``cfg`` trains task ``task`` with (``auto``: the task's default); None for a task
+    that computes its own loss."""
+    name = get_task(task).loss_kind(cfg)
+    return None if name == "auto" else get_loss(name)
+
+
+def step_plan(cfg: Config, task: str, world: int | None = None) -> StepPlan:
+    """The step plan of ``cfg`` on task ``task`` with ``world`` workers (default ``train.num_workers``, at least
+    1): the global batch and the loss kind's negative-set size. The one place a StepPlan is made from a config."""
+    kind = loss_kind(cfg, task)
+    world = max(cfg.train.num_workers, 1) if world is None else world
+    return StepPlan(cfg.train.batch_size, kind.negative_set_size(cfg) if kind else None, world)
 
 
 def resolve_data_dir(cfg: Config) -> Path:
@@ -99,7 +110,7 @@ def check_run(cfg: Config, info: DataInfo, configs: Iterable[Config] = ()) -> No
     for c in (cfg, *configs):
         check_image_config(c, info)
         check_grad_cache(c, info)  # train.grad_cache_chunk: no BatchNorm in the image encoder
-    rows = max(step_plan(c).rows_per_step for c in (cfg, *configs))
+    rows = max(step_plan(c, info.task).rows_per_step for c in (cfg, *configs))
     check_split_size(info.data_dir, "train", rows, manifest=info.manifest)
 
 
@@ -121,21 +132,22 @@ def plan_for(cfg: Config, info: DataInfo) -> RunPlan:
 
 def resolve_schedule(cfg: Config, info: DataInfo) -> tuple[Config, str]:
     """Epochs from steps: ``train.epochs`` is raised until the run has ``train.min_steps`` optimizer steps
-    and ``loss.warmup_sh_epochs`` until SH runs ``loss.warmup_sh_steps`` steps (small datasets have few
-    steps per epoch; only for a task that has an SH warm-up). When the epochs are raised,
+    (small datasets have few steps per epoch), and the loss kind sets what it schedules by steps
+    (:meth:`raydist.losses.LossKind.schedule`: the ranking loss's SH warm-up). When the epochs are raised,
     ``train.lr_decay_epoch`` and ``train.freeze_backbone_epochs`` are scaled by the same factor, so the LR
-    still drops, and the backbone is still released, at the same fraction of the run. A null
-    ``train.early_stop_patience`` becomes the task's default (``Task.early_stop_patience``); ``data.crop`` /
-    ``data.flip`` ``auto`` are decided for encoded images. Returns the config to run and a one-line
-    description of the schedule. ``info`` must come from the dataset (it holds the manifest)."""
-    task = get_task(info.task)
+    still drops, and the backbone is still released, at the same fraction of the run. An explicit
+    ``train.epochs`` that turned a preset's ``train.min_steps`` off (:func:`raydist.config.load_config`) is kept,
+    and the line says what min_steps would have made of it. A null ``train.early_stop_patience`` becomes the
+    task's default (``Task.early_stop_patience``); ``data.crop`` / ``data.flip`` ``auto`` are decided for encoded
+    images. Returns the config to run and a one-line description of the schedule. ``info`` must come from the
+    dataset (it holds the manifest)."""
+    task, kind = get_task(info.task), loss_kind(cfg, info.task)
     rows = info.manifest.splits["train"].rows * cfg.data.train_fraction
-    full = max(int(rows) // step_plan(cfg).rows_per_step, 1)
-    t, lo = cfg.train, cfg.loss
+    full = max(int(rows) // step_plan(cfg, info.task).rows_per_step, 1)
+    t = cfg.train
     steps = epoch_steps(t, full)
     epochs = max(t.epochs, math.ceil(t.min_steps / steps))
-    has_warmup = lo.hardest and task.reads("loss.warmup_sh_epochs", task.loss_kind(cfg))
-    warmup = max(lo.warmup_sh_epochs, math.ceil(lo.warmup_sh_steps / steps)) if has_warmup else 0
+    loss_values, loss_notes = kind.schedule(cfg, steps) if kind else ({}, [])
     patience = task.early_stop_patience(cfg)
 
     def scaled(n: int) -> int:  # an epoch count at the same fraction of the raised run (0 stays 0)
@@ -152,12 +164,13 @@ def resolve_schedule(cfg: Config, info: DataInfo) -> tuple[Config, str]:
         if freeze != t.freeze_backbone_epochs:
             note += f"; backbone frozen {freeze} epochs, scaled from train.freeze_backbone_epochs={t.freeze_backbone_epochs}"
         note += ")"
-    if warmup:
-        note += f"; SH warm-up {warmup} epochs" + (
-            f" (raised for loss.warmup_sh_steps={lo.warmup_sh_steps})"
-            if warmup != lo.warmup_sh_epochs
-            else ""
+    unapplied = cfg._unapplied_min_steps
+    if unapplied and (would := math.ceil(unapplied / steps)) > t.epochs:
+        note += (
+            f" (train.epochs={t.epochs} as set; the preset's train.min_steps={unapplied} would have raised it to "
+            f"{would} epochs)"
         )
+    note += "".join(f"; {n}" for n in loss_notes)
     if t.num_workers and t.min_workers is not None and (retries := failure_retries(t)):
         note += (
             f"; elastic: up to {retries} restarts from the last checkpoint after a lost worker "
@@ -168,11 +181,16 @@ def resolve_schedule(cfg: Config, info: DataInfo) -> tuple[Config, str]:
             f"; early stop after {patience} epochs without a better val metric (data.label_noise="
             f"{cfg.data.label_noise}; train.early_stop_patience=0 turns it off)"
         )
-    resolved = cfg.model_copy(deep=True)
-    resolved.train.epochs, resolved.loss.warmup_sh_epochs = epochs, max(warmup, lo.warmup_sh_epochs)
-    resolved.train.lr_decay_epoch, resolved.train.early_stop_patience = decay, patience
-    resolved.train.freeze_backbone_epochs = freeze
+    resolved = set_keys(
+        cfg,
+        {
+            **loss_values,
+            "train.epochs": epochs,
+            "train.lr_decay_epoch": decay,
+            "train.early_stop_patience": patience,
+            "train.freeze_backbone_epochs": freeze,
+        },
+    )
     if info.encoded:  # data.crop/flip=auto decided once, here, so workers and checkpoints hold the choice
-        for key, value in augmentation(cfg, info).overrides().items():
-            setattr(resolved.data, key.split(".")[1], value)
+        resolved = set_keys(resolved, augmentation(cfg, info).overrides())
     return resolved, note

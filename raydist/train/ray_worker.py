@@ -119,7 +119,7 @@ def train_loop_per_worker(loop_config: dict[str, Any]) -> dict[str, Any] | None:
     workers_started = time.time()
     cfg = from_saved(loop_config["cfg"])
     task = build_task(cfg, DataInfo.from_dataset(local_dataset(loop_config["data_dir"])))  # this node's copy
-    plan = step_plan(cfg, ray.train.get_context().get_world_size())
+    plan = step_plan(cfg, task.info.task, ray.train.get_context().get_world_size())
     runtime = RayRuntime(cfg, task, plan, loop_config["source"], loop_config.get("epoch_boards"))
     data_ready = time.time()
     hooks = build_hooks(cfg, task, runtime, loop_config.get("run_dir"), loop_config.get("stop_file"))

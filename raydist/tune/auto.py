@@ -216,7 +216,7 @@ def probe_seconds(cfg: Config, task: Task, arrays: Mapping[str, Any], threads: i
     from raydist.train.loop import StepContext, Trainables, train_step
 
     device = torch.device("cuda" if cfg.train.use_gpu and torch.cuda.is_available() else "cpu")
-    plan = step_plan(cfg)
+    plan = step_plan(cfg, task.info.task)
     batches = InMemoryBatches(
         dict(arrays),
         rows=plan.rows_per_worker,
@@ -289,7 +289,7 @@ def auto_search(
     probe_cfg = trial_config(trial_base(full, 1, threads), defaults)
     task = build_task(probe_cfg, info)
     shared = SharedSplit.read(probe_cfg, task)
-    steps_per_epoch = len(next(iter(shared.arrays.values()))) // step_plan(probe_cfg).rows_per_step
+    steps_per_epoch = len(next(iter(shared.arrays.values()))) // step_plan(probe_cfg, info.task).rows_per_step
     step_s, eval_s = probe_seconds(probe_cfg, task, shared.arrays, threads)
     if (
         not fits_in_memory(data_dir, "train", cfg.data.in_memory_max_mb, manifest=info.manifest)
