@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from raydist.config import Config, chosen_preset, load_config
-from raydist.data import dataset_task, load_manifest
+from raydist.data import RaydistDataError, dataset_task, load_manifest
+from raydist.data.manifest import Manifest
 from raydist.data.remote import data_location, local_dataset
 from raydist.data.shape import dataset_shape
 from raydist.models.image_encoders import import_problem
@@ -34,18 +35,25 @@ def data_task(data: str | Path) -> str | None:
 
 
 def data_preset(
-    data: str | Path | None, preset: str | None, preset_file: str | Path | None
+    data: str | Path | None,
+    preset: str | None,
+    preset_file: str | Path | None,
+    *,
+    manifest: Manifest | None = None,
 ) -> tuple[str | None, str]:
     """The shipped preset a run starts from and the line saying why ("" when it was named or is the default
     without data): the one named; none for a preset file alone; with ``data`` and neither, the one the dataset's
-    shape picks (:func:`raydist.presets.preset_for_data`); else the default."""
+    shape picks (:func:`raydist.presets.preset_for_data`); else the default. ``manifest``: the dataset's, when
+    read already."""
     if preset or preset_file or not data:
         return chosen_preset(preset, preset_file), ""
-    choice = preset_for_data(dataset_shape(local_dataset(data)))
+    choice = preset_for_data(dataset_shape(local_dataset(data), manifest=manifest))
     return choice.name, choice.line()
 
 
-def image_rules(cfg: Config, overrides: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+def image_rules(
+    cfg: Config, overrides: Mapping[str, Any], *, manifest: Manifest | None = None
+) -> tuple[dict[str, Any], str]:
     """The keys an encoded-images dataset adds to ``cfg`` and their line ("" when none):
 
     - no image encoder named (``linear``, which takes vectors): the one
@@ -54,11 +62,12 @@ def image_rules(cfg: Config, overrides: Mapping[str, Any]) -> tuple[dict[str, An
       :data:`raydist.presets.FROM_SCRATCH_MIN_STEPS` optimizer steps, unless the preset's own floor is as high,
       and on a small set early stopping on the val metric (unless the preset sets a patience).
 
-    Keys in ``overrides`` (the command line) stay the user's."""
+    Keys in ``overrides`` (the command line) stay the user's, and an explicit ``train.epochs`` there gets no
+    step floor. ``manifest``: the dataset's, when read already."""
     data = cfg.data.path
     if not data:
         return {}, ""
-    manifest = load_manifest(local_dataset(data))
+    manifest = manifest or load_manifest(local_dataset(data))
     if manifest.image_format != "encoded":
         return {}, ""
     named = cfg.model.image_encoder != "linear"
@@ -75,11 +84,22 @@ def image_rules(cfg: Config, overrides: Mapping[str, Any]) -> tuple[dict[str, An
     picked = {k: v for k, v in choice.overrides.items() if k not in overrides}
     if cfg.train.early_stop_patience is not None:  # the preset's or preset file's own
         picked.pop("train.early_stop_patience", None)
-    if picked.get("train.min_steps", 0) <= cfg.train.min_steps:  # the preset's own floor is already as high
-        picked.pop("train.min_steps", None)
+    if picked.get("train.min_steps", 0) <= cfg.train.min_steps or "train.epochs" in overrides:
+        picked.pop("train.min_steps", None)  # the preset's own floor is as high, or the user set the epochs
     if not picked:
         return {}, ""
     return picked, dataclasses.replace(choice, overrides=picked).line()
+
+
+def _readable_manifest(data: str | Path | None) -> Manifest | None:
+    """The manifest of the dataset ``data`` names, or None without data or a readable one (the run's full
+    check of the dataset says later what is wrong)."""
+    if not data:
+        return None
+    try:
+        return load_manifest(local_dataset(data))
+    except (RaydistDataError, OSError, ValueError):
+        return None
 
 
 def run_recipe(
@@ -95,13 +115,17 @@ def run_recipe(
     overrides = dict(overrides or {})
     if data and "data.path" not in overrides:
         overrides["data.path"] = data_location(data)
-    name, preset_line = data_preset(data, preset, preset_file)
+    manifest = _readable_manifest(data)  # read once for the choices below
+    task_of = data_task if manifest is None else (lambda _: manifest.task)
+    name, preset_line = data_preset(data, preset, preset_file, manifest=manifest)
     lines = [preset_line] if preset_line else []
-    cfg = load_config(preset=name, preset_file=preset_file, overrides=overrides, task_of=data_task)
-    picked, line = image_rules(cfg, overrides)
+    cfg = load_config(preset=name, preset_file=preset_file, overrides=overrides, task_of=task_of)
+    picked, line = image_rules(
+        cfg, overrides, manifest=manifest if cfg.data.path == overrides.get("data.path") else None
+    )
     if picked:
         cfg = load_config(
-            preset=name, preset_file=preset_file, overrides={**picked, **overrides}, task_of=data_task
+            preset=name, preset_file=preset_file, overrides={**picked, **overrides}, task_of=task_of
         )
         lines.append(line)
     return RunRecipe(cfg, name, lines)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from raydist.data.manifest import load_manifest
+from raydist.data.manifest import Manifest, manifest_or_load
 from raydist.data.schema import CAPTION, CAPTIONS, IMAGE_ID
 from raydist.data.vocab import tokenize
 from raydist.data.webdataset import read_shard, shard_columns
@@ -23,12 +23,13 @@ def shared_caption_images(image_ids: list[int], captions: list[list[str]]) -> in
     return len({i for ids in owners.values() if len(ids) > 1 for i in ids})
 
 
-def dataset_shape(dataset_dir: str | Path) -> DataShape:
+def dataset_shape(dataset_dir: str | Path, *, manifest: Manifest | None = None) -> DataShape:
     """The task and train-split shape of a dataset folder (its manifest is checked; shards are not verified).
     The captions of a set of ``SMALL_MAX_IMAGES`` train images or more are not read (the rule decides on its
-    size alone): ``train_captions`` is then the row count and ``shared_caption_images`` None."""
+    size alone): ``train_captions`` is then the row count and ``shared_caption_images`` None. ``manifest``: the
+    folder's, when read already."""
     root = Path(dataset_dir).expanduser()
-    manifest = load_manifest(root)
+    manifest = manifest_or_load(root, manifest)
     train = manifest.splits["train"]
     if train.images >= SMALL_MAX_IMAGES:
         return DataShape(
