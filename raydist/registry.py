@@ -16,6 +16,7 @@ import difflib
 import importlib
 import importlib.util
 import pkgutil
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, overload
@@ -66,9 +67,13 @@ class Registry(Generic[T]):
         if not self._discovered:
             self._discovered = True  # set first: a module being imported may read the registry
             spec = importlib.util.find_spec(self.package)
-            if spec is None or spec.submodule_search_locations is None:
+            imported = sys.modules.get(self.package)  # an imported package's __path__ (it may be extended)
+            paths = (
+                getattr(imported, "__path__", None) if imported else spec and spec.submodule_search_locations
+            )
+            if spec is None or paths is None:
                 raise RegistryError(f"{self.kind} registry: {self.package!r} is not a package")
-            for module in sorted(pkgutil.iter_modules(spec.submodule_search_locations), key=lambda m: m.name):
+            for module in sorted(pkgutil.iter_modules(paths), key=lambda m: m.name):
                 if module.name.startswith("_"):
                     continue
                 name = f"{self.package}.{module.name}"

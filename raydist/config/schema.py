@@ -128,7 +128,7 @@ class TrainSection(Section):
         0, ge=0
     )  # backbone frozen for the first N epochs, then trained (fine-tuning)
     grad_clip: float = Field(2.0, ge=0)  # max grad norm; 0 disables
-    # gradient caching (raydist.train.grad_cache): the encoders embed each worker's batch without a graph, the
+    # gradient caching (raydist.train.gradient_caching): the encoders embed each worker's batch without a graph, the
     # loss (cross-worker negatives, miners, nesting) gives the gradients of the embeddings, then the encoders
     # re-run N rows at a time with those gradients: exact gradients, activation memory of N rows (0 = off)
     grad_cache_chunk: int = Field(0, ge=0)

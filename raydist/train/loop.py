@@ -374,7 +374,7 @@ def train_step(
         return task.loss(encoded, gathered, negative_set, ctx, stats)
 
     optimizer.zero_grad(set_to_none=True)
-    # gradient caching: the encoders run twice, chunk rows at a time (raydist/train/grad_cache.py)
+    # gradient caching: the encoders run twice, chunk rows at a time (raydist/train/gradient_caching.py)
     if chunk := cfg.train.grad_cache_chunk:
         check_model(model, hooks, chunk)
         loss = cached_step_backward(

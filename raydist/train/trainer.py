@@ -348,7 +348,7 @@ def named_run_decision(cfg: Config, *, force: bool = False) -> tuple[str, Existi
 
 def _continue_or_start_named_run(cfg: Config, data_dir: Path, *, force: bool) -> None:
     """Act on :func:`named_run_decision`: say which run continues (after the data-fit check of
-    :func:`raydist.inference.resume_checkpoint`), or remove the folder of a run ``force`` starts over."""
+    :func:`raydist.retrieval.trained.resume_checkpoint`), or remove the folder of a run ``force`` starts over."""
     from raydist.retrieval.trained import resume_checkpoint
 
     action, run = named_run_decision(cfg, force=force)
@@ -479,7 +479,7 @@ def train_in_process(
 
 def _finish(outcome: TrainOutcome, plan: RunPlan, evaluate_test: bool) -> TrainOutcome:
     """Evaluate the best checkpoint on the test split; write ``history.json``, ``best_checkpoint.json``
-    (:func:`raydist.inference.record_best_checkpoint`) and the plots (raydist.plots.plot_run) into a local
+    (:func:`raydist.checkpoint.record_best_checkpoint`) and the plots (raydist.plots.plot_run) into a local
     run folder."""
     from raydist.checkpoint import record_best_checkpoint
     from raydist.plots import plot_run

@@ -6,9 +6,6 @@ one loss-kind registry, :data:`raydist.config.LOSS_KINDS`), so a new shipped los
 maths where it computes (:mod:`raydist.losses.cross_worker_ranking`, :mod:`raydist.losses.cross_worker_metric`).
 """
 
-import importlib
-import pkgutil
-
 # first the config: its registry imports this package's modules, which register into it
 from raydist.config import LOSS_KINDS
 from raydist.losses.kinds.base import (
@@ -46,18 +43,8 @@ __all__ = [
     "RankingOptions",
     "TripletLoss",
     "TripletOptions",
-    "discover_loss_modules",
     "get_loss",
     "head_cross_entropy",
     "register_loss",
     "task_losses",
 ]
-
-
-def discover_loss_modules() -> list[str]:
-    """Import every module of this package (each registers its loss kinds); return the loss kinds registered
-    (a plugin's too, once it is loaded)."""
-    for module in pkgutil.iter_modules(__path__):
-        if not module.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{module.name}")
-    return LOSSES.names()
