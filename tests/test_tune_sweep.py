@@ -78,7 +78,7 @@ def test_trials_schedule_by_steps_like_train(tiny_dataset):
     for batch, epochs in expected.items():
         assert trial_epochs(cfg, {"train.batch_size": batch}, DataInfo.from_dataset(tiny_dataset)) == epochs
     assert trial_epochs(cfg, {"train.batch_size": 64}, None) == cfg.train.epochs
-    assert _scheduler(space, cfg, Path(tiny_dataset))._max_t == expected[64]
+    assert _scheduler(space, cfg, DataInfo.from_dataset(tiny_dataset))._max_t == expected[64]
 
 
 @pytest.mark.slow
