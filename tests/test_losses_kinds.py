@@ -206,7 +206,7 @@ def test_unknown_kind_and_another_kinds_option_are_refused(supcon) -> None:
         (
             {"loss.kind": "supcon"},
             pairs,
-            "loss.kind=supcon: the pairs task trains loss.kind auto, ranking; supcon is for the labels task",
+            "loss.kind=supcon: the pairs task trains loss.kind auto, ranking, infonce, siglip; supcon is for the labels task",
         ),
     ]
     for overrides, info, line in cases:
@@ -234,57 +234,59 @@ def test_registration_is_refused_for_clashing_names_and_options_and_undone_by_un
     register_loss(SupCon)  # back for the fixture's teardown
 
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "infonce_loss.py"
+EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "dcl_loss.py"
 
 
 @pytest.fixture
-def infonce() -> Iterator[type[LossKind]]:
+def dcl() -> Iterator[type[LossKind]]:
     """The pairs loss of docs/metric-learning.md ("Adding a loss"), imported from its file as a plugin is."""
-    spec = importlib.util.spec_from_file_location("raydist_docs_infonce_loss", EXAMPLE)
+    spec = importlib.util.spec_from_file_location("raydist_docs_dcl_loss", EXAMPLE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    yield module.InfoNCE
-    LOSSES.unregister("infonce")
+    yield module.DecoupledContrastive
+    LOSSES.unregister("dcl")
 
 
-def infonce_loops(img: Tensor, cap: Tensor, image_ids: list[int], tau: float) -> Tensor:
-    """CLIP's symmetric InfoNCE by loops, captions of a row's image other than its own left out."""
+def dcl_loops(img: Tensor, cap: Tensor, image_ids: list[int], tau: float) -> Tensor:
+    """The decoupled contrastive loss by loops: each row's negatives are the rows of other images."""
     n, total = len(image_ids), 0.0
     for i in range(n):
-        keys = [j for j in range(n) if j == i or image_ids[j] != image_ids[i]]
+        negatives = [j for j in range(n) if image_ids[j] != image_ids[i]]
         for q, k in ((img, cap), (cap, img)):
-            total = total - q[i] @ k[i] / tau + torch.log(sum(torch.exp(q[i] @ k[j] / tau) for j in keys))
+            total = (
+                total - q[i] @ k[i] / tau + torch.log(sum(torch.exp(q[i] @ k[j] / tau) for j in negatives))
+            )
     return total / (2 * n)
 
 
-def test_the_docs_example_loss_is_one_file_and_matches_the_loops(infonce, tiny_dataset, tmp_path) -> None:
+def test_the_docs_example_loss_is_one_file_and_matches_the_loops(dcl, tiny_dataset, tmp_path) -> None:
     image_ids = [0, 0, 1, 2, 2, 2, 3, 4]  # rows sharing an image: not each other's negatives
     gen = torch.Generator().manual_seed(5)
     img, cap = (torch.randn(8, 4, dtype=torch.float64, generator=gen, requires_grad=True) for _ in range(2))
     rows, ids = torch.arange(8), torch.tensor(image_ids)
-    cfg = apply_overrides(Config(), {"loss.kind": "infonce", "loss.temperature": "0.2"})
+    cfg = apply_overrides(Config(), {"loss.kind": "dcl", "loss.temperature": "0.2"})
     batch = gather_step({"img": img, "cap": cap}, {"image_id": ids, "sample_id": rows})
     stats: dict[str, float] = {}
-    got = infonce(cfg).loss(LossInputs(batch, NegativeSet(rows, None), {}, 0, 0, stats))
-    want = infonce_loops(img, cap, image_ids, 0.2)
+    got = dcl(cfg).loss(LossInputs(batch, NegativeSet(rows, None), {}, 0, 0, stats))
+    want = dcl_loops(img, cap, image_ids, 0.2)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
     for g, w in zip(
         torch.autograd.grad(got, (img, cap)), torch.autograd.grad(want, (img, cap)), strict=False
     ):
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-13)
-    assert set(stats) == {"infonce/positive_sim"}
+    assert set(stats) == {"dcl/positive_sim"}
     with pytest.raises(ConfigError, match="loss.temperature=0.5: the labels task does not use it"):
         check_task_config(apply_overrides(cfg, {"loss.temperature": 0.5}), DataInfo("labels", 4, 3))
     # the file as a plugin of an in-process run on image-caption data: trains, and says what it trained
     out = tmp_path / "run.json"
     args = ["train", "--data", str(tiny_dataset), "--preset", "tiny", "--storage", str(tmp_path), "--json"]
-    overrides = ["train.num_workers=0", "train.epochs=1", "train.epoch_steps=2", "loss.kind=infonce"]
+    overrides = ["train.num_workers=0", "train.epochs=1", "train.epoch_steps=2", "loss.kind=dcl"]
     assert main([*args, str(out), *overrides, "loss.temperature=0.05"]) == 0
     (epoch,) = json.loads(out.read_text())["history"]
-    assert epoch["phase"] is None and 0 < epoch["train/infonce/positive_sim"] <= 1  # no MH/SH: its own stats
+    assert epoch["phase"] is None and 0 < epoch["train/dcl/positive_sim"] <= 1  # no MH/SH: its own stats
     # the tiny preset's SH warm-up (a ranking option) does not reach it; with the ranking loss it does
     tiny = {"data.path": str(tiny_dataset)}
-    assert load_config("tiny", overrides={**tiny, "loss.kind": "infonce"}).loss.warmup_sh_epochs == 0
+    assert load_config("tiny", overrides={**tiny, "loss.kind": "dcl"}).loss.warmup_sh_epochs == 0
     assert load_config("tiny", overrides=tiny).loss.warmup_sh_epochs == 1
 
 

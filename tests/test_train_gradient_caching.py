@@ -8,7 +8,7 @@ workers by hand. With one chunk of the whole batch that is exactly the uncached 
 too (``train_step`` with ``grad_cache_chunk=0``). 2 gloo processes, float64, 7 rows per worker (chunks of 3
 leave a ragged last chunk), cross-worker MH negatives with an image id shared across the workers; cases: a
 small CNN with random augmentation inside the model, the GRU (inter-layer dropout) and the transformer
-(dropout) text encoders, and the labels task's triplet (Matryoshka nesting, random semi-hard miner) and margin
+(dropout) text encoders, SigLIP (Matryoshka nesting, learnable scale and bias), and the labels task's triplet (Matryoshka nesting, random semi-hard miner) and margin
 (learnable per-class β, distance-weighted miner) losses. End to end: two seeded 2-worker Ray runs on PNG images,
 chunk 16 vs off, log the same per-step losses."""
 
@@ -61,6 +61,7 @@ CASES = {
             "model.text_dropout": 0.3,
         },
     ),
+    "siglip-nested": ("pairs", {"loss.kind": "siglip", "model.nesting": [2, 4], "loss.bias_init": -1.0}),
     "labels-triplet-nested": (
         "labels",
         {
@@ -287,7 +288,7 @@ def test_cached_gradients_equal_uncached_over_two_gloo_workers(tmp_path):
         assert_same(ranks[1][case]["cached3"], ranks[0][case]["cached3"], f"{case}: rank 1 vs rank 0")
 
 
-@pytest.mark.parametrize("case", ["transformer-dropout", "labels-margin-beta"])
+@pytest.mark.parametrize("case", ["transformer-dropout", "labels-margin-beta", "siglip-nested"])
 def test_one_process_cached_gradients_equal_the_reference(tmp_path, case):
     cfg, task = make_task(case, tmp_path)
     cfg.train.batch_size = ROWS
