@@ -26,6 +26,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--folds", type=int, default=None, help="5 = COCO 1K protocol (default: checkpoint config)"
     )
+    p.add_argument(
+        "--num-workers",
+        type=int,
+        default=1,
+        help="processes that embed the split together, each a share of its batches (the metrics are the same)",
+    )
     p.add_argument("--json", help="write the metrics to this JSON file")
 
 
@@ -35,7 +41,9 @@ def run(args: argparse.Namespace) -> int:
     from raydist.retrieval.trained import choose_trained, evaluate_checkpoint
 
     chosen = choose_trained(args.checkpoint, latest=args.latest)
-    metrics = evaluate_checkpoint(chosen.path, args.data, args.split, folds=args.folds)
+    metrics = evaluate_checkpoint(
+        chosen.path, args.data, args.split, folds=args.folds, workers=args.num_workers
+    )
     say(f"{args.split} split, checkpoint {chosen}" + (f", {args.folds} folds" if args.folds else ""))
     say(format_metrics(metrics))
     if args.json:

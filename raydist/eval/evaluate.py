@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from raydist.data.tokenizer import CaptionTokenizer
+from raydist.distributed.shards import map_batches
 from raydist.eval.metrics import retrieval_metrics
 from raydist.losses.similarity import l2_normalize
 
@@ -57,13 +58,14 @@ def embed_split(
 def embed_images(
     model: nn.Module, features: np.ndarray, *, batch_size: int = 512, device: torch.device | str = "cpu"
 ) -> torch.Tensor:
-    """``model.image`` of feature rows [N, D] in eval mode, in batches: [N, embed_dim] on the CPU."""
+    """``model.image`` of feature rows [N, D] in eval mode, in batches (shared out over the ranks inside
+    :func:`raydist.distributed.shards.sharded_batches`): [N, embed_dim] on the CPU."""
     was_training = model.training
     model.eval()
     feats = torch.as_tensor(np.asarray(features), dtype=torch.float32)
-    out = [model.image(feats[s : s + batch_size].to(device)).cpu() for s in range(0, len(feats), batch_size)]
+    out = map_batches(lambda s, e: model.image(feats[s:e].to(device)).cpu(), len(feats), batch_size)
     model.train(was_training)
-    return torch.cat(out)
+    return out
 
 
 @torch.no_grad()
@@ -77,15 +79,33 @@ def embed_captions(
     device: torch.device | str = "cpu",
 ) -> torch.Tensor:
     """``model.text`` of raw captions in eval mode, tokenised by ``tokenizer.encode_batch`` (the ids the data
-    pipeline's :class:`raydist.data.transforms.CaptionTransform` feeds training), in batches: [N, embed_dim]."""
+    pipeline's :class:`raydist.data.transforms.CaptionTransform` feeds training), in batches (shared out over the
+    ranks inside :func:`raydist.distributed.shards.sharded_batches`): [N, embed_dim]."""
     was_training = model.training
     model.eval()
-    out = []
-    for s in range(0, len(captions), batch_size):
-        tokens, lengths = tokenizer.encode_batch(captions[s : s + batch_size], max_len)
-        out.append(model.text(torch.as_tensor(tokens).to(device), torch.as_tensor(lengths)).cpu())
+
+    def batch(start: int, end: int) -> torch.Tensor:
+        tokens, lengths = tokenizer.encode_batch(captions[start:end], max_len)
+        return model.text(torch.as_tensor(tokens).to(device), torch.as_tensor(lengths)).cpu()
+
+    out = map_batches(batch, len(captions), batch_size)
     model.train(was_training)
-    return torch.cat(out)
+    return out
+
+
+def split_metrics(emb: SplitEmbeddings, *, folds: int = 1, prefix_dim: int | None = None) -> dict[str, float]:
+    """Retrieval metrics of an embedded split (caption-level ones from ``emb.texts``). With ``prefix_dim`` m,
+    also ``min_dim_<key>`` for R@1 and rsum of the re-normalised first m dims."""
+    metrics = retrieval_metrics(emb.images, emb.captions, emb.cap_to_img, folds=folds, captions=emb.texts)
+    if prefix_dim:
+        low = retrieval_metrics(
+            l2_normalize(emb.images[:, :prefix_dim]),
+            l2_normalize(emb.captions[:, :prefix_dim]),
+            emb.cap_to_img,
+            folds=folds,
+        )
+        metrics.update({f"min_dim_{k}": low[k] for k in ("i2t_r1", "t2i_r1", "rsum")})
+    return metrics
 
 
 def evaluate_arrays(
@@ -99,20 +119,10 @@ def evaluate_arrays(
     device: torch.device | str = "cpu",
     prefix_dim: int | None = None,
 ) -> dict[str, float]:
-    """Retrieval metrics of ``model`` on ``(image_ids, sample_ids, features, captions)`` arrays. With
-    ``prefix_dim`` m, also ``min_dim_<key>`` for R@1 and rsum of the re-normalised first m dims (one
-    embedding pass serves both)."""
+    """Retrieval metrics of ``model`` on ``(image_ids, sample_ids, features, captions)`` arrays
+    (:func:`split_metrics` of :func:`embed_split`: one embedding pass serves the full and prefix dims)."""
     image_ids, _, features, captions = arrays
     emb = embed_split(
         model, tokenizer, features, captions, image_ids, max_len=max_len, batch_size=batch_size, device=device
     )
-    metrics = retrieval_metrics(emb.images, emb.captions, emb.cap_to_img, folds=folds, captions=emb.texts)
-    if prefix_dim:
-        low = retrieval_metrics(
-            l2_normalize(emb.images[:, :prefix_dim]),
-            l2_normalize(emb.captions[:, :prefix_dim]),
-            emb.cap_to_img,
-            folds=folds,
-        )
-        metrics.update({f"min_dim_{k}": low[k] for k in ("i2t_r1", "t2i_r1", "rsum")})
-    return metrics
+    return split_metrics(emb, folds=folds, prefix_dim=prefix_dim)

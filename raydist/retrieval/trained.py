@@ -3,12 +3,16 @@ data and the config fit the saved state. Evaluation, retrieval, indexes and resu
 
 from __future__ import annotations
 
+import json
+import os
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from raydist.checkpoint import (
@@ -22,6 +26,7 @@ from raydist.checkpoint import (
 )
 from raydist.config import Config, ConfigError, apply_overrides, validate
 from raydist.data.schema import SPLITS
+from raydist.distributed.spawn import spawn
 from raydist.eval.retrieve import default_dims, retrieval_report
 from raydist.retrieval.index import build_indexes
 from raydist.retrieval.sets import RetrievalSet, concat_sets
@@ -140,11 +145,45 @@ def evaluate_checkpoint(
     *,
     folds: int | None = None,
     data: DataInfo | None = None,
+    workers: int = 1,
 ) -> dict[str, float]:
     """The task's metrics of a checkpoint on ``split`` (:func:`load_trained`; ``data``: the dataset's facts,
-    when read already); ``folds`` overrides ``eval.folds`` (the pairs task's COCO 1K protocol)."""
+    when read already); ``folds`` overrides ``eval.folds`` (the pairs task's COCO 1K protocol). With
+    ``workers`` > 1, that many local processes (a gloo group) each embed a share of the split's batches and
+    the first computes the metrics (:meth:`raydist.tasks.Task.evaluate_on_ranks`): the same values."""
     overrides = {"eval.folds": folds} if folds is not None else None
-    return load_trained(checkpoint, data_dir, overrides=overrides, data=data).evaluate(split)
+    if workers < 1:
+        raise ValueError(f"workers={workers}: expected >= 1")
+    if workers == 1:
+        return load_trained(checkpoint, data_dir, overrides=overrides, data=data).evaluate(split)
+    with tempfile.TemporaryDirectory(prefix="raydist-eval-") as tmp:
+        out = Path(tmp) / "metrics.json"
+        args = (workers, str(Path(tmp) / "rendezvous"), str(checkpoint), data_dir, split, overrides, str(out))
+        spawn(_evaluate_rank, args, nprocs=workers)
+        return json.loads(out.read_text())
+
+
+def _evaluate_rank(
+    rank: int,
+    world: int,
+    rendezvous: str,
+    checkpoint: str,
+    data_dir: str | Path | None,
+    split: str,
+    overrides: dict[str, Any] | None,
+    out: str,
+) -> None:
+    """One process of :func:`evaluate_checkpoint` with workers: its share of the embedding, rank 0 the metrics
+    (written to ``out``)."""
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
+    try:
+        trained = load_trained(checkpoint, data_dir, overrides=overrides)
+        metrics = trained.task.evaluate_on_ranks(trained.model, split, trained.device)
+        if metrics is not None:
+            Path(out).write_text(json.dumps(metrics))
+    finally:
+        dist.destroy_process_group()
 
 
 def check_resume(

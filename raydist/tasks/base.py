@@ -15,7 +15,8 @@ from torch import Tensor, nn
 
 from raydist.config import Config, ConfigError, option_kinds
 from raydist.data.manifest import Manifest, load_manifest
-from raydist.distributed import GatheredBatch, NegativeSet
+from raydist.distributed import GatheredBatch, NegativeSet, global_rank, world_size
+from raydist.distributed.shards import sharded_batches
 from raydist.losses import LossInputs, LossKind, get_loss, nested_rank_loss
 from raydist.losses.kinds import task_losses
 from raydist.retrieval.sets import RetrievalSet
@@ -303,9 +304,40 @@ class Task(ABC):
         inputs = LossInputs(gathered, negative_set, encoded.extras, ctx.epoch, ctx.global_step, stats)
         return self.nested_loss(self.loss_fn.loss, encoded, inputs)
 
-    @abstractmethod
     def evaluate(self, model: nn.Module, split: str, device: torch.device | str = "cpu") -> dict[str, float]:
-        """Metrics of ``model`` on a split of ``info.data_dir`` (clean labels where there are any)."""
+        """Metrics of ``model`` on a split of ``info.data_dir`` (clean labels where there are any):
+        ``eval_metrics(eval_embeddings(model, split))``. A task implements those two halves (its embedding is
+        then shared out over a run's workers: :meth:`evaluate_on_ranks`) or overrides this method alone (then
+        one process evaluates)."""
+        return self.eval_metrics(self.eval_embeddings(model, split, device), split)
+
+    def eval_embeddings(self, model: nn.Module, split: str, device: torch.device | str = "cpu") -> Any:
+        """A split embedded for evaluation, what :meth:`eval_metrics` scores. Its batch loops go through
+        :func:`raydist.distributed.shards.map_batches`, so that each rank can embed a share of them."""
+        raise NotImplementedError(
+            f"task {self.name!r}: implement eval_embeddings and eval_metrics, or evaluate"
+        )
+
+    def eval_metrics(self, embedded: Any, split: str) -> dict[str, float]:
+        """The metrics of a split embedded by :meth:`eval_embeddings`."""
+        raise NotImplementedError(
+            f"task {self.name!r}: implement eval_embeddings and eval_metrics, or evaluate"
+        )
+
+    def evaluate_on_ranks(
+        self, model: nn.Module, split: str, device: torch.device | str = "cpu"
+    ) -> dict[str, float] | None:
+        """:meth:`evaluate` by every rank of the default process group together: each embeds its share of the
+        split's batches (:func:`raydist.distributed.shards.sharded_batches`), one gather per embedding pass
+        gives every rank the whole split, and rank 0 alone computes the metrics -- the values one process
+        computes. Every rank must call it; rank 0 gets the metrics, the others None. Without a process group,
+        or for a task that overrides :meth:`evaluate` alone, rank 0 evaluates alone."""
+        rank = global_rank()
+        if world_size() == 1 or type(self).evaluate is not Task.evaluate:
+            return self.evaluate(model, split, device) if rank == 0 else None
+        with sharded_batches():
+            embedded = self.eval_embeddings(model, split, device)
+        return self.eval_metrics(embedded, split) if rank == 0 else None
 
     def embed(self, model: nn.Module, split: str, device: torch.device | str = "cpu") -> RetrievalSet:
         """A split of ``info.data_dir`` embedded by ``model`` as queries and database with their relevance keys

@@ -16,6 +16,7 @@ from raydist.data.image_transforms import ImageTransform, decode_images
 from raydist.data.mirror import mirror_verdict
 from raydist.data.stream import fits_in_memory
 from raydist.data.transforms import ImageViews
+from raydist.distributed.shards import map_batches
 from raydist.models import image_encoder_names
 from raydist.models.image_encoders import image_encoder_problem
 from raydist.tasks.base import DataInfo
@@ -203,15 +204,15 @@ def check_image_config(cfg: Config, info: DataInfo) -> None:
 def embed_views(
     encoder: nn.Module, views: ImageViews, *, batch_size: int, device: torch.device | str = "cpu"
 ) -> torch.Tensor:
-    """``encoder`` over eval views made ``batch_size`` images at a time, in eval mode: [N, D] on the CPU."""
+    """``encoder`` over eval views made ``batch_size`` images at a time, in eval mode (the batches shared out
+    over the ranks inside :func:`raydist.distributed.shards.sharded_batches`): [N, D] on the CPU."""
     was_training = encoder.training
     encoder.eval()
-    out = [
-        encoder(torch.as_tensor(views[s : s + batch_size]).to(device)).cpu()
-        for s in range(0, len(views), batch_size)
-    ]
+    out = map_batches(
+        lambda s, e: encoder(torch.as_tensor(views[s:e]).to(device)).cpu(), len(views), batch_size
+    )
     encoder.train(was_training)
-    return torch.cat(out)
+    return out
 
 
 def eval_images(cfg: Config, info: DataInfo, split: str, images: np.ndarray) -> np.ndarray:

@@ -20,6 +20,7 @@ from raydist.data.schema import CLEAN_LABEL, IMAGE, LABEL, SAMPLE_ID
 from raydist.data.stream import split_columns
 from raydist.data.transforms import DecodeImages, EpochViews, ImageViews, LabelTransform
 from raydist.distributed import GatheredBatch, NegativeSet
+from raydist.distributed.shards import map_batches
 from raydist.eval.label_metrics import label_metrics, leave_one_out_neighbours
 from raydist.losses import LossInputs
 from raydist.losses.kinds import head_cross_entropy
@@ -152,18 +153,20 @@ class LabelsTask(Task):
         self, model: nn.Module, features: np.ndarray | ImageViews, device: torch.device | str
     ) -> tuple[Tensor, Tensor]:
         """(embeddings [N, d], full-dim logits [N, K]) of feature rows (or eval image views, made a batch at a
-        time), in eval mode and batches, on the CPU."""
+        time), in eval mode and batches (shared out over the ranks inside
+        :func:`raydist.distributed.shards.sharded_batches`), on the CPU."""
         was_training = model.training
         model.eval()
-        bs = self.cfg.eval.batch_size
-        outs = [
-            model(torch.as_tensor(np.asarray(features[s : s + bs]), dtype=torch.float32).to(device))
-            for s in range(0, len(features), bs)
-        ]
+
+        def batch(start: int, end: int) -> tuple[Tensor, Tensor]:
+            emb, logits = model(
+                torch.as_tensor(np.asarray(features[start:end]), dtype=torch.float32).to(device)
+            )
+            # the full-dim logits (the largest nesting dim is last)
+            return emb.cpu(), (logits[-1] if isinstance(logits, list) else logits).cpu()
+
+        emb, logits = map_batches(batch, len(features), self.cfg.eval.batch_size)
         model.train(was_training)
-        emb = torch.cat([e.cpu() for e, _ in outs])
-        # the full-dim logits (the largest nesting dim is last)
-        logits = torch.cat([(lg[-1] if isinstance(lg, list) else lg).cpu() for _, lg in outs])
         return emb, logits
 
     def embed_features(
@@ -178,9 +181,15 @@ class LabelsTask(Task):
         """Decoded images of a model trained on encoded images → their eval views' unit embeddings."""
         return self._forward(model, pixel_views(self.cfg, self.info, pixels), device)[0]
 
-    def evaluate(self, model: nn.Module, split: str, device: torch.device | str = "cpu") -> dict[str, float]:
+    def eval_embeddings(
+        self, model: nn.Module, split: str, device: torch.device | str = "cpu"
+    ) -> tuple[Tensor, Tensor, np.ndarray]:
+        """(embeddings, full-dim logits, clean labels) of a split (:meth:`embed_split`)."""
+        return self.embed_split(model, split, device)
+
+    def eval_metrics(self, embedded: tuple[Tensor, Tensor, np.ndarray], split: str) -> dict[str, float]:
         """``top1`` (% of the head's argmax equal to the clean label) and the embedding metrics."""
-        emb, logits, labels = self.embed_split(model, split, device)
+        emb, logits, labels = embedded
         top1 = 100.0 * float((logits.argmax(1).numpy() == labels).mean())
         metrics = label_metrics(emb.numpy(), labels, ks=tuple(self.cfg.eval.recall_at))
         low = smallest_prefix(self.cfg)

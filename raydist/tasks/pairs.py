@@ -28,11 +28,9 @@ from raydist.eval.evaluate import (
     embed_captions,
     embed_images,
     embed_split,
-    evaluate_arrays,
     image_rows,
+    split_metrics,
 )
-from raydist.eval.metrics import retrieval_metrics
-from raydist.losses import l2_normalize
 from raydist.models import build_model
 from raydist.models.wrapped import unwrap_model
 from raydist.retrieval.sets import RetrievalSet
@@ -124,35 +122,30 @@ class PairsTask(Task):
         hardest = getattr(self.loss_fn, "hardest", None)
         return bool(hardest and hardest(epoch))
 
-    def evaluate(self, model: nn.Module, split: str, device: torch.device | str = "cpu") -> dict[str, float]:
-        """VSE++ retrieval metrics (R@1/5/10, medr, meanr, rsum); ``eval.folds`` except on val. Encoded
-        images: every caption of every image is a query, each image once in the database."""
-        folds = 1 if split == "val" else self.cfg.eval.folds
+    def eval_embeddings(
+        self, model: nn.Module, split: str, device: torch.device | str = "cpu"
+    ) -> SplitEmbeddings:
+        """Each image of the split embedded once (first-appearance order) and every caption; encoded images:
+        every caption of every image, each image's eval view."""
         if self.info.encoded:
-            emb = self.encoded_embeddings(model, split, device)[0]
-            metrics = retrieval_metrics(
-                emb.images, emb.captions, emb.cap_to_img, folds=folds, captions=emb.texts
-            )
-            low = smallest_prefix(self.cfg)
-            if low:
-                small = retrieval_metrics(
-                    l2_normalize(emb.images[:, :low]),
-                    l2_normalize(emb.captions[:, :low]),
-                    emb.cap_to_img,
-                    folds=folds,
-                )
-                metrics.update({f"min_dim_{k}": small[k] for k in ("i2t_r1", "t2i_r1", "rsum")})
-            return metrics
-        return evaluate_arrays(
+            return self.encoded_embeddings(model, split, device)[0]
+        image_ids, _, features, captions = self._arrays(split)
+        return embed_split(
             model,
             self.tokenizer,
-            self._arrays(split),
+            features,
+            captions,
+            image_ids,
             max_len=self.cfg.data.max_caption_len,
-            folds=1 if split == "val" else self.cfg.eval.folds,
             batch_size=self.cfg.eval.batch_size,
             device=device,
-            prefix_dim=smallest_prefix(self.cfg),
         )
+
+    def eval_metrics(self, embedded: SplitEmbeddings, split: str) -> dict[str, float]:
+        """VSE++ retrieval metrics (R@1/5/10, medr, meanr, rsum); ``eval.folds`` except on val; the smallest
+        Matryoshka prefix's R@1 and rsum as ``min_dim_*``."""
+        folds = 1 if split == "val" else self.cfg.eval.folds
+        return split_metrics(embedded, folds=folds, prefix_dim=smallest_prefix(self.cfg))
 
     def embed(self, model: nn.Module, split: str, device: torch.device | str = "cpu") -> RetrievalSet:
         """Two-way: captions (queries, keyed by their image's row) search the images (database, one row per

@@ -55,17 +55,16 @@ class Hook:
 
 
 class ValidationHook(Hook):
-    """Rank 0 evaluates the model on the val split at the end of each epoch (``val/<metric>`` entries)."""
+    """The model evaluated on the val split at the end of each epoch (``val/<metric>`` entries on rank 0): every
+    rank embeds its share of the split, rank 0 computes the metrics once (:meth:`Task.evaluate_on_ranks`)."""
 
     def __init__(self, task: Task, device: Any = "cpu") -> None:
         self.task, self.device = task, device
 
     def end_of_epoch(self, ctx: StepContext, model: nn.Module, metrics: dict[str, Any]) -> None:
-        if ctx.rank != 0:
-            return
-        metrics.update(
-            {f"val/{k}": v for k, v in self.task.evaluate(unwrap_model(model), "val", self.device).items()}
-        )
+        val = self.task.evaluate_on_ranks(unwrap_model(model), "val", self.device)
+        if val is not None:
+            metrics.update({f"val/{k}": v for k, v in val.items()})
 
 
 @dataclass(frozen=True)
