@@ -16,6 +16,7 @@ import os
 import pickle
 import re
 import shutil
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -221,7 +222,10 @@ def read_pickle_state(path: str | Path, *, mmap: bool = False) -> Any:
     and the conversion command; a truncated or corrupt one a ValueError."""
     path = Path(path)
     try:
-        with torch.serialization.safe_globals(_numpy_globals()):
+        with torch.serialization.safe_globals(_numpy_globals()), warnings.catch_warnings():
+            warnings.simplefilter(
+                "ignore", UserWarning
+            )  # torch's note on the pickle protocol: ours is the line
             return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
         if "weights only load failed" not in str(e).lower():
