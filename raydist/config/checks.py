@@ -14,10 +14,10 @@ from raydist.nesting import check_embedding_dim, check_nesting, check_weights
 def loss_problems(cfg: Config, kind: str | None = None) -> list[str]:
     """The checks of loss kind ``kind`` (default ``loss.kind``) on ``cfg``: its ``LossKind.problems``, one line
     each. ``auto`` (the task's default kind, which a config alone does not know): every registered kind's
-    checks, each of which looks only at its own options."""
+    checks, each of which looks only at its own options (a line several kinds give, once)."""
     kind = cfg.loss.kind if kind is None else kind
     kinds = LOSS_KINDS.in_order() if kind == "auto" else [kind]
-    return [line for name in kinds for line in LOSS_KINDS.get(name).problems(cfg)]
+    return list(dict.fromkeys(line for name in kinds for line in LOSS_KINDS.get(name).problems(cfg)))
 
 
 def validate(cfg: Config) -> None:

@@ -25,7 +25,7 @@ ranks is ``∂L/∂β``. The mean over ranks of the returned values is L. The ×
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import Tensor
@@ -48,14 +48,21 @@ def rank_metric_loss(
     loss_parts: LossParts,
     generator: torch.Generator | None = None,
     observe: Callable[[Tensor, Tensor, Triplets], None] | None = None,
+    memory: Mapping[str, Tensor] | None = None,
 ) -> Tensor:
     """This rank's share of a metric loss on a gathered batch (embeddings ``emb``, labels ``labels``):
     mining over the global batch, the triplets whose anchor this rank owns, the global denominator and ×W
     (module docstring). ``observe(global_emb, global_labels, own_triplets)`` sees the mined triplets
-    (statistics such as the sampler skew)."""
+    (statistics such as the sampler skew). ``memory``: the loss memory's rows (``emb``, ``labels``; no graph),
+    mined after the global batch's rows; anchors stay this step's rows (docs/algorithms.md#loss-memory)."""
     global_emb, global_labels = batch.keys[emb], check_labels(batch.keys[emb], batch.keys[labels])
+    rows = global_emb.shape[0]
+    if memory is not None:
+        global_emb = torch.cat([global_emb, memory[emb]])
+        global_labels = torch.cat([global_labels, memory[labels].to(global_labels)])
     triplets = miner(global_emb.detach(), global_labels, generator=generator)
-    own = batch.key_positions[triplets.anchors] // batch.rows == batch.rank
+    anchors = triplets.anchors.clamp(max=rows - 1)
+    own = (triplets.anchors < rows) & (batch.key_positions[anchors] // batch.rows == batch.rank)
     mine = Triplets(*(index[own] for index in triplets))
     if observe is not None:
         observe(global_emb.detach(), global_labels, mine)

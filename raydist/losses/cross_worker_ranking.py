@@ -21,6 +21,8 @@ its own rank holds (of the common subset, when there is one) — gradients of ``
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from pydantic import BaseModel
 from torch import Tensor
@@ -71,11 +73,14 @@ def rank_ranking_loss(
     similarity: str = "dot",
     tile: int = 4096,
     stats: dict[str, float] | None = None,
+    memory: Mapping[str, Tensor] | None = None,
 ) -> Tensor:
     """This rank's scaled ranking loss on a gathered batch (embeddings ``img``/``cap``, ids ``ids``): its
     queries of ``negative_set`` against the common keys; scaling in the module docstring. ``stats`` gets
     :func:`negative_set_stats` and ``neg/queries``, the queries of all ranks (the global batch this step
-    scored: every rank has as many)."""
+    scored: every rank has as many). ``memory``: the loss memory's rows (``img``, ``cap``, ``ids``; no graph),
+    extra keys of every query in both directions, a row sharing the query's id never its negative; their
+    positions are negative (never a query's own row)."""
     img, cap, own_ids = batch.local["img"], batch.local["cap"], batch.local[ids]
     key_img, key_cap, key_ids, key_pos = (
         batch.keys["img"],
@@ -86,6 +91,10 @@ def rank_ranking_loss(
     if negative_set.key_rows is not None:
         keep = torch.isin(key_pos, negative_set.key_rows.to(key_pos.device))
         key_img, key_cap, key_ids, key_pos = key_img[keep], key_cap[keep], key_ids[keep], key_pos[keep]
+    if memory is not None:
+        key_img, key_cap = torch.cat([key_img, memory["img"]]), torch.cat([key_cap, memory["cap"]])
+        key_ids = torch.cat([key_ids, memory[ids]])
+        key_pos = torch.cat([key_pos, -1 - torch.arange(memory[ids].shape[0], device=key_pos.device)])
     q = negative_set.query_rows.to(img.device)
     if q.numel() != batch.rows:  # a query subset (the negative set is larger than the query batch)
         img, cap, own_ids = img[q], cap[q], own_ids[q]

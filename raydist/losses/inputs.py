@@ -30,7 +30,8 @@ class LossInputs:
     ``sample_id``. ``negative_set``: the step's query rows and key subset (``loss.negative_set_size``).
     ``extras``: the encoder's other outputs for this view (labels: ``logits`` of the head) and the kind's
     learnable parameters (:meth:`raydist.losses.LossKind.extras`). ``stats``: where to put per-step statistics (None on all
-    but the largest prefix). ``view``: the prefix (:class:`raydist.losses.nested.Prefix`).
+    but the largest prefix). ``view``: the prefix (:class:`raydist.losses.nested.Prefix`). ``step_batch``: the
+    gathered batch at full width, of which ``batch`` is the view (what the loss memory stores).
     """
 
     batch: GatheredBatch
@@ -40,6 +41,7 @@ class LossInputs:
     global_step: int
     stats: dict[str, float] | None
     view: Prefix = NO_NESTING
+    step_batch: GatheredBatch | None = None  # the gathered batch at full width (``batch`` is the view's)
 
 
 def world_mean(total: Tensor, count: Tensor | float, batch: GatheredBatch) -> Tensor:
@@ -68,8 +70,8 @@ def nested_rank_loss(
     def at(view: Prefix) -> Tensor:
         extras = {k: view.pick(v) if isinstance(v, list) else v for k, v in inputs.extras.items()}
         stats = inputs.stats if view.largest else None
-        return loss(
-            replace(inputs, batch=inputs.batch.view(view, embeddings), extras=extras, stats=stats, view=view)
-        )
+        batch = inputs.batch.view(view, embeddings)
+        full = inputs.step_batch or inputs.batch
+        return loss(replace(inputs, batch=batch, extras=extras, stats=stats, view=view, step_batch=full))
 
     return nested_sum(at, dims, weights)

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from raydist.config import Config, epoch_steps, failure_retries, set_keys
+from raydist.config import Config, ConfigError, epoch_steps, failure_retries, set_keys
 from raydist.data import check_split_size, ensure_default_dataset, validate_dataset
 from raydist.data.remote import data_location, local_dataset
 from raydist.distributed import StepPlan
@@ -102,7 +102,8 @@ def check_run(cfg: Config, info: DataInfo, configs: Iterable[Config] = ()) -> No
     """The one place that asks every component whether ``cfg`` (and every config of ``configs``, e.g. all
     trials of a sweep) fits the dataset ``info`` describes, before Ray starts: the task and its loss kind
     (:func:`raydist.tasks.check_task_config`; those of ``configs`` with any loss kind the task trains), the image
-    encoder and the memory for encoded images, gradient caching, and a train split of at least one step."""
+    encoder and the memory for encoded images, gradient caching, a train split of at least one step and of at least
+    the loss memory's rows (:func:`check_memory_size`)."""
     configs = tuple(configs)
     check_task_config(cfg, info)
     for c in configs:
@@ -112,6 +113,21 @@ def check_run(cfg: Config, info: DataInfo, configs: Iterable[Config] = ()) -> No
         check_grad_cache(c, info)  # train.grad_cache_chunk: no BatchNorm in the image encoder
     rows = max(step_plan(c, info.task).rows_per_step for c in (cfg, *configs))
     check_split_size(info.data_dir, "train", rows, manifest=info.manifest)
+    for c in (cfg, *configs):
+        check_memory_size(c, info)
+
+
+def check_memory_size(cfg: Config, info: DataInfo) -> None:
+    """``loss.memory_size`` (the loss memory's rows of past batches) no larger than the train split the run
+    reads: a longer queue would hold rows of this epoch twice, as their own negatives."""
+    kind = loss_kind(cfg, info.task)
+    size = kind.memory_size(cfg) if kind else 0
+    train = int(info.manifest.splits["train"].rows * cfg.data.train_fraction)
+    if size > train:
+        raise ConfigError(
+            f"loss.memory_size={size} is larger than the training split ({train} rows): the queue would hold "
+            "rows of the same epoch twice; use at most the split's rows"
+        )
 
 
 def prepare_run(cfg: Config, configs: Iterable[Config] = ()) -> RunPlan:

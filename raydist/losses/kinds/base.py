@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
     from raydist.config import Config
     from raydist.losses.inputs import LossInputs
+    from raydist.losses.memory import EmbeddingMemory
 
 
 class _Options(BaseModel):
@@ -45,6 +46,13 @@ class MinedOptions(_Options):
 
     margin: float = Field(0.2, ge=0)  # ranking / triplet margin; the margin loss's alpha
     gather: bool = True  # mine negatives from the global batch of all workers
+
+
+class MemoryOptions(_Options):
+    """The loss memory's options (docs/algorithms.md#loss-memory), for the kinds that score its rows."""
+
+    memory_size: int = Field(0, ge=0)  # rows of past global batches kept as extra negatives; 0 = off
+    memory_warmup_steps: int = Field(0, ge=0)  # steps the queue only fills before its rows are scored
 
 
 class LossKind:
@@ -69,6 +77,13 @@ class LossKind:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
         self.options = self.read_options(cfg)
+        self.memory: EmbeddingMemory | None = (
+            None  # the loss memory (loss.memory_size), for kinds that read it
+        )
+        if size := self.memory_size(cfg):
+            from raydist.losses.memory import EmbeddingMemory
+
+            self.memory = EmbeddingMemory(size)
 
     @classmethod
     def read_options(cls, cfg: Config) -> Any:
@@ -91,9 +106,23 @@ class LossKind:
         return None
 
     @classmethod
+    def memory_size(cls, cfg: Config) -> int:
+        """``loss.memory_size`` when this kind reads it (its ``Options`` are :class:`MemoryOptions`), else 0."""
+        return cfg.loss.memory_size if "memory_size" in cls.Options.model_fields else 0
+
+    @classmethod
     def problems(cls, cfg: Config) -> list[str]:
-        """This kind's checks of a run config, one line each naming the key (before any Ray work starts)."""
-        return []
+        """This kind's checks of a run config, one line each naming the key (before any Ray work starts).
+        Default: the loss memory's (it holds global batches, the same on every rank)."""
+        size, lines = cls.memory_size(cfg), []
+        if size and not getattr(cfg.loss, "gather", True):
+            lines.append(f"loss.memory_size={size} needs loss.gather=true: the queue holds global batches")
+        if size and (cfg.gc.measure or cfg.gc.sample):
+            lines.append(
+                f"loss.memory_size={size} with gc.measure/gc.sample: gradient clustering scores a worker's rows "
+                "on their own, without the queue (use one or the other)"
+            )
+        return lines
 
     def loss(self, inputs: LossInputs) -> Tensor:
         """This rank's loss on one prefix view (scaled so that DDP's average gives the global gradient)."""
@@ -121,12 +150,35 @@ class LossKind:
         """Extra per-epoch facts for the history."""
         return {}
 
+    def memory_rows(self, inputs: LossInputs) -> dict[str, Tensor] | None:
+        """The loss memory's rows as this prefix view sees them (embeddings sliced and re-normalised as the batch's,
+        ids as they are; no graph), or None: no memory, empty, or still in ``loss.memory_warmup_steps``."""
+        if self.memory is None or inputs.global_step < self.options.memory_warmup_steps:
+            return None
+        rows = self.memory.rows(inputs.batch.positions.device)
+        return (
+            None
+            if rows is None
+            else {k: inputs.view(v) if v.is_floating_point() else v for k, v in rows.items()}
+        )
+
+    def remember(self, inputs: LossInputs) -> None:
+        """After the step's largest prefix (the last term of the Matryoshka sum): push the step's global batch
+        at full width into the loss memory, and report its fill (``memory/fill``, rows) in the step's stats."""
+        if self.memory is None or not inputs.view.largest:
+            return
+        self.memory.push(inputs.step_batch.keys if inputs.step_batch is not None else inputs.batch.keys)
+        if inputs.stats is not None:
+            inputs.stats["memory/fill"] = float(self.memory.filled)
+
     def state_dict(self) -> dict[str, Any]:
-        """What the loss carries across restarts (saved in checkpoints)."""
-        return {}
+        """What the loss carries across restarts (saved in checkpoints): the loss memory's queue."""
+        return {"memory": self.memory.state_dict()} if self.memory is not None else {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
+        if self.memory is not None:
+            self.memory.load_state_dict(state["memory"])
 
     def generator(self, inputs: LossInputs) -> torch.Generator:
         """A generator for the step's random draws (a miner's), seeded the same on every rank."""

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from raydist.losses.kinds.base import LossKind, register_loss
+from raydist.losses.kinds.base import LossKind, MemoryOptions, register_loss
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -18,10 +18,8 @@ if TYPE_CHECKING:
     from raydist.losses.inputs import LossInputs
 
 
-class InfoNCEOptions(BaseModel):
+class InfoNCEOptions(MemoryOptions):
     """``loss.kind=infonce`` (task pairs)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     temperature_init: float = Field(0.07, gt=0)  # τ₀: the logit scale starts at 1/τ₀ (CLIP: 0.07)
     learn_temperature: bool = True  # the logit scale is a parameter (false: fixed at its initial value)
@@ -70,7 +68,14 @@ class InfoNCELoss(ContrastiveLoss):
     def loss(self, inputs: LossInputs) -> Tensor:
         from raydist.losses.contrastive import infonce_loss
 
-        return infonce_loss(inputs.batch, log_scale=inputs.extras["log_scale"], stats=inputs.stats)
+        loss = infonce_loss(
+            inputs.batch,
+            log_scale=inputs.extras["log_scale"],
+            extra_keys=self.memory_rows(inputs),
+            stats=inputs.stats,
+        )
+        self.remember(inputs)
+        return loss
 
 
 @register_loss

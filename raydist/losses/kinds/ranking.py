@@ -12,7 +12,7 @@ from pydantic import Field
 
 from raydist.config.base import ConfigError
 from raydist.config.checks import worker_counts_multiple
-from raydist.losses.kinds.base import LossKind, MinedOptions, register_loss
+from raydist.losses.kinds.base import LossKind, MemoryOptions, MinedOptions, register_loss
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from raydist.losses.inputs import LossInputs
 
 
-class RankingOptions(MinedOptions):
+class RankingOptions(MinedOptions, MemoryOptions):
     """``loss.kind=ranking`` (task pairs): VSE++'s hinge ranking loss and its negative set."""
 
     hardest: bool = True  # True = MH (VSE++, hardest-negative miner), False = SH (all negatives)
@@ -65,20 +65,20 @@ class RankingLoss(LossKind):
     @classmethod
     def problems(cls, cfg: Config) -> list[str]:
         """``loss.negative_set_size``: at least 2, and one larger than the batch (the rows every worker embeds)
-        must divide evenly over every worker count the run may have."""
-        size, t = cls.negative_set_size(cfg), cfg.train
+        must divide evenly over every worker count the run may have; and the loss memory's checks."""
+        size, t, memory = cls.negative_set_size(cfg), cfg.train, super().problems(cfg)
         if size is None:
-            return []
+            return memory
         if size < 2:
-            return [f"loss.negative_set_size={size}: must be >= 2 (or null)"]
+            return [*memory, f"loss.negative_set_size={size}: must be >= 2 (or null)"]
         if size > t.batch_size and size % worker_counts_multiple(t):
             workers = (
                 f"train.num_workers={t.num_workers}"
                 if t.min_workers is None
                 else f"every worker count from train.min_workers={t.min_workers} to train.num_workers={t.num_workers}"
             )
-            return [f"loss.negative_set_size={size} > batch size must divide evenly over {workers}"]
-        return []
+            return [*memory, f"loss.negative_set_size={size} > batch size must divide evenly over {workers}"]
+        return memory
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         """Built (on the driver first, before Ray starts) with its similarity and reducer objects: a name none is
@@ -109,7 +109,7 @@ class RankingLoss(LossKind):
         from raydist.losses.cross_worker_ranking import rank_ranking_loss
 
         o = self.options
-        return rank_ranking_loss(
+        loss = rank_ranking_loss(
             inputs.batch,
             inputs.negative_set,
             ids="image_id",
@@ -119,7 +119,10 @@ class RankingLoss(LossKind):
             similarity=self.similarity,
             tile=o.tile,
             stats=inputs.stats,
+            memory=self.memory_rows(inputs),
         )
+        self.remember(inputs)
+        return loss
 
     def collapse_value(self) -> float:
         """MH's loss when every score is equal (:func:`raydist.losses.mh_collapse_value` of the global query
@@ -151,7 +154,8 @@ class RankingLoss(LossKind):
         return {"loss/hardest": int(self.hardest(epoch))}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"fallback_epochs": list(self.fallback_epochs)}
+        return {**super().state_dict(), "fallback_epochs": list(self.fallback_epochs)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
         self.fallback_epochs = list(state["fallback_epochs"])

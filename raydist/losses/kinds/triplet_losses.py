@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
-from raydist.losses.kinds.base import LossKind, MinedOptions, register_loss
+from raydist.losses.kinds.base import LossKind, MemoryOptions, MinedOptions, register_loss
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from raydist.losses.reducers import TermSum
 
 
-class MetricOptions(MinedOptions):
+class MetricOptions(MinedOptions, MemoryOptions):
     """The mining options of the triplet and margin losses (task labels)."""
 
     miner: str = "semihard-random"  # a registered miner (raydist.losses.miners)
@@ -72,7 +72,7 @@ class MinedLoss(LossKind):
         def observe(emb: Tensor, labels: Tensor, triplets: Triplets) -> None:
             inputs.stats.update(mining_stats(emb, labels, triplets, miner=miner))
 
-        return rank_metric_loss(
+        loss = rank_metric_loss(
             inputs.batch,
             emb="emb",
             labels="label",
@@ -80,7 +80,10 @@ class MinedLoss(LossKind):
             loss_parts=lambda emb, labels, triplets: self.parts(emb, labels, triplets, inputs),
             generator=self.generator(inputs) if miner.random else None,
             observe=observe if inputs.stats is not None else None,
+            memory=self.memory_rows(inputs),
         )
+        self.remember(inputs)
+        return loss
 
 
 @register_loss
