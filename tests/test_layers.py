@@ -56,6 +56,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "raydist.retrieval.trained",
             "raydist.retrieval.embedder",
             "raydist.retrieval.query",
+            "raydist.retrieval.corpus",
             "raydist.extract",
             ROOT,
         ),

@@ -21,7 +21,19 @@ def add_index_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dims", help=_DIMS_HELP)
     p.add_argument("--kind", default="flat", choices=["flat", "hnsw"], help="index type (inner product)")
     p.add_argument("--hnsw-m", type=int, default=32, help="HNSW graph degree M")
-    p.add_argument("--out", required=True, help="folder for the index files and indexes.json")
+    p.add_argument("--out", required=True, help="folder (or URI) for the index files and indexes.json")
+    p.add_argument(
+        "--num-workers",
+        type=int,
+        help="embed the dataset's shards with this many Ray Data actors, one embedding shard per input shard in "
+        "OUT/embeddings (resumable: finished shards are kept), then index them",
+    )
+    p.add_argument("--cpus-per-worker", type=float, default=1.0, help="with --num-workers: CPUs per actor")
+    p.add_argument("--gpus-per-worker", type=float, default=0.0, help="with --num-workers: GPUs per actor")
+    p.add_argument(
+        "--address",
+        help="with --num-workers: the Ray cluster to run on (default: RAY_ADDRESS, else a private Ray)",
+    )
 
 
 def run_index(args: argparse.Namespace) -> int:
@@ -30,17 +42,19 @@ def run_index(args: argparse.Namespace) -> int:
 
     chosen = choose_trained(args.checkpoint, latest=args.latest)
     say(f"checkpoint {chosen}")
-    rset, written = write_checkpoint_indexes(
-        chosen.path,
-        args.out,
-        args.data,
-        split=args.split,
-        dims=dims(args.dims),
-        kind=args.kind,
-        hnsw_m=args.hnsw_m,
-    )
+    common = {"split": args.split, "dims": dims(args.dims), "kind": args.kind, "hnsw_m": args.hnsw_m}
+    where = args.out
+    if args.num_workers is None:
+        rset, written = write_checkpoint_indexes(chosen.path, args.out, args.data, **common)
+    else:
+        from raydist.retrieval.corpus import index_corpus
+
+        workers = {"num_workers": args.num_workers, "cpus_per_worker": args.cpus_per_worker}
+        workers.update(gpus_per_worker=args.gpus_per_worker, address=args.address)
+        rset, written = index_corpus(chosen.path, args.out, args.data, **common, **workers)
+        where = f"{args.out} (embedding shards in {args.out}/embeddings)"
     say(
-        f"wrote {args.kind} indexes at dims {written} of {rset.database.shape[0]} vectors ({rset.split}) to {args.out}"
+        f"wrote {args.kind} indexes at dims {written} of {rset.database.shape[0]} vectors ({rset.split}) to {where}"
     )
     return 0
 
