@@ -183,7 +183,15 @@ def test_registered_hooks_join_every_run_in_their_order(monkeypatch):
 def test_the_shipped_hooks_are_registered_in_the_loop_order():
     import raydist.train.wiring  # noqa: F401
 
-    shipped = ["slow-steps", "fail-at-step", "gradient-clustering", "validation", "tracking", "stop-file"]
+    shipped = [
+        "slow-steps",
+        "fail-at-step",
+        "gradient-clustering",
+        "corpus-negatives",
+        "validation",
+        "tracking",
+        "stop-file",
+    ]
     assert [
         n for n in sorted(HOOKS.names(), key=lambda n: HOOKS.get(n).hook_order) if n in shipped
     ] == shipped

@@ -8,14 +8,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+from torch import nn
 
-from raydist.config import load_config
+from raydist.checkpoint import load_checkpoint
+from raydist.config import Config, apply_overrides, load_config, loss_problems
 from raydist.retrieval.trained import load_trained
 from raydist.tasks import DataInfo, build_task
-from raydist.train.corpus_negatives import mine_negatives, mine_set_negatives
+from raydist.train.corpus_negatives import CorpusNegativesHook, mine_negatives, mine_set_negatives
+from raydist.train.hooks import Hook
 from raydist.train.local import LocalRuntime
 from raydist.train.loop import run_loop
 from raydist.train.plan import step_plan
+from raydist.train.wiring import build_hooks
 
 
 def brute_force(queries, database, query_keys, database_keys, *, k, ranks, margin, exclude_self=False):
@@ -77,19 +82,17 @@ def test_mining_equals_a_brute_force_ranking(exclude_self) -> None:
         mine_negatives(queries, database, query_keys, database_keys, k=1, ranks=(0, 5), margin=0)
 
 
-def test_a_checkpoints_train_split_mined_as_brute_force_ranks_it(tiny_dataset, tmp_path) -> None:
-    cfg = load_config(
-        "tiny",
-        overrides={
-            "data.path": str(tiny_dataset),
-            "train.num_workers": 0,
-            "train.epochs": 1,
-            "train.epoch_steps": 5,
-        },
-    )
-    task = build_task(cfg, DataInfo.from_dataset(tiny_dataset))
+def in_process(data_dir, run_dir, **overrides):
+    """A one-epoch in-process run of the tiny preset on ``data_dir``: config, task, step plan, runtime."""
+    base = {"data.path": str(data_dir), "train.num_workers": 0, "train.epochs": 1}
+    cfg = load_config("tiny", overrides={**base, **overrides})
+    task = build_task(cfg, DataInfo.from_dataset(data_dir))
     plan = step_plan(cfg, task.info.task)
-    runtime = LocalRuntime(cfg, task, plan, tmp_path)
+    return cfg, task, plan, LocalRuntime(cfg, task, plan, run_dir)
+
+
+def test_a_checkpoints_train_split_mined_as_brute_force_ranks_it(tiny_dataset, tmp_path) -> None:
+    cfg, task, plan, runtime = in_process(tiny_dataset, tmp_path, **{"train.epoch_steps": 5})
     run_loop(cfg, task, runtime, plan)
     checkpoint = sorted(Path(tmp_path).glob("checkpoint_*"))[-1]
     rset = load_trained(checkpoint).embed("train")
@@ -101,4 +104,56 @@ def test_a_checkpoints_train_split_mined_as_brute_force_ranks_it(tiny_dataset, t
         [rset.database[key] @ query for query, key in zip(rset.queries, rset.query_keys, strict=True)]
     )
     check_mined(got, *args, ranks=options["ranks"], margin=options["margin"], positive=positive)
-    assert got.shape == (len(rset.queries), 5) and (got >= 0).sum() > 100  # 5 steps in: few positives rank high
+    assert (
+        got.shape == (len(rset.queries), 5) and (got >= 0).sum() > 100
+    )  # 5 steps in: few positives rank high
+
+
+class Steps(Hook):
+    """Each step's statistics."""
+
+    def __init__(self) -> None:
+        self.stats: list[dict[str, float]] = []
+
+    def after_step(self, ctx, loss: float, stats: dict[str, float]) -> None:
+        self.stats.append(dict(stats))
+
+
+def test_an_in_process_run_mines_every_few_steps_and_scores_the_mined_rows(
+    tiny_dataset, tmp_path, capsys
+) -> None:
+    """``loss.mined_negatives=4`` every 3 steps: the hook's table is the brute-force ranking of the train rows as
+    the model embedded them (images against captions, by image id), the steps after a mining score more keys than
+    the batch, and the checkpoint keeps the mined rows."""
+    mining = {
+        "loss.mined_negatives": 4,
+        "loss.mine_every": 3,
+        "loss.mine_range": [2, 60],
+        "loss.mine_margin": 0.05,
+    }
+    cfg, task, plan, runtime = in_process(tiny_dataset, tmp_path, **{"train.epoch_steps": 6, **mining})
+    hooks = build_hooks(cfg, task, runtime, None)
+    assert any(isinstance(h, CorpusNegativesHook) for h in hooks)  # wired by loss.mined_negatives
+    steps = Steps()
+    run_loop(cfg, task, runtime, plan, hooks=[*hooks, steps])
+    assert [s["mined/step"] for s in steps.stats] == [0, 0, 0, 3, 3, 3]
+    # the rows mined for a batch's samples are keys too (6 steps in, few samples have 4 below the margin)
+    assert sum(s["neg/keys"] > cfg.train.batch_size for s in steps.stats) >= 4
+    assert capsys.readouterr().out.count("hard negatives mined for each of") == 2
+    mined = task.loss_fn.mined
+    img, cap = (nn.functional.normalize(mined.rows[n], dim=1).numpy() for n in ("img", "cap"))
+    ids = mined.rows["image_id"].numpy()
+    want = brute_force(img, cap, ids, ids, k=4, ranks=(2, 60), margin=0.05)
+    np.testing.assert_array_equal(mined.table.numpy(), want)
+    state = load_checkpoint(runtime.checkpoints[-1])[0]["corpus_negatives"]
+    assert state["step"] == 3 and torch.equal(state["table"], mined.table)
+    batch_ids = mined.rows["sample_id"][(mined.table >= 0).any(1)][:32]  # samples with mined rows
+    extra = mined.rows_of(batch_ids)
+    assert not torch.isin(extra["sample_id"], batch_ids).any() and len(extra["sample_id"].unique()) == len(
+        extra["sample_id"]
+    )
+
+
+def test_a_bad_mining_range_is_one_line_naming_the_key() -> None:
+    cfg = apply_overrides(Config(), {"loss.mined_negatives": 2, "loss.mine_range": [5, 3]})
+    assert loss_problems(cfg) == ["loss.mine_range=[5, 3]: need [lo, hi] with 1 <= lo <= hi (ranks)"]

@@ -62,3 +62,34 @@ class EmbeddingMemory:
             raise ValueError(f"the checkpoint's loss memory holds {state['size']} rows, this run {self.size}")
         self.filled, self.head = int(state["filled"]), int(state["head"])
         self.buffers = {k: v.clone() for k, v in state["rows"].items()}
+
+
+class MinedNegatives:
+    """The negatives mined from the train split for each of its samples (``loss.mined_negatives``): ``rows``, every
+    train row as the mining pass embedded it (full width, detached) with its ids (``sample_id`` among them),
+    ``table`` ``[N, K]`` the mined row numbers of row r's sample (−1: fewer), and the global ``step`` they were
+    mined at. :meth:`rows_of` gives a batch's mined rows as extra keys."""
+
+    def __init__(self, rows: Mapping[str, Tensor], table: Tensor, step: int) -> None:
+        self.rows, self.table, self.step = dict(rows), table, step
+        self.order = torch.argsort(self.rows["sample_id"])  # row numbers by sample id (lookups)
+
+    def rows_of(self, sample_ids: Tensor) -> dict[str, Tensor] | None:
+        """The distinct rows mined for ``sample_ids`` (the step's global batch), those of the batch itself left
+        out (they are keys already), in row order; None: none."""
+        ids = self.rows["sample_id"]
+        wanted = sample_ids.to(ids.device)
+        found = self.order[torch.searchsorted(ids[self.order], wanted).clamp(max=len(ids) - 1)]
+        mined = self.table[found[ids[found] == wanted]].flatten()
+        mined = torch.unique(mined[mined >= 0])
+        mined = mined[~torch.isin(ids[mined], wanted)]
+        if not mined.numel():
+            return None
+        return {k: v[mined].to(sample_ids.device) for k, v in self.rows.items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rows": dict(self.rows), "table": self.table, "step": self.step}
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> MinedNegatives:
+        return cls(state["rows"], state["table"], int(state["step"]))

@@ -4,16 +4,27 @@ the latest of a run), a FAISS index of its database rows, and for every query th
 margin) (docs/algorithms.md#corpus-mined-negatives).
 
 A database row sharing the query's relevance key (its image, or its label) is never a negative and is not
-ranked. The batches of a training run do not read these negatives yet: this module is the mining, exact and
-tested against a brute-force ranking.
+ranked. In training (``loss.mined_negatives=K``) :class:`CorpusNegativesHook` mines the train split every
+``loss.mine_every`` steps from the model as it is and hands the rows to the loss kind, whose losses score each
+step's queries against the rows mined for the step's global batch as extra keys, detached
+(:meth:`raydist.losses.LossKind.memory_rows`).
 """
 
 from __future__ import annotations
 
-import faiss
-import numpy as np
+from typing import Any
 
+import numpy as np
+import torch
+from torch import nn
+
+from raydist.checkpoint import StateRegistry
+from raydist.config import Config, ConfigError
+from raydist.console import say
+from raydist.losses.memory import MinedNegatives
 from raydist.retrieval.sets import RetrievalSet
+from raydist.tasks import StepContext, Task, to_tensors
+from raydist.train.hooks import Hook
 
 
 def positive_scores(
@@ -55,6 +66,8 @@ def mine_negatives(
     ``score < positive_q · (1 − margin)`` (:func:`positive_scores`; ``exclude_self``: query q is database row q and
     is not its own positive), hardest first. The index is exact (``faiss.IndexFlatIP``) over the rows searched
     deep enough that the masked rows cannot push a candidate out: ``hi`` + the most rows any key has."""
+    import faiss  # only a run that mines pays its import (the loop's workers import this module)
+
     lo, hi = ranks
     if not 1 <= lo <= hi:
         raise ValueError(f"rank range [{lo}, {hi}]: need 1 <= lo <= hi")
@@ -88,3 +101,77 @@ def mine_set_negatives(rset: RetrievalSet, *, k: int, ranks: tuple[int, int], ma
         margin=margin,
         exclude_self=rset.exclude_self,
     )
+
+
+class CorpusNegativesHook(Hook):
+    """``loss.mined_negatives=K``: before step 0 and every ``loss.mine_every`` steps, the in-memory train split
+    embedded by the model as it is (eval mode, no graph), mined (:func:`mine_negatives`: the first embedding's
+    rows against the last one's, pairs' images against captions, labels' rows against each other; keys
+    ``image_id`` or ``label``) and handed to the loss kind (``loss_fn.mined``), which scores the rows mined for each
+    step's batch from then on. Every rank holds the whole split and mines it alike. The mined rows are
+    checkpoint state, so a resumed run scores the same rows until the next mining."""
+
+    def __init__(self, cfg: Config, task: Task, arrays: dict[str, np.ndarray] | None, device: Any, rank: int):
+        if arrays is None or task.epoch_transform() is not None:
+            raise ConfigError(
+                f"loss.mined_negatives={cfg.loss.mined_negatives} needs a feature train split read into memory "
+                "(data.in_memory_max_mb), not a streamed or encoded-image one"
+            )
+        self.cfg, self.task, self.arrays, self.device, self.rank = cfg, task, arrays, device, rank
+        self.kind = task.loss_fn
+
+    def setup(self, model: nn.Module, registry: StateRegistry) -> None:
+        self.model = model
+        registry.register("corpus_negatives", self)
+
+    def before_step(self, ctx: StepContext) -> None:
+        mined = self.kind.mined
+        if ctx.global_step % self.cfg.loss.mine_every == 0 and (
+            mined is None or mined.step != ctx.global_step
+        ):
+            self.kind.mined = self.mine(ctx.global_step)
+
+    @torch.no_grad()
+    def mine(self, step: int) -> MinedNegatives:
+        """The train split embedded and mined at ``step`` (module docstring)."""
+        lo = self.cfg.loss
+        training, rows = self.model.training, self.arrays
+        self.model.eval()
+        count, size, parts = len(next(iter(rows.values()))), self.cfg.eval.batch_size, []
+        for start in range(0, count, size):
+            encoded = self.task.encode(
+                self.model, to_tensors({k: v[start : start + size] for k, v in rows.items()}, self.device)
+            )
+            parts.append({**{k: v.float() for k, v in encoded.embeddings.items()}, **encoded.ids})
+        self.model.train(training)
+        embedded = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+        names = list(encoded.embeddings)
+        key = next(k for k in encoded.ids if k != "sample_id")
+        unit = {n: nn.functional.normalize(embedded[n], dim=1).cpu().numpy() for n in names}
+        keys = embedded[key].cpu().numpy()
+        table = mine_negatives(
+            unit[names[0]],
+            unit[names[-1]],
+            keys,
+            keys,
+            k=lo.mined_negatives,
+            ranks=(lo.mine_range[0], lo.mine_range[1]),
+            margin=lo.mine_margin,
+            exclude_self=len(names) == 1,
+        )
+        if self.rank == 0:
+            say(
+                f"[raydist] step {step}: {lo.mined_negatives} hard negatives mined for each of {count} train rows "
+                f"(ranks {lo.mine_range[0]}-{lo.mine_range[1]}, margin {lo.mine_margin}); the batches use them from "
+                "this step"
+            )
+        return MinedNegatives(embedded, torch.from_numpy(table).to(embedded[key].device), step)
+
+    def after_step(self, ctx: StepContext, loss: float, stats: dict[str, float]) -> None:
+        stats["mined/step"] = float(self.kind.mined.step)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.kind.mined.state_dict() if self.kind.mined is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.kind.mined = MinedNegatives.from_state(state) if state else None

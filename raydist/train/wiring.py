@@ -11,6 +11,7 @@ from typing import Any
 from raydist.config import Config
 from raydist.runfiles import STOP_FILE
 from raydist.tasks import Task
+from raydist.train.corpus_negatives import CorpusNegativesHook
 from raydist.train.faults import FailAtStep, SlowSteps
 from raydist.train.gradclust_hook import GradientClusteringHook
 from raydist.train.hooks import Hook, HookSite, ValidationHook, register_hook, registered_hooks
@@ -49,6 +50,15 @@ def _gradient_clustering(site: HookSite) -> Hook | None:
         rows=runtime.plan.rows_per_worker,
         device=runtime.device,
     )
+
+
+@register_hook("corpus-negatives", order=25)
+def _corpus_negatives(site: HookSite) -> Hook | None:
+    """``loss.mined_negatives`` > 0: the train split mined for hard negatives every ``loss.mine_every`` steps."""
+    kind, runtime = site.task.loss_fn, site.runtime
+    if kind is None or not kind.mined_negatives(site.cfg):
+        return None
+    return CorpusNegativesHook(site.cfg, site.task, runtime.arrays, runtime.device, runtime.rank)
 
 
 @register_hook("validation", order=30)

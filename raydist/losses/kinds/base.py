@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from raydist.config import Config
     from raydist.losses.inputs import LossInputs
-    from raydist.losses.memory import EmbeddingMemory
+    from raydist.losses.memory import EmbeddingMemory, MinedNegatives
 
 
 class _Options(BaseModel):
@@ -55,6 +55,19 @@ class MemoryOptions(_Options):
     memory_warmup_steps: int = Field(0, ge=0)  # steps the queue only fills before its rows are scored
 
 
+class MiningOptions(_Options):
+    """Corpus-mined hard negatives (docs/algorithms.md#corpus-mined-negatives), for the kinds that score extra keys."""
+
+    # K negatives mined from the train split per sample; 0 = off
+    mined_negatives: int = Field(0, ge=0)
+    # steps between two minings (each embeds the train split anew)
+    mine_every: int = Field(100, ge=1)
+    # [lo, hi]: the ranks (1 = the hardest) a mined negative may have among its query's candidates
+    mine_range: list[int] = Field(default_factory=lambda: [1, 100])
+    # a mined negative scores below the positive's score × (1 − mine_margin)
+    mine_margin: float = Field(0.0, ge=0, lt=1)
+
+
 class LossKind:
     """A loss kind (``loss.kind=<name>``). Subclass, set the class attributes, implement :meth:`loss` and
     register the class with :func:`register_loss`; the run builds one instance per process from the config
@@ -77,9 +90,10 @@ class LossKind:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
         self.options = self.read_options(cfg)
-        self.memory: EmbeddingMemory | None = (
-            None  # the loss memory (loss.memory_size), for kinds that read it
-        )
+        # the loss memory (loss.memory_size), and the rows mined from the train split (loss.mined_negatives, set
+        # by the corpus-negatives hook), for the kinds that read them
+        self.memory: EmbeddingMemory | None = None
+        self.mined: MinedNegatives | None = None
         if size := self.memory_size(cfg):
             from raydist.losses.memory import EmbeddingMemory
 
@@ -111,10 +125,19 @@ class LossKind:
         return cfg.loss.memory_size if "memory_size" in cls.Options.model_fields else 0
 
     @classmethod
+    def mined_negatives(cls, cfg: Config) -> int:
+        """``loss.mined_negatives`` when this kind reads it (its ``Options`` are :class:`MiningOptions`), else 0."""
+        return cfg.loss.mined_negatives if "mined_negatives" in cls.Options.model_fields else 0
+
+    @classmethod
     def problems(cls, cfg: Config) -> list[str]:
         """This kind's checks of a run config, one line each naming the key (before any Ray work starts).
-        Default: the loss memory's (it holds global batches, the same on every rank)."""
+        Default: the loss memory's (it holds global batches, the same on every rank) and the mining range."""
         size, lines = cls.memory_size(cfg), []
+        if cls.mined_negatives(cfg) and not (
+            len(cfg.loss.mine_range) == 2 and 1 <= cfg.loss.mine_range[0] <= cfg.loss.mine_range[1]
+        ):
+            lines.append(f"loss.mine_range={cfg.loss.mine_range}: need [lo, hi] with 1 <= lo <= hi (ranks)")
         if size and not getattr(cfg.loss, "gather", True):
             lines.append(f"loss.memory_size={size} needs loss.gather=true: the queue holds global batches")
         if size and (cfg.gc.measure or cfg.gc.sample):
@@ -151,16 +174,22 @@ class LossKind:
         return {}
 
     def memory_rows(self, inputs: LossInputs) -> dict[str, Tensor] | None:
-        """The loss memory's rows as this prefix view sees them (embeddings sliced and re-normalised as the batch's,
-        ids as they are; no graph), or None: no memory, empty, or still in ``loss.memory_warmup_steps``."""
-        if self.memory is None or inputs.global_step < self.options.memory_warmup_steps:
+        """The extra keys of this step as this prefix view sees them (embeddings sliced and re-normalised as the
+        batch's, ids as they are; no graph): the loss memory's rows (after ``loss.memory_warmup_steps``), then the
+        corpus-mined negatives of the step's global batch (``loss.mined_negatives``); None: neither."""
+        import torch
+
+        parts = []
+        if self.memory is not None and inputs.global_step >= self.options.memory_warmup_steps:
+            parts.append(self.memory.rows(inputs.batch.positions.device))
+        if self.mined is not None:
+            step = inputs.step_batch if inputs.step_batch is not None else inputs.batch
+            parts.append(self.mined.rows_of(step.keys["sample_id"]))
+        parts = [p for p in parts if p is not None]
+        if not parts:
             return None
-        rows = self.memory.rows(inputs.batch.positions.device)
-        return (
-            None
-            if rows is None
-            else {k: inputs.view(v) if v.is_floating_point() else v for k, v in rows.items()}
-        )
+        rows = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+        return {k: inputs.view(v) if v.is_floating_point() else v for k, v in rows.items()}
 
     def remember(self, inputs: LossInputs) -> None:
         """After the step's largest prefix (the last term of the Matryoshka sum): push the step's global batch

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from raydist.losses.kinds.base import LossKind, MemoryOptions, register_loss
+from raydist.losses.kinds.base import LossKind, MemoryOptions, MiningOptions, register_loss
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from raydist.losses.inputs import LossInputs
 
 
-class InfoNCEOptions(MemoryOptions):
+class InfoNCEOptions(MemoryOptions, MiningOptions):
     """``loss.kind=infonce`` (task pairs)."""
 
     temperature_init: float = Field(0.07, gt=0)  # τ₀: the logit scale starts at 1/τ₀ (CLIP: 0.07)

@@ -12,7 +12,7 @@ from pydantic import Field
 
 from raydist.config.base import ConfigError
 from raydist.config.checks import worker_counts_multiple
-from raydist.losses.kinds.base import LossKind, MemoryOptions, MinedOptions, register_loss
+from raydist.losses.kinds.base import LossKind, MemoryOptions, MinedOptions, MiningOptions, register_loss
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from raydist.losses.inputs import LossInputs
 
 
-class RankingOptions(MinedOptions, MemoryOptions):
+class RankingOptions(MinedOptions, MemoryOptions, MiningOptions):
     """``loss.kind=ranking`` (task pairs): VSE++'s hinge ranking loss and its negative set."""
 
     hardest: bool = True  # True = MH (VSE++, hardest-negative miner), False = SH (all negatives)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
-from raydist.losses.kinds.base import LossKind, MemoryOptions, MinedOptions, register_loss
+from raydist.losses.kinds.base import LossKind, MemoryOptions, MinedOptions, MiningOptions, register_loss
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from raydist.losses.reducers import TermSum
 
 
-class MetricOptions(MinedOptions, MemoryOptions):
+class MetricOptions(MinedOptions, MemoryOptions, MiningOptions):
     """The mining options of the triplet and margin losses (task labels)."""
 
     miner: str = "semihard-random"  # a registered miner (raydist.losses.miners)
