@@ -23,7 +23,15 @@ from raydist.experiments.tables import clearly_above, spread
 from raydist.tune.space import load_space, resolve_base_config, shipped_space_file
 from raydist.tune.sweep import sweep_cpus
 
-NAMES = ["gather", "gc-variance", "label-noise", "matryoshka", "mh-vs-sh", "negatives"]
+NAMES = [
+    "gather",
+    "gc-variance",
+    "label-noise",
+    "matryoshka",
+    "mh-vs-sh",
+    "negatives",
+    "negatives-beyond-batch",
+]
 PACKAGES = ("raydist.experiments", "raydist.benchmarks")
 ROOT = Path(__file__).resolve().parents[1]
 TEST_CPUS = 4  # the session's Ray (tests/conftest.py); a local `raydist` Ray has max(cpu_count, 4)
