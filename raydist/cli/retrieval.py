@@ -28,6 +28,16 @@ def add_index_arguments(p: argparse.ArgumentParser) -> None:
         help="embed the dataset's shards with this many Ray Data actors, one embedding shard per input shard in "
         "OUT/embeddings (resumable: finished shards are kept), then index them",
     )
+    p.add_argument(
+        "--memory-budget",
+        help="one index of at most this size (64KB, 2GB; KB = 1024 bytes): the prefix dim, index type and its "
+        "search parameter chosen together (with --min-recall)",
+    )
+    p.add_argument(
+        "--min-recall",
+        type=float,
+        help="with --memory-budget: the recall@10 of exact search it must reach on held-out queries, in (0, 1]",
+    )
     p.add_argument("--cpus-per-worker", type=float, default=1.0, help="with --num-workers: CPUs per actor")
     p.add_argument("--gpus-per-worker", type=float, default=0.0, help="with --num-workers: GPUs per actor")
     p.add_argument(
@@ -43,6 +53,18 @@ def run_index(args: argparse.Namespace) -> int:
     chosen = choose_trained(args.checkpoint, latest=args.latest)
     say(f"checkpoint {chosen}")
     common = {"split": args.split, "dims": dims(args.dims), "kind": args.kind, "hnsw_m": args.hnsw_m}
+    label = f"{args.kind} indexes at"
+    if (args.memory_budget is None) != (args.min_recall is None):
+        raise ValueError("give --memory-budget SIZE and --min-recall R together")
+    if args.memory_budget is not None:
+        from raydist.retrieval.budget import IndexBudget, parse_size
+
+        if not 0 < args.min_recall <= 1:
+            raise ValueError(
+                f"--min-recall {args.min_recall}: expected 0 < R <= 1 (recall@10 of exact search)"
+            )
+        common["budget"] = IndexBudget(parse_size(args.memory_budget), args.min_recall)
+        label = "one index chosen under the budget:"
     where = args.out
     if args.num_workers is None:
         rset, written = write_checkpoint_indexes(chosen.path, args.out, args.data, **common)
@@ -53,9 +75,7 @@ def run_index(args: argparse.Namespace) -> int:
         workers.update(gpus_per_worker=args.gpus_per_worker, address=args.address)
         rset, written = index_corpus(chosen.path, args.out, args.data, **common, **workers)
         where = f"{args.out} (embedding shards in {args.out}/embeddings)"
-    say(
-        f"wrote {args.kind} indexes at dims {written} of {rset.database.shape[0]} vectors ({rset.split}) to {where}"
-    )
+    say(f"wrote {label} dims {written} of {rset.database.shape[0]} vectors ({rset.split}) to {where}")
     return 0
 
 

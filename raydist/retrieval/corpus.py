@@ -27,6 +27,7 @@ from raydist.data.manifest import manifest_from_dict
 from raydist.data.schema import IMAGE, IMAGE_ID, SAMPLE_ID, SPLITS
 from raydist.data.shards import feature_matrix
 from raydist.dataset_task import MANIFEST_NAME
+from raydist.retrieval.budget import IndexBudget, write_budget_index
 from raydist.retrieval.index import build_indexes
 from raydist.retrieval.sets import RetrievalSet
 from raydist.retrieval.trained import ALL_SPLITS, Trained, load_trained
@@ -294,10 +295,12 @@ def index_corpus(
     cpus_per_worker: float = 1.0,
     gpus_per_worker: float = 0.0,
     address: str | None = None,
+    budget: IndexBudget | None = None,
     **index_options: Any,
 ) -> tuple[RetrievalSet, list[int]]:
     """:func:`embed_corpus`, then the indexes at :meth:`Trained.retrieval_dims` over the embedding shards
-    (:func:`raydist.retrieval.index.build_indexes`) in ``out`` (a URI: built locally, then copied there)."""
+    (:func:`raydist.retrieval.index.build_indexes`; with ``budget`` the one index chosen under it) in ``out``
+    (a URI: built locally, then copied there)."""
     trained, shards, _ = embed_corpus(
         checkpoint,
         out,
@@ -310,11 +313,17 @@ def index_corpus(
     )
     out = out if uris.is_uri(out) else str(Path(out).resolve())
     rset, dims = corpus_set(trained, out, shards, split), trained.retrieval_dims(dims)
+
+    def write(folder: str) -> list[int]:
+        if budget is not None:
+            return [write_budget_index(rset, dims, budget, folder, progress=say).best.dim]
+        build_indexes(rset, dims, kind, folder, **index_options)
+        return list(dims)
+
     if not uris.is_uri(out):
-        build_indexes(rset, dims, kind, out, **index_options)
-        return rset, dims
+        return rset, write(out)
     with tempfile.TemporaryDirectory(prefix="raydist-index-") as tmp:
-        build_indexes(rset, dims, kind, tmp, **index_options)
+        written = write(tmp)
         for file in Path(tmp).iterdir():
             uris.write_bytes(uris.join(out, file.name), file.read_bytes())
-    return rset, dims
+    return rset, written

@@ -69,8 +69,14 @@ def open_index(
 
 
 def index_database(indexes: dict[int, FaissIndex]) -> np.ndarray:
-    """The database rows the adaptive and funnel re-ranks read: the unit vectors the largest index holds."""
+    """The database rows the adaptive and funnel re-ranks read: the unit vectors the largest index holds (as
+    its codes hold them: approximate for a product-quantised index)."""
+    import faiss
+
     top = indexes[max(indexes)].index
+    ivf = faiss.try_extract_index_ivf(top)
+    if ivf is not None and ivf.direct_map.type == faiss.DirectMap.NoMap:
+        ivf.make_direct_map()  # an IVF index (one chosen under a budget) reconstructs rows through it
     return top.reconstruct_n(0, top.ntotal)
 
 

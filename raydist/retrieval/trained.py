@@ -25,9 +25,11 @@ from raydist.checkpoint import (
     recorded_dataset,
 )
 from raydist.config import Config, ConfigError, apply_overrides, validate
+from raydist.console import say
 from raydist.data.schema import SPLITS
 from raydist.distributed.spawn import spawn
 from raydist.eval.retrieve import default_dims, retrieval_report
+from raydist.retrieval.budget import IndexBudget, write_budget_index
 from raydist.retrieval.index import build_indexes
 from raydist.retrieval.sets import RetrievalSet, concat_sets
 from raydist.tasks import DataInfo, Task, build_task
@@ -234,11 +236,15 @@ def write_checkpoint_indexes(
     split: str = "test",
     dims: Sequence[int] | None = None,
     kind: str = "flat",
+    budget: IndexBudget | None = None,
     **index_options: Any,
 ) -> tuple[RetrievalSet, list[int]]:
     """Index ``split`` embedded by a checkpoint at :meth:`Trained.retrieval_dims` into ``out_dir``
-    (:func:`raydist.retrieval.index.build_indexes`); returns the embedded split and the dims."""
+    (:func:`raydist.retrieval.index.build_indexes`; with ``budget`` the one index chosen under it,
+    :func:`raydist.retrieval.budget.write_budget_index`); returns the embedded split and the dims."""
     trained = load_trained(checkpoint, data_dir)
     rset, dims = trained.embed(split), trained.retrieval_dims(dims)
+    if budget is not None:
+        return rset, [write_budget_index(rset, dims, budget, out_dir, progress=say).best.dim]
     build_indexes(rset, dims, kind, out_dir, **index_options)
     return rset, dims
