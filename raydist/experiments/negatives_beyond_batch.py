@@ -1,7 +1,7 @@
 """``negatives-beyond-batch``: negatives from outside the step's batch -- a memory of past global batches (MoCo,
 He et al. 2020; XBM, Wang et al. 2020: ``loss.memory_size``) or hard negatives mined from the whole train split
 (ANCE, Xiong et al. 2021: ``loss.mined_negatives``) -- raise MH's retrieval over in-batch negatives alone, at the
-same batch, steps and schedule (issue #47)."""
+same batch, steps and schedule (issue #47); for the ranking loss (MH) and for InfoNCE, whose memory is MoCo's."""
 
 from __future__ import annotations
 
@@ -13,25 +13,31 @@ from raydist.experiments.records import TrialRecord
 from raydist.experiments.spec import IN_PROCESS, Experiment, Setup, Summary, Sweep
 from raydist.experiments.tables import clearly_above, group_by, markdown_table, spread
 
-MEMORY, MINED = "loss.memory_size", "loss.mined_negatives"
+MEMORY, MINED, KIND = "loss.memory_size", "loss.mined_negatives", "loss.kind"
 MINING = {MINED: 4, "loss.mine_every": 50, "loss.mine_range": [10, 100]}
+INFONCE = {KIND: "infonce"}
 
 
 def sweeps(setup: Setup) -> list[Sweep]:
-    """In-batch and the memory sizes (the space file's grid; quick mode: 0 and 256), then the mined arm."""
+    """Per loss (ranking, InfoNCE): in-batch and the memory sizes (the space file's grid; quick mode: 0 and 256),
+    then the mined arm."""
     memory = {MEMORY: [0, 256]} if setup.quick else {}
     return [
         Sweep(label="memory", grid=memory),
         Sweep(label="mined", overrides=MINING, grid={MEMORY: [0]}),
+        Sweep(label="infonce-memory", overrides=INFONCE, grid=memory),
+        Sweep(label="infonce-mined", overrides={**INFONCE, **MINING}, grid={MEMORY: [0]}),
     ]
 
 
-def arm(record: TrialRecord) -> str:
-    """``in-batch``, ``memory N`` or ``mined K``."""
+def arm(record: TrialRecord) -> tuple[str, str]:
+    """(the loss kind, ``in-batch`` / ``memory N`` / ``mined K``)."""
+    kind = record.config.get(KIND, "auto")
+    kind = "ranking" if kind == "auto" else kind
     if record.config.get(MINED):
-        return f"mined {record.config[MINED]}"
+        return kind, f"mined {record.config[MINED]}"
     size = record.config.get(MEMORY, 0)
-    return f"memory {size}" if size else "in-batch"
+    return kind, f"memory {size}" if size else "in-batch"
 
 
 def summarise(records: list[TrialRecord], out: Path, setup: Setup) -> Summary:
@@ -43,25 +49,33 @@ def summarise(records: list[TrialRecord], out: Path, setup: Setup) -> Summary:
         val = spread(r.val("rsum") for r in trials)
         wall = spread(r.last("time_total_s") for r in trials)
         test[name] = stats["rsum"]
-        rows.append({"arm": name, "seeds": len(trials), **{f"test_{k}": vars(s) for k, s in stats.items()}})
-        table.append([name, *(s.cell() for s in stats.values()), val.cell(), wall.cell(0)])
-    header = ["negatives", "test i2t R@1", "test t2i R@1", "test rsum", "best val rsum", "wall s"]
+        rows.append(
+            {
+                "loss": name[0],
+                "arm": name[1],
+                "seeds": len(trials),
+                **{f"test_{k}": vars(s) for k, s in stats.items()},
+            }
+        )
+        table.append([*name, *(s.cell() for s in stats.values()), val.cell(), wall.cell(0)])
+    header = ["loss", "negatives", "test i2t R@1", "test t2i R@1", "test rsum", "best val rsum", "wall s"]
     return Summary(rows, markdown_table(header, table), {}, _verdict(test))
 
 
 def _verdict(test: dict) -> list[str]:
-    """Each arm's test rsum against in-batch negatives alone, and whether it is clearly above (two standard
-    errors)."""
-    base = test.get("in-batch")
-    if base is None or not base.n:
-        return ["no in-batch trial finished: nothing to compare against"]
-    return [
-        f"{name}: test rsum {s.cell()} vs in-batch {base.cell()}: "
-        + ("clearly above" if clearly_above(s, base) else "not clearly above")
-        + "."
-        for name, s in test.items()
-        if name != "in-batch" and s.n
-    ]
+    """Each arm's test rsum against the same loss with in-batch negatives alone, and whether it is clearly above
+    (two standard errors)."""
+    lines = []
+    for (kind, name), s in test.items():
+        base = test.get((kind, "in-batch"))
+        if name == "in-batch" or not s.n:
+            continue
+        if base is None or not base.n:
+            lines.append(f"{kind} {name}: no in-batch {kind} trial finished to compare against")
+            continue
+        verdict = "clearly above" if clearly_above(s, base) else "not clearly above"
+        lines.append(f"{kind} {name}: test rsum {s.cell()} vs in-batch {base.cell()}: {verdict}.")
+    return lines
 
 
 EXPERIMENT = register_experiment(
@@ -74,6 +88,6 @@ EXPERIMENT = register_experiment(
         space="negatives_beyond_batch",
         sweeps=sweeps,
         summarise=summarise,
-        quick={"train.epochs": 2, "loss.warmup_sh_epochs": 1, "train.batch_size": 64, **IN_PROCESS},
+        quick={"train.epochs": 2, "train.batch_size": 64, **IN_PROCESS},
     )
 )
