@@ -168,3 +168,26 @@ def labels_dataset(tmp_path_factory):
     return make_synthetic_labels(
         out, classes=10, train_per_class=60, val_per_class=20, test_per_class=30, dim=32, overlap=0.2, seed=3
     )
+
+
+@pytest.fixture
+def fresh_checkpoint():
+    """``make(folder, data_dir, seed=0, **overrides)``: a checkpoint folder of an untrained ``tiny`` model of the
+    dataset (random weights give non-trivial metrics and searches; no training needed)."""
+    import torch
+
+    from raydist.checkpoint import save_checkpoint
+    from raydist.config import load_config
+    from raydist.tasks import DataInfo, build_task
+
+    def make(folder, data_dir, seed: int = 0, **overrides):
+        overrides = {"data.path": str(data_dir), "train.num_workers": 0, **overrides}
+        cfg = load_config("tiny", overrides=overrides)
+        info = DataInfo.from_dataset(data_dir)
+        torch.manual_seed(seed)
+        model = build_task(cfg, info).build_model()
+        return save_checkpoint(
+            folder, {"model": model.state_dict()}, cfg, task=info.to_json(), files=info.files
+        )
+
+    return make

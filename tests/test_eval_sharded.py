@@ -14,15 +14,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from raydist.checkpoint import save_checkpoint
 from raydist.cli import main
-from raydist.config import load_config
 from raydist.data import make_synthetic
 from raydist.data.synthetic_labels import make_synthetic_labels
 from raydist.distributed.shards import batch_starts, map_batches, rows_of_rank, sharded_batches
 from raydist.distributed.spawn import spawn
 from raydist.retrieval.trained import load_trained
-from raydist.tasks import DataInfo, build_task
 from raydist.train.hooks import ValidationHook
 
 WORLD = 2
@@ -48,7 +45,7 @@ def test_without_a_process_group_map_batches_is_the_plain_loop():
     assert torch.equal(left, x[:, :1]) and torch.equal(right, x + 1)
 
 
-def _checkpoints(root: Path) -> dict[str, Path]:
+def _checkpoints(root: Path, make) -> dict[str, Path]:
     """An untrained checkpoint (random weights: non-trivial metrics) of each task on small odd splits."""
     pairs = make_synthetic(
         root / "pairs", images=20, captions_per_image=5, dim=16, seed=1, val_images=13, test_images=13
@@ -56,31 +53,13 @@ def _checkpoints(root: Path) -> dict[str, Path]:
     labels = make_synthetic_labels(
         root / "labels", classes=3, train_per_class=8, val_per_class=7, test_per_class=7, dim=16, seed=1
     )
-    out = {}
-    for name, data, extra in (
-        ("pairs", pairs, {}),
-        ("labels", labels, {"model.nesting": [8, 64]}),
-    ):
-        cfg = load_config(
-            "tiny",
-            overrides={
-                "data.path": str(data),
-                "train.num_workers": 0,
-                "eval.batch_size": EVAL_BATCH,
-                **extra,
-            },
-        )
-        info = DataInfo.from_dataset(data)
-        torch.manual_seed(0)
-        model = build_task(cfg, info).build_model()
-        out[name] = save_checkpoint(
-            root / name / "run" / "checkpoint_00000001",
-            {"model": model.state_dict()},
-            cfg,
-            task=info.to_json(),
-            files=info.files,
-        )
-    return out
+    folder = "run/checkpoint_00000001"
+    return {
+        "pairs": make(root / "pairs" / folder, pairs, **{"eval.batch_size": EVAL_BATCH}),
+        "labels": make(
+            root / "labels" / folder, labels, **{"eval.batch_size": EVAL_BATCH, "model.nesting": [8, 64]}
+        ),
+    }
 
 
 def _validate_on_ranks(rank: int, init_file: str, checkpoints: dict[str, str], out_dir: str) -> None:
@@ -102,8 +81,8 @@ def _validate_on_ranks(rank: int, init_file: str, checkpoints: dict[str, str], o
 
 
 @pytest.mark.slow
-def test_validation_across_two_workers_equals_one_process(tmp_path):
-    checkpoints = {k: str(v) for k, v in _checkpoints(tmp_path).items()}
+def test_validation_across_two_workers_equals_one_process(tmp_path, fresh_checkpoint):
+    checkpoints = {k: str(v) for k, v in _checkpoints(tmp_path, fresh_checkpoint).items()}
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     spawn(_validate_on_ranks, (str(tmp_path / "init"), checkpoints, str(tmp_path)), nprocs=WORLD)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
@@ -116,8 +95,8 @@ def test_validation_across_two_workers_equals_one_process(tmp_path):
 
 
 @pytest.mark.slow
-def test_raydist_eval_with_two_workers_prints_the_one_process_metrics(tmp_path):
-    folder = _checkpoints(tmp_path)["pairs"]
+def test_raydist_eval_with_two_workers_prints_the_one_process_metrics(tmp_path, fresh_checkpoint):
+    folder = _checkpoints(tmp_path, fresh_checkpoint)["pairs"]
     one, two = tmp_path / "one.json", tmp_path / "two.json"
     assert main(["eval", "--checkpoint", str(folder), "--split", "test", "--json", str(one)]) == 0
     assert (

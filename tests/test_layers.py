@@ -57,6 +57,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "raydist.retrieval.embedder",
             "raydist.retrieval.query",
             "raydist.retrieval.corpus",
+            "raydist.retrieval.zero_shot",
             "raydist.extract",
             ROOT,
         ),

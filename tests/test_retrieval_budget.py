@@ -9,11 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
-from raydist.checkpoint import save_checkpoint
 from raydist.cli import main
-from raydist.config import load_config
 from raydist.data import make_synthetic
 from raydist.retrieval.budget import (
     Bench,
@@ -29,7 +26,6 @@ from raydist.retrieval.index import INDEX_META, load_indexes, unit_rows
 from raydist.retrieval.query import search_index
 from raydist.retrieval.sets import RetrievalSet
 from raydist.serving.service import load_retriever
-from raydist.tasks import DataInfo, build_task
 
 
 def _vectors(n: int, dim: int = 64, decay: float = 1.5, seed: int = 0) -> np.ndarray:
@@ -101,14 +97,9 @@ def test_refusals_are_one_line():
     assert "\n" not in str(below.value)
 
 
-def test_raydist_index_under_a_budget_is_searched_and_served(tmp_path, capsys):
+def test_raydist_index_under_a_budget_is_searched_and_served(tmp_path, capsys, fresh_checkpoint):
     data = make_synthetic(tmp_path / "d", images=150, captions_per_image=2, dim=16, seed=0)
-    cfg = load_config("tiny", overrides={"data.path": str(data), "train.num_workers": 0})
-    info = DataInfo.from_dataset(data)
-    torch.manual_seed(0)
-    model = build_task(cfg, info).build_model()
-    ckpt = save_checkpoint(tmp_path / "run" / "checkpoint_00000001", {"model": model.state_dict()}, cfg,
-                           task=info.to_json(), files=info.files)  # fmt: skip
+    ckpt = fresh_checkpoint(tmp_path / "run" / "checkpoint_00000001", data)
     out = tmp_path / "budget"
     assert main(["index", "--checkpoint", str(ckpt), "--split", "all", "--out", str(out),
                  "--memory-budget", "64KB", "--min-recall", "0.9"]) == 0  # fmt: skip

@@ -5,15 +5,12 @@ resumed run re-embeds only the shards without an output; another model's folder 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-import torch
 
-from raydist.checkpoint import save_checkpoint
-from raydist.config import ConfigError, load_config
+from raydist.config import ConfigError
 from raydist.data import make_synthetic
 from raydist.retrieval.corpus import (
     EMBEDDINGS,
@@ -25,17 +22,8 @@ from raydist.retrieval.corpus import (
 )
 from raydist.retrieval.query import search_index
 from raydist.retrieval.trained import load_trained, write_checkpoint_indexes
-from raydist.tasks import DataInfo, build_task
 
 TOLERANCE = 1e-6  # max |Δ| of a vector entry against one process (float32; other batch boundaries)
-
-
-def _checkpoint(folder: Path, data: Path, seed: int) -> Path:
-    cfg = load_config("tiny", overrides={"data.path": str(data), "train.num_workers": 0})
-    info = DataInfo.from_dataset(data)
-    torch.manual_seed(seed)
-    model = build_task(cfg, info).build_model()
-    return save_checkpoint(folder, {"model": model.state_dict()}, cfg, task=info.to_json(), files=info.files)
 
 
 def test_every_shard_has_one_output_named_after_it(tmp_path):
@@ -47,9 +35,9 @@ def test_every_shard_has_one_output_named_after_it(tmp_path):
 
 
 @pytest.mark.slow
-def test_actor_pool_embeds_resumes_and_refuses_another_model(ray_cluster, tmp_path):
+def test_actor_pool_embeds_resumes_and_refuses_another_model(ray_cluster, tmp_path, fresh_checkpoint):
     data = make_synthetic(tmp_path / "d", images=60, captions_per_image=5, dim=16, seed=0, rows_per_shard=40)
-    ckpt = _checkpoint(tmp_path / "run" / "checkpoint_00000001", data, seed=0)
+    ckpt = fresh_checkpoint(tmp_path / "run" / "checkpoint_00000001", data)
     out = tmp_path / "index"
     workers = {"num_workers": 2, "cpus_per_worker": 0.5}
     rset, dims = index_corpus(ckpt, str(out), split="all", **workers)
@@ -81,7 +69,7 @@ def test_actor_pool_embeds_resumes_and_refuses_another_model(ray_cluster, tmp_pa
     assert np.array_equal(read_vectors(str(kept))[1], vectors)
 
     # another checkpoint into the same folder: one line naming the problem, nothing written
-    other = _checkpoint(tmp_path / "other" / "checkpoint_00000001", data, seed=1)
+    other = fresh_checkpoint(tmp_path / "other" / "checkpoint_00000001", data, seed=1)
     before = {f: f.read_bytes() for f in out.rglob("*") if f.is_file()}
     with pytest.raises(ConfigError, match="another model") as refused:
         index_corpus(other, str(out), split="all", **workers)
