@@ -38,6 +38,7 @@ NAMES = [
     "grad-cache",
     "serve",
     "webdataset",
+    "index",
 ]
 NEEDS_SKLEARN = {
     "real-cross-view",
@@ -58,6 +59,7 @@ SLOW = {
     "serve",
     "grad-cache",
     "webdataset",
+    "index",
 }
 
 
@@ -85,7 +87,7 @@ def test_the_catalog_names_every_benchmark_once_with_its_docstring() -> None:
         )
         assert entry.module == benchmark.run.__module__ and entry.module.startswith("raydist.benchmarks.")
     ray = {n for n in NAMES if BENCHMARKS.get(n).ray}
-    assert ray == {"data", "step", "tokenize", "images", "pixels-vs-vectors", "serve", "webdataset"}
+    assert ray == {"data", "step", "tokenize", "images", "pixels-vs-vectors", "serve", "webdataset", "index"}
 
 
 def test_a_new_benchmark_registers_itself_and_runs_last() -> None:

@@ -216,7 +216,7 @@ def embed_corpus(
     todo = [s for s in shards if s.output not in done]
     say(
         f"embedding {len(todo)} of {len(shards)} shards ({len(shards) - len(todo)} done before) with "
-        f"{num_workers} Ray Data actors"
+        f"{num_workers} Ray Data actor{'s' if num_workers > 1 else ''}"
     )
     if todo:
         init_ray(num_workers * cpus_per_worker + 1, address, dashboard=False)
