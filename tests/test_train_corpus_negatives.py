@@ -139,7 +139,9 @@ def test_an_in_process_run_mines_every_few_steps_and_scores_the_mined_rows(
     assert [s["mined/step"] for s in steps.stats] == [0, 0, 0, 3, 3, 3]
     # the rows mined for a batch's samples are keys too (6 steps in, few samples have 4 below the margin)
     assert sum(s["neg/keys"] > cfg.train.batch_size for s in steps.stats) >= 4
-    assert capsys.readouterr().out.count("hard negatives mined for each of") == 2
+    assert (
+        capsys.readouterr().out.count("train rows (ranks 2-60, margin 0.05) mined; the batches use them") == 2
+    )
     mined = task.loss_fn.mined
     img, cap = (nn.functional.normalize(mined.rows[n], dim=1).numpy() for n in ("img", "cap"))
     ids = mined.rows["image_id"].numpy()
@@ -157,3 +159,36 @@ def test_an_in_process_run_mines_every_few_steps_and_scores_the_mined_rows(
 def test_a_bad_mining_range_is_one_line_naming_the_key() -> None:
     cfg = apply_overrides(Config(), {"loss.mined_negatives": 2, "loss.mine_range": [5, 3]})
     assert loss_problems(cfg) == ["loss.mine_range=[5, 3]: need [lo, hi] with 1 <= lo <= hi (ranks)"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_ray_workers_mine_beside_training_and_swap_at_a_step_boundary(
+    ray_cluster, tiny_dataset, tmp_path
+):
+    """With Ray Train workers a Ray actor mines from the weights of every 5th step while the workers train on; the
+    workers take its rows at one step boundary, all of them at the same step (steps.jsonl: ``mined/step``, the
+    step of the weights the rows come from; −1 before the first)."""
+    import json
+
+    from raydist.runfiles import STEPS_FILE
+    from raydist.train.trainer import run_training
+
+    overrides = {"train.storage_path": str(tmp_path), "train.num_workers": 2, "train.log_every": 1}
+    mining = {"loss.mined_negatives": 3, "loss.mine_every": 5, "loss.mine_range": [1, 50]}
+    cfg = load_config(
+        "tiny",
+        overrides={
+            "data.path": str(tiny_dataset),
+            "train.epochs": 1,
+            "train.epoch_steps": 30,
+            **overrides,
+            **mining,
+        },
+    )
+    outcome = run_training(cfg, evaluate_test=False)
+    lines = (Path(outcome.run_dir) / STEPS_FILE).read_text().splitlines()
+    mined = [json.loads(line)["stats"]["mined/step"] for line in lines]
+    assert len(mined) == 30 and mined[0] == -1 and mined == sorted(mined), mined
+    swaps = [i for i in range(1, 30) if mined[i] != mined[i - 1]]
+    assert swaps and all(mined[i] % 5 == 0 and mined[i] < i for i in swaps), mined

@@ -54,11 +54,15 @@ def _gradient_clustering(site: HookSite) -> Hook | None:
 
 @register_hook("corpus-negatives", order=25)
 def _corpus_negatives(site: HookSite) -> Hook | None:
-    """``loss.mined_negatives`` > 0: the train split mined for hard negatives every ``loss.mine_every`` steps."""
+    """``loss.mined_negatives`` > 0: the train split mined for hard negatives every ``loss.mine_every`` steps (in
+    this process without Ray Train workers, else by a Ray actor beside them)."""
     kind, runtime = site.task.loss_fn, site.runtime
     if kind is None or not kind.mined_negatives(site.cfg):
         return None
-    return CorpusNegativesHook(site.cfg, site.task, runtime.arrays, runtime.device, runtime.rank)
+    beside = site.cfg.train.num_workers > 0  # Ray Train workers: a Ray actor mines beside them
+    return CorpusNegativesHook(
+        site.cfg, site.task, runtime.arrays, runtime.device, runtime.rank, beside=beside
+    )
 
 
 @register_hook("validation", order=30)
