@@ -136,7 +136,7 @@ def test_an_in_process_run_mines_every_few_steps_and_scores_the_mined_rows(
     assert any(isinstance(h, CorpusNegativesHook) for h in hooks)  # wired by loss.mined_negatives
     steps = Steps()
     run_loop(cfg, task, runtime, plan, hooks=[*hooks, steps])
-    assert [s["mined/step"] for s in steps.stats] == [0, 0, 0, 3, 3, 3]
+    assert [s["mined/from_step"] for s in steps.stats] == [0, 0, 0, 3, 3, 3]
     # the rows mined for a batch's samples are keys too (6 steps in, few samples have 4 below the margin)
     assert sum(s["neg/keys"] > cfg.train.batch_size for s in steps.stats) >= 4
     assert (
@@ -167,7 +167,7 @@ def test_two_ray_workers_mine_beside_training_and_swap_at_a_step_boundary(
     ray_cluster, tiny_dataset, tmp_path
 ):
     """With Ray Train workers a Ray actor mines from the weights of every 5th step while the workers train on; the
-    workers take its rows at one step boundary, all of them at the same step (steps.jsonl: ``mined/step``, the
+    workers take its rows at one step boundary, all of them at the same step (steps.jsonl: ``mined/from_step``, the
     step of the weights the rows come from; −1 before the first)."""
     import json
 
@@ -188,7 +188,7 @@ def test_two_ray_workers_mine_beside_training_and_swap_at_a_step_boundary(
     )
     outcome = run_training(cfg, evaluate_test=False)
     lines = (Path(outcome.run_dir) / STEPS_FILE).read_text().splitlines()
-    mined = [json.loads(line)["stats"]["mined/step"] for line in lines]
+    mined = [json.loads(line)["stats"]["mined/from_step"] for line in lines]
     assert len(mined) == 30 and mined[0] == -1 and mined == sorted(mined), mined
     swaps = [i for i in range(1, 30) if mined[i] != mined[i - 1]]
     assert swaps and all(mined[i] % 5 == 0 and mined[i] < i for i in swaps), mined

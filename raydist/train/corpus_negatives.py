@@ -255,7 +255,7 @@ class CorpusNegativesHook(Hook):
             say(f"[raydist] {text}")
 
     def after_step(self, ctx: StepContext, loss: float, stats: dict[str, float]) -> None:
-        stats["mined/step"] = float(self.kind.mined.step) if self.kind.mined is not None else -1.0
+        stats["mined/from_step"] = float(self.kind.mined.step) if self.kind.mined is not None else -1.0
 
     def state_dict(self) -> dict[str, Any]:
         return self.kind.mined.state_dict() if self.kind.mined is not None else {}
