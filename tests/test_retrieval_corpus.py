@@ -9,12 +9,15 @@ import os
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from object_store import upload
 
 from raydist.config import ConfigError
 from raydist.data import make_synthetic
 from raydist.retrieval.corpus import (
     EMBEDDINGS,
     Shard,
+    ShardEmbedder,
+    claim_embeddings_folder,
     dataset_shards,
     embed_corpus,
     index_corpus,
@@ -22,6 +25,7 @@ from raydist.retrieval.corpus import (
 )
 from raydist.retrieval.query import search_index
 from raydist.retrieval.trained import load_trained, write_checkpoint_indexes
+from raydist.uris import list_folder
 
 TOLERANCE = 1e-6  # max |Δ| of a vector entry against one process (float32; other batch boundaries)
 
@@ -75,3 +79,29 @@ def test_actor_pool_embeds_resumes_and_refuses_another_model(ray_cluster, tmp_pa
         index_corpus(other, str(out), split="all", **workers)
     assert "\n" not in str(refused.value)
     assert before == {f: f.read_bytes() for f in out.rglob("*") if f.is_file()}
+
+
+def test_shards_on_s3_embedded_by_the_actor_class_are_kept_and_indexed_there(
+    s3_server, tmp_path, fresh_checkpoint
+):
+    """No Ray: the actor class run in this process writes every embedding shard to S3 (temporary name, then
+    renamed); ``index_corpus`` then finds every shard done, starts nothing, and writes the index next to them."""
+    local = make_synthetic(tmp_path / "d", images=30, captions_per_image=2, dim=8, seed=0, rows_per_shard=20)
+    data = upload(local, s3_server.create_bucket("corpus-data") + "/syn")
+    out = s3_server.create_bucket("corpus-index") + "/idx"
+    ckpt = fresh_checkpoint(tmp_path / "run" / "checkpoint_00000001", local)
+    shards = claim_embeddings_folder(load_trained(ckpt), data, out, "all")  # as embed_corpus does first
+    actor = ShardEmbedder(str(ckpt), data, out, "cpu")
+    done = actor({"file": np.array([s.file for s in shards]), "output": np.array([s.output for s in shards])})
+    one = load_trained(ckpt).embed("all")
+    assert done["rows"].sum() == len(one.database)  # every image once
+    rset, dims = index_corpus(ckpt, out, data, split="all", num_workers=2)  # nothing left to embed: no Ray
+    assert np.array_equal(rset.database_ids, one.database_ids)
+    assert np.abs(rset.database - one.database).max() <= TOLERANCE
+    assert {f"index_d{d}.faiss" for d in dims} | {"indexes.json"} <= set(list_folder(out))
+    assert not [
+        n
+        for s in ("train", "val", "test")
+        for n in list_folder(f"{out}/{EMBEDDINGS}/{s}")
+        if n.endswith(".tmp")
+    ]

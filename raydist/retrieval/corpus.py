@@ -177,6 +177,20 @@ def check_embeddings_folder(out: str, identity: dict[str, Any]) -> None:
             )
 
 
+def claim_embeddings_folder(trained: Trained, data: str, out: str, split: str) -> list[Shard]:
+    """The shards of ``split`` of ``data``, after checking that ``out/embeddings`` holds nothing but this model's
+    embeddings of them (:func:`check_embeddings_folder`) and recording that it does (:data:`EMBEDDINGS_META`)."""
+    shards, manifest = dataset_shards(data, split)
+    if manifest.get("task") != trained.task.name:
+        raise ConfigError(
+            f"dataset {data} is a {manifest.get('task')!r} dataset, the checkpoint a {trained.task.name!r} model"
+        )
+    identity = _identity(trained, data, split, manifest)
+    check_embeddings_folder(out, identity)
+    uris.write_bytes(uris.join(out, EMBEDDINGS, EMBEDDINGS_META), json.dumps(identity, indent=1).encode())
+    return shards
+
+
 def embed_corpus(
     checkpoint: str | Path,
     out: str,
@@ -202,14 +216,7 @@ def embed_corpus(
         data = str(trained.data_info.data_dir)
     data = data if uris.is_uri(data) else str(Path(data).resolve())
     out = out if uris.is_uri(out) else str(Path(out).resolve())
-    shards, manifest = dataset_shards(data, split)
-    if manifest.get("task") != trained.task.name:
-        raise ConfigError(
-            f"dataset {data} is a {manifest.get('task')!r} dataset, the checkpoint a {trained.task.name!r} model"
-        )
-    identity = _identity(trained, data, split, manifest)
-    check_embeddings_folder(out, identity)
-    uris.write_bytes(uris.join(out, EMBEDDINGS, EMBEDDINGS_META), json.dumps(identity, indent=1).encode())
+    shards = claim_embeddings_folder(trained, data, out, split)
     done = {
         f"{EMBEDDINGS}/{s}/{name}" for s in SPLITS for name in uris.list_folder(uris.join(out, EMBEDDINGS, s))
     }
