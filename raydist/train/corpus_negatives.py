@@ -8,7 +8,7 @@ ranked. In training (``loss.mined_negatives=K``) :class:`CorpusNegativesHook` mi
 ``loss.mine_every`` steps from the model's weights -- inline in one process, or in a Ray actor beside Ray Train's
 workers (:class:`CorpusMiner`), whose rows every rank takes at the same step boundary -- and hands the rows to
 the loss kind, whose losses score each step's queries against the rows mined for the step's global batch as extra
-keys, detached (:meth:`raydist.losses.LossKind.memory_rows`).
+keys, detached (:meth:`raydist.losses.LossKind.extra_keys`).
 """
 
 from __future__ import annotations

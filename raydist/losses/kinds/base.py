@@ -173,7 +173,7 @@ class LossKind:
         """Extra per-epoch facts for the history."""
         return {}
 
-    def memory_rows(self, inputs: LossInputs) -> dict[str, Tensor] | None:
+    def extra_keys(self, inputs: LossInputs) -> dict[str, Tensor] | None:
         """The extra keys of this step as this prefix view sees them (embeddings sliced and re-normalised as the
         batch's, ids as they are; no graph): the loss memory's rows (after ``loss.memory_warmup_steps``), then the
         corpus-mined negatives of the step's global batch (``loss.mined_negatives``); None: neither."""

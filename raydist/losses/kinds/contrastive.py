@@ -71,7 +71,7 @@ class InfoNCELoss(ContrastiveLoss):
         loss = infonce_loss(
             inputs.batch,
             log_scale=inputs.extras["log_scale"],
-            extra_keys=self.memory_rows(inputs),
+            extra_keys=self.extra_keys(inputs),
             stats=inputs.stats,
         )
         self.remember(inputs)

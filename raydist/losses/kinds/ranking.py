@@ -119,7 +119,7 @@ class RankingLoss(LossKind):
             similarity=self.similarity,
             tile=o.tile,
             stats=inputs.stats,
-            memory=self.memory_rows(inputs),
+            memory=self.extra_keys(inputs),
         )
         self.remember(inputs)
         return loss

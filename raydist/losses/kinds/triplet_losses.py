@@ -80,7 +80,7 @@ class MinedLoss(LossKind):
             loss_parts=lambda emb, labels, triplets: self.parts(emb, labels, triplets, inputs),
             generator=self.generator(inputs) if miner.random else None,
             observe=observe if inputs.stats is not None else None,
-            memory=self.memory_rows(inputs),
+            memory=self.extra_keys(inputs),
         )
         self.remember(inputs)
         return loss
