@@ -105,6 +105,80 @@ def test_negatives_leaves_out_sizes_larger_than_the_train_split_and_says_so():
         sweeps(replace(setup, train_rows=100))
 
 
+def test_negatives_beyond_batch_sizes_the_memory_in_global_batches_and_leaves_out_what_the_split_cannot_hold():
+    from dataclasses import replace
+
+    from raydist.experiments.negatives_beyond_batch import sweeps
+
+    setup = _setup("negatives-beyond-batch", quick=False)
+    batch = setup.base.train.batch_size
+    for train_rows, run in ((15000, [0, 1, 4, 16]), (1100, [0, 1, 4])):  # the embedded set, the digit halves
+        memory = {s.label: s.grid["loss.memory_size"] for s in sweeps(replace(setup, train_rows=train_rows))}
+        assert memory == {
+            "memory": [m * batch for m in run],
+            "mined": [0],
+            "infonce-memory": [m * batch for m in run],
+            "infonce-mined": [0],
+        }
+    assert batch == 128 and memory["memory"] == [0, 128, 512]
+
+
+def _beyond_batch_trials(kind: str, mined: int, size: int, rsums: list[float]) -> list[TrialRecord]:
+    config = {
+        "loss.kind": kind,
+        "loss.mined_negatives": mined,
+        "loss.memory_size": size,
+        "train.batch_size": 128,
+    }
+    return [
+        TrialRecord(
+            "",
+            f"{kind}-{mined}-{size}-{seed}",
+            "TERMINATED",
+            {**config, "train.seed": seed},
+            [{"epoch": 1, "step": 256, "val/rsum": rsum, "time_total_s": 5.0}],
+            "val/rsum",
+            best_epoch=1,
+            test={"rsum": rsum, "i2t_r1": rsum / 10, "t2i_r1": rsum / 10},
+        )
+        for seed, rsum in enumerate(rsums)
+    ]
+
+
+def test_negatives_beyond_batch_summary_writes_the_plot_and_says_where_more_negatives_did_not_help(tmp_path):
+    from dataclasses import replace
+
+    from raydist.experiments.negatives_beyond_batch import summarise
+
+    setup = replace(_setup("negatives-beyond-batch", quick=False), train_rows=1100)
+    records = [
+        *_beyond_batch_trials("auto", 0, 0, [470.0, 472.0, 474.0]),
+        *_beyond_batch_trials("auto", 0, 128, [480.0, 481.0, 482.0]),
+        *_beyond_batch_trials("auto", 0, 512, [440.0, 442.0, 444.0]),
+        *_beyond_batch_trials("auto", 4, 0, [468.0, 472.0, 476.0]),
+        *_beyond_batch_trials("infonce", 0, 0, [485.0]),
+        *_beyond_batch_trials("infonce", 0, 512, [479.0]),
+    ]
+    summary = summarise(records, tmp_path, setup)
+    assert summary.figures == {"negatives_beyond_batch": tmp_path / "negatives_beyond_batch.png"}
+    assert (tmp_path / "negatives_beyond_batch.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [(r["loss"], r["arm"]) for r in summary.rows] == [
+        ("infonce", "in-batch"),
+        ("infonce", "memory 512 (4×)"),
+        ("ranking", "in-batch"),
+        ("ranking", "memory 128 (1×)"),
+        ("ranking", "memory 512 (4×)"),
+        ("ranking", "mined 4"),
+    ]
+    assert summary.verdict == [
+        "infonce memory 512 (4×): test rsum 479.0 vs in-batch 485.0 (-6.0): clearly below.",
+        "ranking memory 128 (1×): test rsum 481.0 ± 1.0 vs in-batch 472.0 ± 2.0 (+9.0): clearly above.",
+        "ranking memory 512 (4×): test rsum 442.0 ± 2.0 vs in-batch 472.0 ± 2.0 (-30.0): clearly below.",
+        "ranking mined 4: test rsum 472.0 ± 4.0 vs in-batch 472.0 ± 2.0 (+0.0): within two standard errors.",
+        "Not run: memory 2048 (16×) (larger than the 1100 train rows).",
+    ]
+
+
 def test_digits_without_scikit_learn_is_refused_clearly(monkeypatch, tmp_path):
     real = importlib.util.find_spec
     monkeypatch.setattr(
