@@ -11,7 +11,7 @@ import pathlib
 
 import pytest
 
-from raydist.config import load_config
+from raydist.config import ConfigError, load_config
 from raydist.data import RaydistDataError
 from raydist.data.schema import MANIFEST_NAME
 from raydist.tasks import DataInfo
@@ -108,3 +108,15 @@ def test_an_explicit_epochs_is_kept_over_a_presets_min_steps(tiny_dataset, tmp_p
         load_config(preset_file=both, overrides={"data.path": str(tiny_dataset), "train.batch_size": 128})
     )
     assert same_layer.cfg.train.epochs == -(-100 // steps)
+
+
+def test_mining_on_a_split_smaller_than_k_plus_hi_is_refused_naming_the_keys(tiny_dataset):
+    """Issue #47's bad input: K mined negatives from ranks [lo, hi] need a train split of K + hi rows or more."""
+    base = {"data.path": str(tiny_dataset), "loss.mined_negatives": 4}
+    ok = load_config("tiny", overrides={**base, "loss.mine_range": [1, 1996]})  # 2000 train rows = 4 + 1996
+    prepare_run(ok)
+    too_far = load_config("tiny", overrides={**base, "loss.mine_range": [1, 1997]})
+    with pytest.raises(
+        ConfigError, match=r"loss.mine_range=\[1, 1997\] with loss.mined_negatives=4: .* 2000 rows"
+    ):
+        prepare_run(too_far)

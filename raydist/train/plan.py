@@ -103,7 +103,7 @@ def check_run(cfg: Config, info: DataInfo, configs: Iterable[Config] = ()) -> No
     trials of a sweep) fits the dataset ``info`` describes, before Ray starts: the task and its loss kind
     (:func:`raydist.tasks.check_task_config`; those of ``configs`` with any loss kind the task trains), the image
     encoder and the memory for encoded images, gradient caching, a train split of at least one step and of at least
-    the loss memory's rows (:func:`check_memory_size`)."""
+    the loss memory's rows (:func:`check_memory_size`) and of the mined negatives' ranks (:func:`check_mining_rows`)."""
     configs = tuple(configs)
     check_task_config(cfg, info)
     for c in configs:
@@ -115,6 +115,7 @@ def check_run(cfg: Config, info: DataInfo, configs: Iterable[Config] = ()) -> No
     check_split_size(info.data_dir, "train", rows, manifest=info.manifest)
     for c in (cfg, *configs):
         check_memory_size(c, info)
+        check_mining_rows(c, info)
 
 
 def check_memory_size(cfg: Config, info: DataInfo) -> None:
@@ -127,6 +128,19 @@ def check_memory_size(cfg: Config, info: DataInfo) -> None:
         raise ConfigError(
             f"loss.memory_size={size} is larger than the training split ({train} rows): the queue would hold "
             "rows of the same epoch twice; use at most the split's rows"
+        )
+
+
+def check_mining_rows(cfg: Config, info: DataInfo) -> None:
+    """``loss.mined_negatives=K`` with ``loss.mine_range=[lo, hi]`` on a train split of at least K + hi rows:
+    each sample's K negatives are drawn from its ranks lo..hi among the other rows."""
+    kind = loss_kind(cfg, info.task)
+    k = kind.mined_negatives(cfg) if kind else 0
+    train = int(info.manifest.splits["train"].rows * cfg.data.train_fraction)
+    if k and train < k + cfg.loss.mine_range[-1]:
+        raise ConfigError(
+            f"loss.mine_range={cfg.loss.mine_range} with loss.mined_negatives={k}: the training split has {train} "
+            f"rows, fewer than K + hi = {k + cfg.loss.mine_range[-1]}; lower loss.mine_range or use more data"
         )
 
 
