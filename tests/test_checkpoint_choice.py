@@ -11,31 +11,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_retrieval_trained import _config  # a tiny in-process labels run's config
 
 from raydist.checkpoint import record_best_checkpoint, save_checkpoint
 from raydist.cli import main
-from raydist.config import load_config
-from raydist.dataset_task import dataset_task
 from raydist.retrieval.trained import choose_trained, evaluate_checkpoint
 from raydist.runfiles import BEST_CHECKPOINT_FILE
 from raydist.tasks import DataInfo, build_task
 from raydist.train.trainer import run_training
 
 METRIC = "val/top1"  # the labels task's primary metric with its default loss (cross-entropy)
-
-
-def _config(data_dir: Path, **overrides):
-    return load_config(
-        "tiny",
-        overrides={
-            "data.path": str(data_dir),
-            "train.num_workers": 0,
-            "train.epochs": 1,
-            "train.batch_size": 64,
-            **overrides,
-        },
-        task_of=dataset_task,
-    )
 
 
 def _checkpoint(run_dir: Path, data_dir: Path, step: int, score: float | None, seed: int) -> Path:
