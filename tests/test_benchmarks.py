@@ -191,3 +191,46 @@ def test_the_images_steady_rate_covers_whole_pairs_of_slow_and_fast_epochs(epoch
     assert clock.steady == pytest.approx(200.0)
     images, _ = clock.steady_images_seconds()
     assert images == 100 * 2 * ((epochs - WARMUP_EPOCHS) // 2)
+
+
+def test_the_step_benchmarks_quick_mode_takes_turns_window_by_window(tmp_path) -> None:
+    """``raydist bench step`` (quick): after the warm-up steps, the Ray run and its reference (here two threads)
+    run their windows in turns, Ray first in even pairs and the reference first in odd ones, never at once; each
+    window's rate leaves out its first step (after the wait)."""
+    import threading
+
+    from raydist.benchmarks.step import Aborted, WindowClock, Windows, take_turns, window_stats
+
+    windows = Windows(str(tmp_path), warm=2, steps=3, count=3)
+    starts_at = {s: windows.boundary(s) for s in range(windows.total) if windows.boundary(s) is not None}
+    assert starts_at == {1: 0, 4: 1, 7: 2, 10: 3}  # after the warm-up, each window, the end
+    log: list[tuple[str, int]] = []
+
+    def side(name: str) -> None:
+        clock = WindowClock(windows, name)
+        for step in range(windows.total):
+            log.append((name, step))
+            clock.at_step_end(step, rank=0)
+
+    threads = [threading.Thread(target=side, args=(name,)) for name in ("ray", "ref")]
+    for thread in threads:
+        thread.start()
+    take_turns(windows)
+    for thread in threads:
+        thread.join(timeout=30)
+    measured = [(name, step) for name, step in log if step >= windows.warm]
+    order = ["ray", "ref", "ref", "ray", "ray", "ref"]
+    starts = [windows.span(k).start for k in range(windows.count) for _ in range(2)]
+    assert measured == [
+        (name, start + i) for name, start in zip(order, starts, strict=True) for i in range(3)
+    ]
+
+    times = [0.0, 1.0] + [10.0 * k + 0.5 * i for k in range(3) for i in range(3)]  # 2 steps/s in every window
+    rates, faults = window_stats({"times": times, "faults": list(range(11))}, windows)
+    assert rates == [2.0, 2.0, 2.0] and faults == [1.0, 1.0, 1.0]
+
+    other = Windows(str(tmp_path / "other"), warm=1, steps=3, count=1)  # its gates: never opened
+    (tmp_path / "other").mkdir()
+    other.abort()
+    with pytest.raises(Aborted):
+        WindowClock(other, "ray").at_step_end(other.warm + other.steps - 1, rank=1)

@@ -36,6 +36,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="pixels-vs-vectors: train in process with one torch "
         "thread (train.num_workers=0) instead of the Ray Train workers `raydist train` starts",
     )
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="step: the long form (a fresh Ray fit and fresh reference processes per repeat, 218-step epochs, "
+        "diagnostic rows; over 10 min on 2 cores) instead of the quick default (per worker count one Ray run "
+        "and one reference taking turns over --repeats pairs of 60-step windows; under 3 min); the other "
+        "benchmarks ignore it",
+    )
     p.add_argument("--record", help="append the table with command, machine and versions to this file")
 
 
@@ -47,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         args.names or None,
         smoke=args.smoke,
         repeats=args.repeats,
-        options={"data": args.data, "in_process": args.in_process},
+        options={"data": args.data, "in_process": args.in_process, "full": args.full},
     )
     if args.record:
         append_results(args.record, recorded_command(["raydist", "bench", *sys.argv[2:]]), table)
