@@ -1,6 +1,7 @@
 """`raydist serve` over HTTP (raydist.serving.deployment): a tiny run deployed with Ray Serve on a free loopback
 port of the session's Ray. /embed equals the Embedder in process; /search equals `raydist search` (its printed
-ids); concurrent requests (batched by @serve.batch) get their own answers; every bad request gets a 4xx JSON
+ids); concurrent requests (answered in batches) get their own answers, those of `raydist search`, each with its
+stages in a Server-Timing header; every bad request gets a 4xx JSON
 error naming the field and /health stays 200; the OpenAPI docs. The command itself, with a private Ray, stopped
 by SIGINT: the cluster step."""
 
@@ -25,8 +26,9 @@ from test_serving_service import BAD_REQUESTS, QUERIES
 from raydist.cli import main
 from raydist.distributed.spawn import free_port
 from raydist.retrieval.embedder import Embedder
+from raydist.retrieval.query import search_index
 from raydist.retrieval.trained import write_checkpoint_indexes
-from raydist.serving.deployment import deploy, stop
+from raydist.serving.deployment import deploy, read_timing_header, stop
 from raydist.serving.service import ServeOptions
 
 
@@ -103,17 +105,30 @@ def test_search_equals_raydist_search(served, tmp_path, capsys):
             assert len(hits) == 6 and scores == sorted(scores, reverse=True)
 
 
+def _timed(url: str, body: bytes) -> tuple[int, dict, dict[str, float]]:
+    """(status, JSON body, the Server-Timing header's stages in seconds and ``batch``) of a POST."""
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return r.status, json.loads(r.read()), read_timing_header(r.headers["Server-Timing"])
+
+
 @pytest.mark.slow
 def test_concurrent_requests_get_their_own_answers(served):
-    url, _, _ = served
+    url, _, index = served
     bodies = [json.dumps({"texts": [q], "k": 4, "dim": 32}).encode() for q in QUERIES * 4]
-    alone = [request(f"{url}/search", b) for b in bodies[: len(QUERIES)]]
+    expected = search_index(index, QUERIES, k=4, dim=32)  # in process, one scan per query
     with ThreadPoolExecutor(8) as pool:
-        together = list(pool.map(lambda b: request(f"{url}/search", b), bodies))
-    for i, (status, answer) in enumerate(together):
+        together = list(pool.map(lambda b: _timed(f"{url}/search", b), bodies))
+    for i, (status, answer, timing) in enumerate(together):
         assert status == 200
-        expected = alone[i % len(QUERIES)][1]["results"]
-        assert [h["id"] for h in answer["results"][0]] == [h["id"] for h in expected[0]]
+        assert [h["id"] for h in answer["results"][0]] == expected.ids[i % len(QUERIES)].tolist()
+        np.testing.assert_allclose(
+            [h["score"] for h in answer["results"][0]], expected.scores[i % len(QUERIES)], atol=1e-5
+        )
+        assert set(timing) == {"parse", "queue", "embed", "search", "encode", "replica", "batch"}
+        assert 1 <= timing["batch"] <= 16 and min(timing.values()) >= 0
+        stages = sum(timing[s] for s in ("parse", "queue", "embed", "search", "encode"))
+        assert stages <= timing["replica"] + 1e-3  # the replica's stages, each rounded to 0.01 ms
 
 
 @pytest.mark.slow
@@ -199,3 +214,12 @@ def test_a_signal_stops_the_deployment_and_the_handlers_are_restored(monkeypatch
     assert calls == ["deploy", "stop http://127.0.0.1:1"]
     assert lines[1:] == [f"stopping on {signal.Signals(signum).name}", "stopped"]
     assert signal.getsignal(signum) is before
+
+
+def test_the_timing_header_reads_back_as_written():
+    from raydist.serving.deployment import timing_header
+
+    header = timing_header({"parse": 0.0012, "queue": 0.0, "search": 0.25}, 3)
+    assert header == 'parse;dur=1.20, queue;dur=0.00, search;dur=250.00, batch;desc="3"'
+    assert read_timing_header(header) == {"parse": 0.0012, "queue": 0.0, "search": 0.25, "batch": 3.0}
+    assert read_timing_header(None) == {}

@@ -18,7 +18,15 @@ from test_retrieval_embedder_images import shapes_ckpt  # noqa: F401  (a module 
 from raydist.retrieval.embedder import Embedder
 from raydist.retrieval.query import search_index
 from raydist.retrieval.trained import write_checkpoint_indexes
-from raydist.serving.service import EmbedRequest, RequestError, SearchRequest, ServeOptions, load_retriever
+from raydist.serving.service import (
+    BLAS_FROM_QUERIES,
+    EmbedRequest,
+    RequestError,
+    SearchRequest,
+    ServeOptions,
+    compute_threads,
+    load_retriever,
+)
 
 QUERIES = ["a white child sitting in the park", "two dogs on the grass", "a red bus", "zebra zebra"]
 
@@ -62,6 +70,34 @@ def test_flat_search_equals_raydist_search_on_an_index_folder_and_on_a_split(pai
     assert [
         [h["id"] for h in hits] for hits in _ask(fresh, True, texts=QUERIES, k=5, dim=16)["results"]
     ] == at16
+
+
+def test_a_batch_searched_as_a_replica_does_finds_what_each_query_finds_alone(retriever):
+    """compute_threads (a replica's settings: one thread, FAISS through BLAS from 2 queries) on a batch of
+    requests against each request answered alone with FAISS's defaults (one scan per query)."""
+    import faiss
+    import torch
+
+    alone = [_ask(retriever, True, texts=[q], k=7)["results"][0] for q in QUERIES]
+    jobs = [retriever.parse(_body(texts=[q], k=7), search=True) for q in QUERIES]
+    before = faiss.cvar.distance_compute_blas_threshold, torch.get_num_threads(), faiss.omp_get_max_threads()
+    parts: dict[str, float] = {}
+    try:
+        compute_threads(1)
+        assert faiss.cvar.distance_compute_blas_threshold == BLAS_FROM_QUERIES <= len(jobs)
+        assert torch.get_num_threads() == 1 and faiss.omp_get_max_threads() == 1
+        together = retriever.run(jobs, parts)
+    finally:
+        faiss.cvar.distance_compute_blas_threshold = before[0]
+        torch.set_num_threads(before[1])
+        faiss.omp_set_num_threads(before[2])
+    assert set(parts) == {"embed", "search"} and min(parts.values()) >= 0
+    for hits, expected in zip(together, alone, strict=True):
+        assert [h["id"] for h in hits["results"][0]] == [h["id"] for h in expected]
+        np.testing.assert_allclose(
+            [h["score"] for h in hits["results"][0]], [h["score"] for h in expected], atol=1e-5
+        )
+        assert all(type(h["id"]) is int and type(h["score"]) is float for h in expected)
 
 
 def _unit(x: np.ndarray) -> np.ndarray:

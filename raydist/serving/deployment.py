@@ -1,22 +1,25 @@
 """``raydist serve``: a :class:`raydist.serving.service.Retriever` behind HTTP with Ray Serve -- FastAPI routes
-(``/health``, ``/embed``, ``/search``, OpenAPI docs at ``/docs``) through Serve's ingress, requests batched with
-``@serve.batch``, on a private local Ray or a cluster, stopped cleanly by SIGINT/SIGTERM; every request but
+(``/health``, ``/embed``, ``/search``, OpenAPI docs at ``/docs``) through Serve's ingress, the requests waiting
+answered together (:class:`raydist.serving.batcher.Batcher`), each answer's stages in its ``Server-Timing``
+header, on a private local Ray or a cluster, stopped cleanly by SIGINT/SIGTERM; every request but
 ``/health`` first passes the replica's :class:`raydist.serving.access.Gate` (key, rate)."""
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations (``Request``) as objects.
-import asyncio
 import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from ray import serve
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from raydist.checkpoint import read_config
 from raydist.console import warn
@@ -24,12 +27,14 @@ from raydist.data.schema import SPLITS
 from raydist.retrieval.trained import ALL_SPLITS, choose_trained
 from raydist.runtime import init_ray
 from raydist.serving.access import AccessRules, Gate, exposure_warning
+from raydist.serving.batcher import Batcher
 from raydist.serving.service import (
     EmbedRequest,
     Job,
     RequestError,
     SearchRequest,
     ServeOptions,
+    compute_threads,
     load_retriever,
 )
 from raydist.uris import is_uri
@@ -49,26 +54,58 @@ def _body(model: type) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
-@api.middleware("http")
-async def check_access(request: Request, call_next: Callable[[Request], Any]) -> Any:
-    """401 without the key, 429 beyond the client's rate (:class:`raydist.serving.access.Gate`), before a route
-    runs; the replica's gate is ``api.state.gate`` (one replica per process)."""
-    gate = getattr(request.app.state, "gate", None)
-    client = request.client.host if request.client else "unknown"
-    refusal = gate and gate.refusal(request.url.path, request.headers.get("authorization"), client)
-    if refusal:
-        status, field, message = refusal
-        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {"Retry-After": "1"}
-        return JSONResponse(
-            RequestError(status, field, message).payload(), status_code=status, headers=headers
-        )
-    return await call_next(request)
+class AccessCheck:
+    """ASGI middleware: 401 without the key, 429 beyond the client's rate (:class:`raydist.serving.access.Gate`),
+    before a route runs; the replica's gate is ``app.state.gate`` (one replica per process). Plain ASGI rather
+    than ``@app.middleware("http")``, whose wrapper streams every response through a second task."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        gate = getattr(scope["app"].state, "gate", None) if scope["type"] == "http" else None
+        if gate is not None:
+            headers = Headers(scope=scope)
+            client = scope["client"][0] if scope.get("client") else "unknown"
+            refusal = gate.refusal(scope["path"], headers.get("authorization"), client)
+            if refusal:
+                status, field, message = refusal
+                extra = {"WWW-Authenticate": "Bearer"} if status == 401 else {"Retry-After": "1"}
+                payload = RequestError(status, field, message).payload()
+                await JSONResponse(payload, status_code=status, headers=extra)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+api.add_middleware(AccessCheck)
+
+
+def timing_header(parts: dict[str, float], batch: int) -> str:
+    """The ``Server-Timing`` header of an answer: each stage's milliseconds in the replica (``parse`` the body,
+    ``queue`` for its batch, the batch's ``embed`` and ``search``, ``encode`` the JSON, ``replica`` all of it)
+    and the batch's size."""
+    stages = ", ".join(f"{name};dur={1e3 * seconds:.2f}" for name, seconds in parts.items())
+    return f'{stages}, batch;desc="{batch}"'
+
+
+def read_timing_header(header: str | None) -> dict[str, float]:
+    """A :func:`timing_header` read back: each stage in seconds, and ``batch`` as a number."""
+    out: dict[str, float] = {}
+    for part in (header or "").split(","):
+        name, _, value = part.strip().partition(";")
+        if value.startswith("dur="):
+            out[name] = float(value[4:]) / 1e3
+        elif value.startswith("desc="):
+            out[name] = float(value[5:].strip('"'))
+    return out
 
 
 @serve.deployment(name="Retriever", max_constructor_retry_count=1)
 @serve.ingress(api)
 class RetrieverDeployment:
-    """One replica: the model and its index (:func:`raydist.serving.service.load_retriever`) and the routes."""
+    """One replica: the model and its index (:func:`raydist.serving.service.load_retriever`), ``threads`` compute
+    threads, the routes, and a :class:`raydist.serving.batcher.Batcher` that answers the requests waiting
+    together."""
 
     def __init__(
         self,
@@ -78,14 +115,17 @@ class RetrieverDeployment:
         latest: bool,
         options: ServeOptions,
         access: AccessRules,
+        threads: int = 1,
     ) -> None:
         api.state.gate = Gate(access)
+        compute_threads(threads)
         self.retriever = load_retriever(checkpoint, index, data_dir=data_dir, latest=latest, options=options)
-        self.answer.set_max_batch_size(options.max_batch)
-        self.answer.set_batch_wait_timeout_s(options.batch_wait_s)
+        self.batcher: Batcher[Job, dict[str, Any]] = Batcher(
+            self.retriever.run, options.max_batch, options.batch_wait_s
+        )
 
     @api.get("/health")
-    def health(self) -> dict[str, Any]:
+    async def health(self) -> dict[str, Any]:
         """200 once the model and its index are loaded: the checkpoint, task, dims, index size and the replica
         that answered."""
         return {**self.retriever.health(), "replica": serve.get_replica_context().replica_id.unique_id}
@@ -101,7 +141,8 @@ class RetrieverDeployment:
         → ``{"results": [[{"id": ..., "score": ...}, ...], ...]}``, best first, ids as the dataset's."""
         return await self._respond(request, search=True)
 
-    async def _respond(self, request: Request, *, search: bool) -> Any:
+    async def _respond(self, request: Request, *, search: bool) -> Response:
+        start = time.perf_counter()
         limit = self.retriever.options.max_body_bytes
         length = request.headers.get("content-length", "")
         try:
@@ -110,14 +151,15 @@ class RetrieverDeployment:
             job = self.retriever.parse(await request.body(), search=search)
         except RequestError as e:
             return JSONResponse(e.payload(), status_code=e.status)
-        return JSONResponse(
-            await self.answer(job)
-        )  # plain json.dumps: no jsonable_encoder walk of the floats
-
-    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
-    async def answer(self, jobs: list[Job]) -> list[dict[str, Any]]:
-        """A batch of checked requests answered in one pass (off the event loop, so /health stays live)."""
-        return await asyncio.to_thread(self.retriever.run, jobs)
+        parsed = time.perf_counter()
+        done = await self.batcher.submit(job)
+        answered = time.perf_counter()
+        response = JSONResponse(done.answer)  # plain json.dumps: no jsonable_encoder walk of the floats
+        end = time.perf_counter()
+        parts = {"parse": parsed - start, "queue": done.queued_s, **done.parts}
+        parts |= {"encode": end - answered, "replica": end - start}
+        response.headers["Server-Timing"] = timing_header(parts, done.size)
+        return response
 
 
 @dataclass(frozen=True)
@@ -186,11 +228,12 @@ def deploy(
     serve_logs = {"log_level": log_level, "enable_access_log": log_level in ("DEBUG", "INFO")}
     serve.start(http_options={"host": host, "port": port}, logging_config=serve_logs)
     options = options or ServeOptions()
+    threads = max(1, int(replica_cpus))  # as many compute threads as whole CPUs reserved, at least one
     app = RetrieverDeployment.options(
         num_replicas=replicas,
         ray_actor_options={"num_cpus": replica_cpus},
         max_ongoing_requests=2 * options.max_batch,  # room for a full batch while the last one runs
-    ).bind(absolute(checkpoint), index_arg, absolute(data_dir), latest, options, access)
+    ).bind(absolute(checkpoint), index_arg, absolute(data_dir), latest, options, access, threads)
     serve.run(app, name=APP_NAME, route_prefix="/", blocking=False, logging_config=serve_logs)
     return Served(f"http://{host}:{port}", private, cluster)
 
