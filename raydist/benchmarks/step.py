@@ -445,8 +445,10 @@ def step_rate(*, smoke: bool, repeats: int, full: bool = False) -> str:
     batch = SMOKE_BATCH if smoke else FULL_BATCH
     shape = (SMOKE_WARM, SMOKE_WINDOW, SMOKE_PAIRS) if smoke else (QUICK_WARM, QUICK_WINDOW, repeats)
     images, captions, dim = SMOKE_DATA if smoke else FULL_DATA
-    if not (smoke or full):  # enough rows for every window's steps
-        images = math.ceil((shape[0] + shape[1] * shape[2]) * batch / captions)
+    if not (
+        smoke or full
+    ):  # enough rows for every window's steps: more captions per image (the images are capped)
+        captions = max(captions, math.ceil((shape[0] + shape[1] * shape[2]) * batch / images))
     worlds = (2,) if smoke else (1, 2)
     with tempfile.TemporaryDirectory(prefix="raydist-bench-step-") as tmp, ray_instance():
         data_dir = make_synthetic(
