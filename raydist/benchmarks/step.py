@@ -445,9 +445,7 @@ def step_rate(*, smoke: bool, repeats: int, full: bool = False) -> str:
     batch = SMOKE_BATCH if smoke else FULL_BATCH
     shape = (SMOKE_WARM, SMOKE_WINDOW, SMOKE_PAIRS) if smoke else (QUICK_WARM, QUICK_WINDOW, repeats)
     images, captions, dim = SMOKE_DATA if smoke else FULL_DATA
-    if not (
-        smoke or full
-    ):  # enough rows for every window's steps: more captions per image (the images are capped)
+    if not (smoke or full):  # rows for every window: more captions per image (make_synthetic caps the images)
         captions = max(captions, math.ceil((shape[0] + shape[1] * shape[2]) * batch / images))
     worlds = (2,) if smoke else (1, 2)
     with tempfile.TemporaryDirectory(prefix="raydist-bench-step-") as tmp, ray_instance():
@@ -512,23 +510,24 @@ def step_rate(*, smoke: bool, repeats: int, full: bool = False) -> str:
         setup
         + how
         + f"Threads seen: {threads}; OMP_WAIT_POLICY={omp_wait_policy()} in the driver. Wall time of a whole Ray "
-        f"fit (worker start, data read, windows, validation, checkpoint): {fits}; of this benchmark (Ray start, "
+        f"fit (worker start, data read, steps, validation, checkpoint): {fits}; of this benchmark (Ray start, "
         f"data, every run): {time.perf_counter() - started:.0f} s.\n\n"
-        + "\n".join(step_table(rates, faults, worlds))
+        + "\n".join(step_table(rates, faults, worlds, "per repeat" if full else "per pair"))
     )
 
 
-def step_table(rates: RateTable, faults: RateTable, worlds: tuple[int, ...]) -> list[str]:
-    """The markdown rows of the step benchmark: per W the reference, Ray Train with its ratio (median of the
-    rates; per repeat or window pair: median (min–max)), and the diagnostic rows that were measured."""
+def step_table(rates: RateTable, faults: RateTable, worlds: tuple[int, ...], paired: str) -> list[str]:
+    """The markdown rows of the step benchmark: per W the reference, Ray Train with its ratio (of the median
+    rates; ``paired``, "per repeat" or "per pair" of windows: median (min–max)), and the diagnostic rows that
+    were measured."""
 
     def run_row(label: str, key: str, ratio: str = "", target: str = "", ok: str = "") -> str:
         return row(label, spread(rates[key], "{:.2f}"), spread(faults[key], "{:.0f}"), ratio, target, ok)
 
     def ratio_to(key: str, ref: str) -> tuple[float, str]:
         ratio = median(rates[key]) / median(rates[ref])
-        paired = [a / b for a, b in zip(rates[key], rates[ref], strict=True)]
-        return ratio, f"{ratio:.3f}× (per pair {spread(paired, '{:.2f}')})"
+        ratios = [a / b for a, b in zip(rates[key], rates[ref], strict=True)]
+        return ratio, f"{ratio:.3f}× ({paired} {spread(ratios, '{:.2f}')})"
 
     rows = [
         row(
