@@ -23,7 +23,8 @@ from raydist.gradclust import (
     squared_distances,
     unsupported_layers,
 )
-from raydist.gradclust.layers import factor_shape
+from raydist.gradclust.centres import PreparedCentres, StackedBuffers, batch_terms, distances_from, stackable
+from raydist.gradclust.layers import factor_shape, has_bias
 
 DTYPE = torch.float64
 CLASSES = 3
@@ -179,14 +180,20 @@ def captured_factors(model: nn.Module, inputs: tuple, targets: torch.Tensor, sca
     return capture.factors(grad_scale=scale)
 
 
-@pytest.mark.parametrize("kind", list(MODELS))
-def test_distances_match_per_example_gradients(kind: str) -> None:
+def example_case(kind: str, seed: int) -> tuple:
+    """Model ``kind`` (seed 0), 9 random rows and targets, its per-example gradient matrices (torch.func), its
+    clusterable layers and the generator (seeded ``seed``) for what the test draws next."""
     torch.manual_seed(0)
     model = MODELS[kind]()
-    g = torch.Generator().manual_seed(1)
+    g = torch.Generator().manual_seed(seed)
     inputs, targets = make_inputs(kind, 9, g), torch.randint(0, CLASSES, (9,), generator=g)
     matrices = gradient_matrices(model, per_example_gradients(model, inputs, targets))
-    layers, _ = scan_layers(model)
+    return model, inputs, targets, matrices, scan_layers(model)[0], g
+
+
+@pytest.mark.parametrize("kind", list(MODELS))
+def test_distances_match_per_example_gradients(kind: str) -> None:
+    model, inputs, targets, matrices, layers, g = example_case(kind, 1)
     assert set(layers) == set(matrices)
     for name, module in layers.items():
         assert factor_shape(module) == tuple(matrices[name].shape[1:])
@@ -278,3 +285,26 @@ def test_hooks_record_only_inside_a_capture_and_detach_leaves_the_model_bare() -
     with gc.capture():  # attached again
         model(x).sum().backward()
     assert len(gc.after_backward()) == 4
+
+
+@pytest.mark.parametrize("kind", list(MODELS))
+def test_per_step_terms_match_per_example_gradients(kind: str) -> None:
+    """The A-step's path (``batch_terms``: one-position Linear layers stacked in one [2, K+1, L, B] buffer with
+    their squared norms, the others one by one; mixed in "mixed") gives the brute-force distances, with the
+    stacked layers and without, and with a buffer reused from a batch of another size."""
+    model, inputs, targets, matrices, layers, g = example_case(kind, 2)
+    centres = random_centres({n: m.shape[1:] for n, m in matrices.items()}, 4, g)
+    want = brute_force_distances(matrices, centres)
+    factors = captured_factors(model, inputs, targets)
+    bias = {n: not isinstance(m, nn.Embedding) and has_bias(m) for n, m in layers.items()}
+    prepared = {n: PreparedCentres.of(centres[n], bias[n]) for n in layers}
+    centre_sq = sum(c.sq_norms() for c in centres.values())
+    stacked = stackable(factors, list(layers))
+    assert stacked or kind not in ("mlp", "mixed")  # mixed: one stacked Linear among per-layer ones
+    buffers = StackedBuffers()
+    buffers.prepare(want.new_empty(0), len(stacked) or 1, 5, 4, [True] * (len(stacked) or 1))
+    for names in ([], stacked):
+        terms = batch_terms(factors, prepared, names, buffers)
+        torch.testing.assert_close(
+            distances_from(terms.cross, terms.grad_sq, centre_sq), want, rtol=1e-10, atol=1e-10
+        )

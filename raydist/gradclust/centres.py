@@ -56,10 +56,10 @@ def combine(terms: list[LayerTerms], centre_sq: Tensor) -> Tensor:
 
 def distances_from(cross: Tensor, grad_sq: Tensor, centre_sq: Tensor) -> Tensor:
     """``centre_sq_k − 2·cross_ik + grad_sq_i`` → [B, K] float64, clamped at 0 (the sums over layers of
-    :func:`combine`)."""
+    :func:`combine`); ``grad_sq`` [B] or [B, 1]."""
     # (‖C‖² − 2·cross) + ‖G‖² in float64 (centre_sq is float64: the first sum promotes, ×−2 is exact)
     out = torch.add(centre_sq, cross, alpha=-2)
-    out += grad_sq.unsqueeze(1)
+    out += grad_sq if grad_sq.dim() == 2 else grad_sq.unsqueeze(1)  # [B, 1] as it is, [B] as a column
     return out.clamp_min_(0)
 
 
@@ -97,12 +97,15 @@ def stackable(factors: dict[str, Factors], names: list[str]) -> list[str]:
 
 
 class StackedBuffers:
-    """Reused per-batch tensors of :func:`batch_terms`' stacked layers: the projections ``grad_proj``,
-    ``input_proj`` [L, K, B] (cluster-major: ``d_k·δ_i`` as the product [K, n]·[n, B], about a third faster than
-    [B, n]·[n, K] for small K, and the U-step's coefficients come out in the [K, B] it multiplies by), the row
-    norms ‖a_i‖, ‖δ_i‖ ``a_norm``, ``g_norm`` [L, B], the layers' bias flags ``bias_col`` [L, 1], and their
-    per-layer views, made once (a view made per batch costs an op like any other). Reallocated when L, B, K,
-    the dtype or the device change; the contents are valid until the next batch."""
+    """Reused per-batch tensors of :func:`batch_terms`' stacked layers, all in one ``proj`` [2, K+1, L, B]:
+    ``proj[0, k, l, i] = d_lk·δ_li`` and ``proj[1, k, l, i] = c_lk·[a_li, 1]`` for k < K (cluster-major: the
+    product [K, n]·[n, B], about a third faster than [B, n]·[n, K] for small K, written in place with leading
+    dimension L·B), and in the extra row k = K the squared row norms ``‖δ_li‖²`` and ``‖a_li‖² + bias_l``.
+    So one product and one sum over the layers give the cross terms (rows k < K) and ‖G_i‖² (row K) together:
+    ``summed = Σ_l proj[0] ∘ proj[1]`` [K+1, B]. The U-step's coefficients are ``grad_coeff`` / ``input_coeff``
+    = ``proj[0|1, :K]`` [K, L, B] (``grad_coeff_flat`` [K·L, B] for the bias sums by one matrix-vector product);
+    every per-layer view is made once (a view made per batch costs an op like any other). Reallocated when L,
+    B, K, the dtype, the device or the bias flags change; the contents are valid until the next batch."""
 
     def __init__(self) -> None:
         self._key: tuple | None = None
@@ -113,28 +116,65 @@ class StackedBuffers:
         key = (layers, rows, clusters, like.dtype, like.device, tuple(bias))
         if key != self._key:
             self._key = key
-            self.grad_proj = like.new_empty(layers, clusters, rows)
-            self.input_proj = like.new_empty(layers, clusters, rows)
-            self.norms = like.new_empty(2, layers, rows)
-            self.a_norm, self.g_norm = self.norms.unbind(0)
-            self.bias_col = like.new_tensor([float(b) for b in bias]).unsqueeze(1)
-            self.grad_rows, self.input_rows = self.grad_proj.unbind(0), self.input_proj.unbind(0)
-            self.a_rows, self.g_rows = self.a_norm.unbind(0), self.g_norm.unbind(0)
+            self.proj = like.new_empty(2, clusters + 1, layers, rows)
+            self.product = like.new_empty(clusters + 1, layers, rows)
+            self.summed = like.new_empty(clusters + 1, rows)
+            self.norms = self.proj[:, clusters]  # [2, L, B]
+            self.input_norms = self.norms[1]
+            self.bias_col = like.new_tensor([float(b) for b in bias]).unsqueeze(1) if any(bias) else None
+            self.grad_coeff, self.input_coeff = self.proj[0, :clusters], self.proj[1, :clusters]
+            self.grad_coeff_flat = self.grad_coeff.view(clusters * layers, rows)
+            self.ones = like.new_ones(rows)
+            self.grad_rows, self.input_rows = self.grad_coeff.unbind(1), self.input_coeff.unbind(1)
+            self.g_rows, self.a_rows = self.norms[0].unbind(0), self.norms[1].unbind(0)
+            self.cross, self.grad_sq = self.summed[:clusters].T, self.summed[clusters]
+            self.grad_sq_col = self.grad_sq.unsqueeze(1)
         return self
 
 
 @dataclass
 class BatchTerms:
     """The per-batch pieces of :func:`squared_distances`: ``cross`` = Σ_l cross_lik [B, K] (a transposed view
-    when layers were stacked), ``grad_sq`` = Σ_l ‖G_li‖² [B]; the projections ``δ_ip·d_k`` and ``u_ip·c_k`` of
-    the ``stacked`` layers in ``buffers`` ([L, K, B], row l = stacked[l]) and of the other layers per layer as
-    flat [B·P, K] (``projections``)."""
+    when layers were stacked), ``grad_sq`` = Σ_l ‖G_li‖² [B] (or [B, 1] when layers were stacked: a view
+    :func:`distances_from` adds as it is); the projections ``δ_ip·d_k`` and ``u_ip·c_k`` of the ``stacked``
+    layers in ``buffers`` ([K, L, B], layer l = stacked[l]) and of the other layers per layer as flat
+    [B·P, K] (``projections``)."""
 
     cross: Tensor
     grad_sq: Tensor
     stacked: list[str]
     buffers: StackedBuffers | None
     projections: dict[str, tuple[Tensor, Tensor]]
+
+
+def _stacked_terms(
+    factors: dict[str, Factors],
+    prepared: dict[str, PreparedCentres],
+    stacked: list[str],
+    buffers: StackedBuffers | None,
+) -> StackedBuffers:
+    """The stacked layers' projections and squared row norms written into ``buffers.proj``, and their
+    ``summed`` = Σ_l proj[0] ∘ proj[1] (cross terms and ‖G_i‖²): 4 ops per layer and 4 for all of them."""
+    first = factors[stacked[0]].flat_grads
+    clusters = prepared[stacked[0]].d.shape[0]
+    bias = [prepared[n].c_bias is not None for n in stacked]
+    buffers = (buffers or StackedBuffers()).prepare(first, len(stacked), first.shape[0], clusters, bias)
+    for layer, name in enumerate(stacked):
+        f, prep = factors[name], prepared[name]
+        a, g = f.flat_inputs, f.flat_grads
+        torch.mm(prep.d, g.T, out=buffers.grad_rows[layer])
+        if prep.c_bias_col is None:
+            torch.mm(prep.c_main, a.T, out=buffers.input_rows[layer])
+        else:
+            torch.addmm(prep.c_bias_col, prep.c_main, a.T, out=buffers.input_rows[layer])
+        torch.linalg.vector_norm(g, dim=1, out=buffers.g_rows[layer])
+        torch.linalg.vector_norm(a, dim=1, out=buffers.a_rows[layer])
+    buffers.norms.square_()
+    if buffers.bias_col is not None:
+        buffers.input_norms += buffers.bias_col  # ‖[a, 1]‖² = ‖a‖² + 1
+    torch.mul(buffers.proj[0], buffers.proj[1], out=buffers.product)
+    torch.sum(buffers.product, 1, out=buffers.summed)
+    return buffers
 
 
 def batch_terms(
@@ -145,30 +185,17 @@ def batch_terms(
 ) -> BatchTerms:
     """:func:`squared_distances`'s data-dependent terms over the layers of ``prepared`` in few ops per batch.
 
-    The layers named in ``stacked`` (see :func:`stackable`) write their two projections into [L, K, B]
-    tensors and their row norms ‖a_i‖, ‖δ_i‖ into [L, B] ones (``buffers`` keeps them from batch to batch),
-    so the cross terms, ``‖G_i‖² = (‖a_i‖² + bias)‖δ_i‖²`` and (in the U-step) the masked coefficients cost a
-    fixed number of ops for all of them; the other layers are summed in one by one."""
+    The layers named in ``stacked`` (see :func:`stackable`) write their two projections and their squared row
+    norms into one [2, K+1, L, B] tensor (``buffers`` keeps it from batch to batch, see
+    :class:`StackedBuffers`), so the cross terms and ``‖G_i‖² = (‖a_i‖² + bias)‖δ_i‖²`` of all of them are one
+    product and one sum, and (in the U-step) the masked coefficients one op; the other layers are summed in
+    one by one."""
     stacked = stacked or []
     cross: Tensor | None = None
     grad_sq: Tensor | None = None
     if stacked:
-        first = factors[stacked[0]].flat_grads
-        clusters = prepared[stacked[0]].d.shape[0]
-        bias = [prepared[n].c_bias is not None for n in stacked]
-        buffers = (buffers or StackedBuffers()).prepare(first, len(stacked), first.shape[0], clusters, bias)
-        for layer, name in enumerate(stacked):
-            f, prep = factors[name], prepared[name]
-            torch.mm(prep.d, f.flat_grads.T, out=buffers.grad_rows[layer])
-            if prep.c_bias_col is None:
-                torch.mm(prep.c_main, f.flat_inputs.T, out=buffers.input_rows[layer])
-            else:
-                torch.addmm(prep.c_bias_col, prep.c_main, f.flat_inputs.T, out=buffers.input_rows[layer])
-            torch.linalg.vector_norm(f.flat_inputs, dim=1, out=buffers.a_rows[layer])
-            torch.linalg.vector_norm(f.flat_grads, dim=1, out=buffers.g_rows[layer])
-        buffers.norms.square_()
-        grad_sq = buffers.a_norm.add_(buffers.bias_col).mul_(buffers.g_norm).sum(0)
-        cross = (buffers.grad_proj * buffers.input_proj).sum(0).T
+        buffers = _stacked_terms(factors, prepared, stacked, buffers)
+        cross, grad_sq = buffers.cross, buffers.grad_sq_col
     projections = {}
     for name, prep in prepared.items():
         if name in stacked:
@@ -186,7 +213,7 @@ def batch_terms(
             term = (layer_grad_proj * layer_input_proj).view(f.batch_size, f.positions, -1).sum(1)
             cross = term if cross is None else cross + term
         sq = f.sq_norms()
-        grad_sq = sq if grad_sq is None else grad_sq + sq
+        grad_sq = sq if grad_sq is None else (grad_sq.squeeze(1) if grad_sq.dim() == 2 else grad_sq) + sq
     if cross is None or grad_sq is None:
         raise ValueError("batch_terms needs at least one layer")
     return BatchTerms(cross, grad_sq, stacked, buffers if stacked else None, projections)

@@ -135,6 +135,8 @@ class GradientClustering:
         self.min_cluster_size, self.split_noise, self.seed = min_cluster_size, split_noise, seed
         self._capture = LayerCapture(layers)
         self._weights = {name: module.weight for name, module in layers.items()}
+        self._names = list(layers)
+        self._one_dtype = len({w.dtype for w in self._weights.values()}) == 1
         self._shapes = {name: factor_shape(module) for name, module in layers.items()}
         self._bias = {name: not isinstance(m, nn.Embedding) and has_bias(m) for name, m in layers.items()}
         device = next(iter(self._weights.values())).device
@@ -145,6 +147,7 @@ class GradientClustering:
         self.counts = torch.zeros(num_clusters, dtype=torch.float64, device=device)
         self._assign_weight = (self.counts + 1).unsqueeze(0)  # the A-step's (N_k + 1), [1, K]
         self._cluster_ids = torch.arange(num_clusters, device=device)
+        self._cluster_ids_3d = self._cluster_ids.view(-1, 1, 1)  # k as [K, 1, 1] for the stacked mask
         self.distortion = torch.zeros_like(self.counts)
         self.objective = 0.0
         self.total_distortion = 0.0
@@ -217,26 +220,28 @@ class GradientClustering:
         # layouts, ‖C_k‖² and (N_k + 1) computed once per centre change (_centres_changed), not per batch
         terms = batch_terms(factors, self._prepared, self._stacked(factors), self._buffers)
         distances = distances_from(terms.cross, terms.grad_sq, self._centre_sq)
-        assignment = torch.argmin(self._assign_weight * distances, dim=1)
-        column = assignment.unsqueeze(1)
+        column = torch.argmin(self._assign_weight * distances, dim=1, keepdim=True)  # a_i as [B, 1]
         ids = None if sample_ids is None else sample_ids.clone()  # the caller may reuse or modify these
-        self._pending.append((assignment, distances, ids))
+        self._pending.append((column, distances, ids))
         # U-step sums: coeff_(ip)k = proj_(ip)k in the column k = a_i, 0 elsewhere (one mask for all layers)
-        inputs, mask = self.updating_inputs, column == self._cluster_ids  # [B, K] bool
+        inputs = self.updating_inputs
         if terms.buffers is not None:
             buffers = terms.buffers
             coeff, rows = (
-                (buffers.grad_proj, buffers.grad_rows) if inputs else (buffers.input_proj, buffers.input_rows)
+                (buffers.grad_coeff, buffers.grad_rows)
+                if inputs
+                else (buffers.input_coeff, buffers.input_rows)
             )
-            coeff *= mask.T  # [L, K, B]; the projections are not needed after this
+            coeff.mul_(torch.eq(column.view(1, 1, -1), self._cluster_ids_3d))  # [K, L, B] by [K, 1, B]
             for layer, name in enumerate(terms.stacked):
-                f = factors[name]
                 if inputs:
-                    self._sum_parts[name][0].addmm_(rows[layer], f.flat_inputs)
+                    self._sum_parts[name][0].addmm_(rows[layer], factors[name].flat_inputs)
                 else:
-                    self._sums[name].addmm_(rows[layer], f.flat_grads)
-            if inputs and self._stacked_bias is not None:
-                self._stacked_bias += coeff.sum(2)  # bias columns, added to the sums in _fold
+                    self._sums[name].addmm_(rows[layer], factors[name].flat_grads)
+            if inputs and self._stacked_bias is not None:  # bias columns Σ_i coeff_kli, added in _fold
+                self._stacked_bias.view(-1).addmv_(buffers.grad_coeff_flat, buffers.ones)
+        if terms.projections:
+            mask = column == self._cluster_ids  # [B, K] bool
         for name, (grad_proj, input_proj) in terms.projections.items():
             f, proj = factors[name], grad_proj if inputs else input_proj
             if f.positions == 1:
@@ -248,7 +253,7 @@ class GradientClustering:
                 f.add_masked_input_sums(main, coeff, bias)
             else:
                 f.add_masked_grad_sums(self._sums[name], coeff)
-        return assignment
+        return column.view(-1)
 
     def update(self) -> None:
         """U-step from the window's statistics summed over workers, then re-seeding; opens a new window."""
@@ -296,13 +301,14 @@ class GradientClustering:
         if not self._pending:
             return
         pending, self._pending = self._pending, []
-        assignment = torch.cat([a for a, _, _ in pending])
-        own = torch.cat([d for _, d, _ in pending]).gather(1, assignment.unsqueeze(1)).squeeze(1)
+        column = torch.cat([a for a, _, _ in pending])  # [ΣB, 1]
+        own = torch.cat([d for _, d, _ in pending]).gather(1, column).squeeze(1)
+        assignment = column.squeeze(1)
         self._window_counts += torch.bincount(assignment, minlength=self.num_clusters)
         self._window_distortion.index_add_(0, assignment, own)
         for a, _, ids in pending:
             if ids is not None:
-                self._assign_log.append((ids, a))
+                self._assign_log.append((ids, a.view(-1)))
                 self._log_rows += len(a)
         if self._log_rows > max(2 * len(self._assigned_ids), 1 << 16):
             self._compact()
@@ -335,7 +341,7 @@ class GradientClustering:
         bias column) that ``add_masked_input_sums`` adds to."""
         self._sums = sums
         self._stacked_bias: Tensor | None = (
-            None  # bias-column sums of the stacked layers, [L, K] (see _stacked)
+            None  # bias-column sums of the stacked layers, [K, L] (see _stacked)
         )
         self._stacked_bias_names: list[str] = []
         self._sum_parts = {
@@ -345,23 +351,24 @@ class GradientClustering:
 
     def _stacked(self, factors: dict[str, Factors]) -> list[str]:
         """The layers whose terms are computed stacked this batch (:func:`stackable`); a window that updates
-        input factors keeps their bias-column sums in one [L, K] tensor, added to the sums by :meth:`_fold`."""
-        names = stackable(factors, self.layers)
+        input factors keeps their bias-column sums in one [K, L] tensor, added to the sums by :meth:`_fold`."""
+        # every layer a Linear on [B, n] in its weight's dtype, one dtype for all: stackable's answer is all layers
+        names = self._names if self._capture.all_flat and self._one_dtype else stackable(factors, self._names)
         if names != self._stacked_bias_names:
             self._flush_bias()
             self._stacked_bias_names = names
             biased = self.updating_inputs and any(self._bias[n] for n in names)
             self._stacked_bias = (
-                self._sums[names[0]].new_zeros(len(names), self.num_clusters) if biased else None
+                self._sums[names[0]].new_zeros(self.num_clusters, len(names)) if biased else None
             )
         return names
 
     def _flush_bias(self) -> None:
         if self._stacked_bias is None:
             return
-        for row, name in zip(self._stacked_bias, self._stacked_bias_names, strict=False):
+        for column, name in zip(self._stacked_bias.T, self._stacked_bias_names, strict=False):
             if self._bias[name]:
-                self._sums[name][:, -1] += row
+                self._sums[name][:, -1] += column
         self._stacked_bias = torch.zeros_like(self._stacked_bias)  # (the old one may be an inference tensor)
 
     def _seed(self, factors: dict[str, Factors]) -> None:

@@ -341,6 +341,12 @@ class LayerCapture:
         self._grads: dict[str, Tensor] = {}
         self._recording = False
         self._handles: list = []
+        self._grad_hooks: dict[
+            tuple[str, int], partial
+        ] = {}  # the δ pre-hook per (layer, output_nr), made once
+        self.all_flat = (
+            False  # whether the last factors() were all Linear layers on [B, n] in their weights' dtype
+        )
         # (weight dtype, bias) of the Linear layers: their [B, n] batches skip _factors' checks
         self._linear = {n: (m.weight.dtype, has_bias(m)) for n, m in layers.items() if type(m) is nn.Linear}
 
@@ -377,7 +383,11 @@ class LayerCapture:
         self._inputs[name] = args[0]  # not detached (an op per layer): read under no_grad only
         node = output.grad_fn
         if node is not None:  # δ = the gradient arriving at the node that made the output (its only output)
-            node.register_prehook(partial(self._on_grad, name, output.output_nr))
+            key = (name, output.output_nr)
+            hook = self._grad_hooks.get(key)
+            if hook is None:
+                hook = self._grad_hooks[key] = partial(self._on_grad, name, key[1])
+            node.register_prehook(hook)
 
     def _on_grad(self, name: str, index: int, grads: tuple[Tensor | None, ...]) -> None:
         grad = grads[index]
@@ -394,6 +404,7 @@ class LayerCapture:
         self._inputs, self._grads = {}, {}
         detach = torch.is_grad_enabled()  # the tensors were kept as they came: detach unless under no_grad
         out = {}
+        flat = 0
         for name, module in self.layers.items():
             if name not in inputs:
                 raise RuntimeError(f"layer {name!r} did not run inside the capture")
@@ -405,6 +416,8 @@ class LayerCapture:
             linear = self._linear.get(name)
             if linear is not None and x.dim() == 2 and x.dtype == grad.dtype == linear[0]:
                 out[name] = DenseFactors(x, grad, bias=linear[1])  # what _factors makes of it, checks done
+                flat += 1
             else:
                 out[name] = _factors(module, x, grad)
+        self.all_flat = flat == len(self.layers)
         return out
