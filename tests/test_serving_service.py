@@ -72,25 +72,28 @@ def test_flat_search_equals_raydist_search_on_an_index_folder_and_on_a_split(pai
     ] == at16
 
 
-def test_a_batch_searched_as_a_replica_does_finds_what_each_query_finds_alone(retriever):
-    """compute_threads (a replica's settings: one thread, FAISS through BLAS from 2 queries) on a batch of
+def test_a_batch_searched_as_a_replica_does_finds_what_each_query_finds_alone(retriever, monkeypatch):
+    """A replica's search (batch_blas: a batch of at least BLAS_FROM_QUERIES queries through BLAS) on a batch of
     requests against each request answered alone with FAISS's defaults (one scan per query)."""
     import faiss
-    import torch
 
     alone = [_ask(retriever, True, texts=[q], k=7)["results"][0] for q in QUERIES]
     jobs = [retriever.parse(_body(texts=[q], k=7), search=True) for q in QUERIES]
-    before = faiss.cvar.distance_compute_blas_threshold, torch.get_num_threads(), faiss.omp_get_max_threads()
+    default = faiss.cvar.distance_compute_blas_threshold
+    index = retriever.indexes[max(retriever.indexes)]
+    seen: list[int] = []  # FAISS's threshold while the index searches
+
+    def recording(queries: np.ndarray, k: int):
+        seen.append(faiss.cvar.distance_compute_blas_threshold)
+        return type(index).search(index, queries, k)
+
+    monkeypatch.setattr(index, "search", recording)
+    monkeypatch.setattr(retriever, "batch_blas", True)
     parts: dict[str, float] = {}
-    try:
-        compute_threads(1)
-        assert faiss.cvar.distance_compute_blas_threshold == BLAS_FROM_QUERIES <= len(jobs)
-        assert torch.get_num_threads() == 1 and faiss.omp_get_max_threads() == 1
-        together = retriever.run(jobs, parts)
-    finally:
-        faiss.cvar.distance_compute_blas_threshold = before[0]
-        torch.set_num_threads(before[1])
-        faiss.omp_set_num_threads(before[2])
+    together = retriever.run(jobs, parts)
+    retriever.run(jobs[: BLAS_FROM_QUERIES - 1])  # too few queries: FAISS's own choice
+    assert len(jobs) >= BLAS_FROM_QUERIES and seen == [1, default]
+    assert faiss.cvar.distance_compute_blas_threshold == default  # restored
     assert set(parts) == {"embed", "search"} and min(parts.values()) >= 0
     for hits, expected in zip(together, alone, strict=True):
         assert [h["id"] for h in hits["results"][0]] == [h["id"] for h in expected]
@@ -98,6 +101,19 @@ def test_a_batch_searched_as_a_replica_does_finds_what_each_query_finds_alone(re
             [h["score"] for h in hits["results"][0]], [h["score"] for h in expected], atol=1e-5
         )
         assert all(type(h["id"]) is int and type(h["score"]) is float for h in expected)
+
+
+def test_compute_threads_sets_torch_and_faiss_threads():
+    import faiss
+    import torch
+
+    before = torch.get_num_threads(), faiss.omp_get_max_threads()
+    try:
+        compute_threads(1)
+        assert torch.get_num_threads() == 1 and faiss.omp_get_max_threads() == 1
+    finally:
+        torch.set_num_threads(before[0])
+        faiss.omp_set_num_threads(before[1])
 
 
 def _unit(x: np.ndarray) -> np.ndarray:

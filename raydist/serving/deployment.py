@@ -120,6 +120,7 @@ class RetrieverDeployment:
         api.state.gate = Gate(access)
         compute_threads(threads)
         self.retriever = load_retriever(checkpoint, index, data_dir=data_dir, latest=latest, options=options)
+        self.retriever.batch_blas = True  # the batcher runs one batch at a time
         self.batcher: Batcher[Job, dict[str, Any]] = Batcher(
             self.retriever.run, options.max_batch, options.batch_wait_s
         )

@@ -11,7 +11,8 @@ import binascii
 import json
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -56,21 +57,39 @@ class ServeOptions:
 
 
 BLAS_FROM_QUERIES = (
-    2  # FAISS's flat search as one matrix product from this many queries on (measured: 8 queries
+    3  # FAISS's flat search as one matrix product from this many queries on. Measured at 100,000
 )
-# at 100,000 x 256 in ~26 ms that way vs ~210 ms scanning the rows once per query, FAISS's default below 128,000)
+# x 256, one thread: 1 / 2 / 4 / 8 queries in 9.5 / 18 / 35 / 68 ms scanning the rows once per query (FAISS's
+# choice at up to 16 queries here), in 22 / 23 / 24 / 26 ms as a matrix product.
 
 
 def compute_threads(threads: int) -> None:
-    """A replica's compute settings: torch and FAISS (OpenMP, and OpenBLAS under it) at ``threads`` threads, and
-    FAISS's flat search through BLAS from :data:`BLAS_FROM_QUERIES` queries on, so that a batch of requests reads
-    the database once rather than once per query. Process-wide: call it in a process of its own (a replica)."""
+    """A replica's compute threads: torch and FAISS (OpenMP, and OpenBLAS under it) at ``threads``. Process-wide:
+    call it in a process of its own (a replica)."""
     import faiss
     import torch
 
     torch.set_num_threads(threads)
     faiss.omp_set_num_threads(threads)
-    faiss.cvar.distance_compute_blas_threshold = BLAS_FROM_QUERIES
+
+
+@contextmanager
+def blas_for(queries: int) -> Iterator[None]:
+    """FAISS's flat searches inside the block as one matrix product (``distance_compute_blas_threshold`` 1) when
+    there are at least :data:`BLAS_FROM_QUERIES` ``queries``, so that a batch reads the database once rather than
+    once per query; FAISS's own choice otherwise. Process-wide while it lasts: one search at a time (a replica's
+    batcher)."""
+    import faiss
+
+    if queries < BLAS_FROM_QUERIES:
+        yield
+        return
+    before = faiss.cvar.distance_compute_blas_threshold
+    faiss.cvar.distance_compute_blas_threshold = 1
+    try:
+        yield
+    finally:
+        faiss.cvar.distance_compute_blas_threshold = before
 
 
 class RequestError(Exception):
@@ -142,6 +161,7 @@ class Retriever:
         self.options = options
         self.full_dim = embedder.trained.config.model.embed_dim
         self.dims = embedder.trained.retrieval_dims()  # the nested dims; a plain model's are raydist index's
+        self.batch_blas = False  # a replica's: batches searched through BLAS (blas_for)
 
     def health(self) -> dict[str, Any]:
         """What ``GET /health`` reports: the checkpoint, the task, the dims and the index."""
@@ -271,16 +291,18 @@ class Retriever:
 
     def search(self, queries: np.ndarray, *, k: int, dim: int, mode: str) -> tuple[np.ndarray, np.ndarray]:
         """Top-k database rows [Q, k] and their cosines at ``dim`` by ``mode`` (flat, adaptive or funnel, the
-        shortlist of :class:`ServeOptions`): :func:`raydist.retrieval.search.search`."""
-        return search(
-            self.indexes,
-            queries,
-            k,
-            dim=dim,
-            mode=mode,
-            shortlist=self.options.shortlist,
-            database=self.database,
-        )
+        shortlist of :class:`ServeOptions`): :func:`raydist.retrieval.search.search`; with ``batch_blas`` (a
+        replica's, one search at a time) a batch of queries through BLAS (:func:`blas_for`)."""
+        with blas_for(len(queries)) if self.batch_blas else nullcontext():
+            return search(
+                self.indexes,
+                queries,
+                k,
+                dim=dim,
+                mode=mode,
+                shortlist=self.options.shortlist,
+                database=self.database,
+            )
 
     def _embed_all(self, jobs: Sequence[Job]) -> list[np.ndarray]:
         """Every job's full-dim embeddings, one model call per input kind."""
