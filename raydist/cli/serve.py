@@ -45,7 +45,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-items", type=int, default=256, help="most inputs in one request")
     p.add_argument("--max-body-mb", type=float, default=8.0, help="largest request body, MiB")
     p.add_argument("--max-batch", type=int, default=16, help="most requests answered in one batch")
-    p.add_argument("--batch-wait-ms", type=float, default=5.0, help="longest wait for a batch to fill")
+    p.add_argument(
+        "--batch-wait-ms",
+        type=float,
+        default=0.0,
+        help="how long an idle replica's first request waits for others (0: none; a batch takes the requests "
+        "waiting when the last one ends)",
+    )
     p.add_argument("--shortlist", type=int, default=200, help="adaptive/funnel search: first shortlist size")
     p.add_argument(
         "--address", help="deploy on this Ray cluster (default: RAY_ADDRESS, else a private local Ray)"
