@@ -109,3 +109,49 @@ def test_plot_shows_the_variance_over_training(labels_dataset, tmp_path):
     (tmp_path / "history.json").write_text(json.dumps(out["history"]))
     files = plot_run(tmp_path)
     assert any(f.name == "gradient_variance.png" and f.stat().st_size > 1000 for f in files)
+
+
+@pytest.mark.timeout(240)
+def test_stats_every_feeds_only_every_kth_step(labels_dataset, tmp_path, monkeypatch):
+    """gc.stats_every=3: the training steps 0, 3, 6, ... are captured and assigned, the others run the model
+    untouched; every step's batch is recorded beside GC (by the loop's own forward) to check which rows GC
+    saw; the U-step cadence counts statistics steps; the variance meter still runs every gc.log_every steps."""
+    from raydist.gradclust import GradientClustering
+
+    seen: list[torch.Tensor] = []  # every training step's sample ids, in order
+    fed: list[torch.Tensor] = []  # the ids GC's A-step received
+    captures = []
+    original_after, original_capture = GradientClustering.after_backward, GradientClustering.capture
+    original_hook_after = GradientClusteringHook.after_backward
+
+    def hook_after(self, ctx, model):
+        seen.append(ctx.batch["sample_id"].cpu().clone())
+        return original_hook_after(self, ctx, model)
+
+    def after(self, sample_ids=None, **kwargs):
+        fed.append(sample_ids.clone())
+        return original_after(self, sample_ids, **kwargs)
+
+    def capture(self):
+        captures.append(len(seen))
+        return original_capture(self)
+
+    monkeypatch.setattr(GradientClusteringHook, "after_backward", hook_after)
+    monkeypatch.setattr(GradientClustering, "after_backward", after)
+    monkeypatch.setattr(GradientClustering, "capture", capture)
+    out, _, hook = _run(
+        labels_dataset,
+        tmp_path,
+        **{"gc.measure": True, "gc.stats_every": 3, "gc.update_every": 2, "gc.reassign_every": 0},
+        **{"train.epochs": 1},
+    )
+    steps = len(seen)
+    assert steps >= 9
+    expected = [seen[s] for s in range(0, steps, 3)]
+    assert captures == list(range(0, steps, 3))  # captured forward passes: exactly the statistics steps
+    assert len(fed) == len(expected) and all(torch.equal(a, b) for a, b in zip(fed, expected, strict=True))
+    assert hook.gc.steps == len(expected) and hook.gc.updates == len(expected) // 2
+    everyone = torch.cat(seen).unique()
+    assigned = set(everyone[hook.gc.assignments(everyone) >= 0].tolist())
+    assert assigned == set(torch.cat(expected).tolist())  # no row of a skipped step was assigned
+    assert "gvar/gc_var" in out["history"][-1]

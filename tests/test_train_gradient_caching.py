@@ -96,9 +96,11 @@ class RandomShiftFlipNoise(nn.Module):
         return torch.roll(x, (dy, dx), (-2, -1)) + 0.1 * torch.randn_like(x)
 
 
-def make_task(case: str, folder: Path):
-    """The case's config (2 workers, global batch 14, MH from the first step) and task."""
+def make_task(case: str, folder: Path, **extra: object):
+    """The case's config (2 workers, global batch 14, MH from the first step; ``extra``: more overrides) and
+    task."""
     kind, overrides = CASES[case]
+    overrides = {**overrides, **extra}
     cfg = load_config(
         "tiny",
         overrides={
@@ -423,8 +425,12 @@ def test_two_ray_workers_log_the_same_losses_with_and_without_caching(ray_cluste
 def test_mixed_precision_and_clipping_keep_working(tmp_path, amp):
     """float32 model under autocast (fp16: with the GradScaler's loss scale) and a clip that binds: the cached
     step's (scaled) gradients and its updated parameters equal the uncached step's, with one chunk exactly
-    (the same forward), with chunks of 3 up to half-precision rounding."""
-    cfg, task = make_task("transformer-dropout", tmp_path)
+    (the same forward); with chunks of 3 the cached step stays within half-precision rounding of the float32
+    gradient (10 %: 8 mantissa bits through a width-8 transformer). SH, not MH: a forward of 3 rows rounds
+    differently from one of 7, which can flip a near-tied hardest negative (a different gradient, not a
+    rounding error; seen with bf16 on AVX2-only CPUs, where 3-row chunks landed 29 % off with MH, 6 % with
+    SH, and the uncached bf16 step 2 %)."""
+    cfg, task = make_task("transformer-dropout", tmp_path, **{"loss.hardest": False})
     cfg.train.batch_size, cfg.train.amp, cfg.train.grad_clip = ROWS, amp, 0.05
     cfg.model.text_dropout = 0.0
     batch = {
@@ -445,8 +451,13 @@ def test_mixed_precision_and_clipping_keep_working(tmp_path, amp):
     for name, want in out[0][0].items():
         torch.testing.assert_close(out[ROWS][0][name], want, rtol=1e-5, atol=1e-7)
         torch.testing.assert_close(out[ROWS][1][name], out[0][1][name], rtol=1e-5, atol=1e-7)
-    gap = torch.cat([(out[3][0][n] - g).flatten() for n, g in out[0][0].items()]).norm()
-    assert gap < 0.05 * norm, (amp, float(gap / norm))
+    full = cfg.model_copy(deep=True)
+    full.train.amp = "none"
+    model = task.build_model()
+    model.load_state_dict(state)
+    exact = {n: g * scale for n, g in step_grads(full, task, model, batch, 0, 0, 1).items()}
+    gap = torch.cat([(out[3][0][n] - g).flatten() for n, g in exact.items()]).norm()
+    assert gap < 0.1 * torch.cat([g.flatten() for g in exact.values()]).norm(), (amp, float(gap / norm))
     # Adam's first step moves each weight by about ±lr: a sign flip of a tiny gradient moves it by 2·lr
     assert max((out[3][1][n] - p).abs().max() for n, p in out[0][1].items()) <= 2 * cfg.train.lr + 1e-6
 

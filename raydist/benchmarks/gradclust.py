@@ -44,6 +44,7 @@ class Sizes:
     classes: int = 10
     clusters: int = 10
     update_every: int = 10
+    stats_every: int = 4  # the third arm: statistics on every k-th step (gc.stats_every), the cost per step
     batches: tuple[int, ...] = (128, 512)
     steps: int = 200
 
@@ -72,8 +73,11 @@ def train_step(
     x: torch.Tensor,
     y: torch.Tensor,
     gc: GradientClustering | None,
+    skipped: int = 0,
 ) -> None:
-    """One SGD step on the SUM cross-entropy; with ``gc``: forward inside capture, then after_backward."""
+    """One SGD step on the SUM cross-entropy; with ``gc``: forward inside capture, then after_backward; then
+    ``skipped`` more steps with GC attached but not capturing (what the training hook does between
+    statistics steps with ``gc.stats_every = skipped + 1``)."""
     optimizer.zero_grad(set_to_none=True)
     with gc.capture() if gc is not None else nullcontext():
         loss = F.cross_entropy(model(x), y, reduction="sum")
@@ -81,38 +85,43 @@ def train_step(
     if gc is not None:
         gc.after_backward(torch.arange(x.shape[0]))
     optimizer.step()
+    for _ in range(skipped):
+        train_step(model, optimizer, x, y, None)
 
 
 def time_both(sizes: Sizes, batch: int, rank: int = 0) -> tuple[dict[str, list[float]], GradientClustering]:
-    """Seconds per step, wall and this thread's CPU time, GC off and on, one plain and one GC step in turn
-    after :data:`WARMUP` of each, on one model (its weights stay as warm in the caches as in a run). GC's
-    forward hooks are removed before each plain step and put back before each GC step, outside the timed
-    step, so the plain step runs the model as if GC were not attached. Under DDP (an initialised process
-    group) the model is wrapped and GC clusters the inner module's layers (its U-step all-reduces over the
-    workers)."""
+    """Seconds per step, wall and this thread's CPU time, GC off, on, and on every ``stats_every``-th step:
+    one plain step, one GC step and one unit of ``stats_every`` steps (a GC step, then plain steps with GC
+    attached; its time divided by ``stats_every``) in turn after :data:`WARMUP` of each, on one model (its
+    weights stay as warm in the caches as in a run). GC's forward hooks are removed before each plain step
+    and put back before each GC step, outside the timed step, so the plain step runs the model as if GC were
+    not attached. Under DDP (an initialised process group) the model is wrapped and GC clusters the inner
+    module's layers (its U-step all-reduces over the workers: the two GC arms' statistics steps count alike
+    towards ``update_every``)."""
     torch.manual_seed(0)
     model = make_model(sizes)
     gc = GradientClustering(model, sizes.clusters, update_every=sizes.update_every)
     net = nn.parallel.DistributedDataParallel(model) if dist.is_initialized() else model
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
-    arms = {"off": (gc.detach, None), "on": (gc.attach, gc)}
+    k = sizes.stats_every
+    arms = {"off": (gc.detach, None, 0), "on": (gc.attach, gc, 0), "every": (gc.attach, gc, k - 1)}
     g = torch.Generator().manual_seed(1 + rank)
     x, y = (
         torch.randn(batch, sizes.features, generator=g),
         torch.randint(0, sizes.classes, (batch,), generator=g),
     )
     for _ in range(WARMUP):
-        for hooks, clustering in arms.values():
+        for hooks, clustering, skipped in arms.values():
             hooks()
-            train_step(net, optimizer, x, y, clustering)
-    times: dict[str, list[float]] = {"off": [], "on": [], "off_cpu": [], "on_cpu": []}
+            train_step(net, optimizer, x, y, clustering, skipped)
+    times: dict[str, list[float]] = {f"{key}{kind}": [] for key in arms for kind in ("", "_cpu")}
     for _ in range(sizes.steps):
-        for key, (hooks, clustering) in arms.items():
+        for key, (hooks, clustering, skipped) in arms.items():
             hooks()
             wall, cpu = time.perf_counter(), time.thread_time()
-            train_step(net, optimizer, x, y, clustering)
-            times[f"{key}_cpu"].append(time.thread_time() - cpu)
-            times[key].append(time.perf_counter() - wall)
+            train_step(net, optimizer, x, y, clustering, skipped)
+            times[f"{key}_cpu"].append((time.thread_time() - cpu) / (skipped + 1))
+            times[key].append((time.perf_counter() - wall) / (skipped + 1))
     return times, gc
 
 
@@ -200,9 +209,10 @@ def block_ratios(on: list[float], off: list[float], blocks: int) -> list[float]:
     ]
 
 
-def _ratio(times: dict[str, list[float]], key: str, blocks: int) -> tuple[float, str]:
-    """The ratio of the medians over all steps, and that cell: ratio (min–max of the per-block ratios)."""
-    on, off = times[f"on{key}"], times[f"off{key}"]
+def _ratio(times: dict[str, list[float]], key: str, blocks: int, arm: str = "on") -> tuple[float, str]:
+    """The ratio of the medians over all steps of ``arm`` vs the plain arm, and that cell: ratio (min–max of
+    the per-block ratios)."""
+    on, off = times[f"{arm}{key}"], times[f"off{key}"]
     ratio = statistics.median(on) / statistics.median(off)
     parts = block_ratios(on, off, blocks)
     return ratio, f"{ratio:.2f}× ({min(parts):.2f}–{max(parts):.2f})"
@@ -211,8 +221,18 @@ def _ratio(times: dict[str, list[float]], key: str, blocks: int) -> tuple[float,
 def _row(batch: int, world: int, times: dict[str, list[float]], memory: list[str], blocks: int) -> str:
     wall, wall_cell = _ratio(times, "", blocks)
     _, cpu_cell = _ratio(times, "_cpu", blocks)
+    every, every_cell = _ratio(times, "", blocks, arm="every")
     return row(
-        batch, world, _ms(times["off"]), _ms(times["on"]), wall_cell, cpu_cell, held(wall <= TARGET), *memory
+        batch,
+        world,
+        _ms(times["off"]),
+        _ms(times["on"]),
+        wall_cell,
+        cpu_cell,
+        held(wall <= TARGET),
+        every_cell,
+        held(every <= TARGET),
+        *memory,
     )
 
 
@@ -238,11 +258,13 @@ def gc_cost(*, smoke: bool, repeats: int) -> str:
             "GC / plain (wall)",
             "GC / plain (CPU)",
             f"≤ {TARGET:.2f}×",
+            f"GC every {sizes.stats_every}th step / plain (wall)",
+            f"≤ {TARGET:.2f}×",
             "GC state",
             "per-step tensors",
             "peak RSS Δ",
         ),
-        "|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+        "|---:|---:|---:|---:|---:|---:|---|---:|---|---:|---:|---:|",
     ]
     for batch in sizes.batches:
         times, gc = single[batch]
@@ -260,8 +282,9 @@ def gc_cost(*, smoke: bool, repeats: int) -> str:
         f"online U-step every {sizes.update_every} steps; one torch thread and malloc thresholds as in a "
         "training process (`train.tune_malloc`) per worker; W = 2: two spawned gloo "
         "processes on localhost, DDP, the batch per worker as at W = 1, rank 0's times. "
-        f"{sizes.steps} plain and {sizes.steps} GC steps alternating on one model after {WARMUP} warm-up steps of "
-        "each, GC's forward hooks removed before each plain step and put back before each GC step (outside the "
+        f"{sizes.steps} plain steps, {sizes.steps} GC steps and {sizes.steps} units of {sizes.stats_every} steps "
+        f"with GC statistics on the first (`gc.stats_every={sizes.stats_every}`; per step = the unit's time / "
+        f"{sizes.stats_every}) in turn on one model after {WARMUP} warm-up rounds, GC's forward hooks removed before each plain step and put back before each GC step (outside the "
         "timed step); ms as "
         "median (min–max) of wall time; the ratios are of medians over all steps, wall and this thread's CPU "
         f"time (the CPU ratio is less sensitive to other processes on a shared machine), with (min–max) the "

@@ -179,7 +179,10 @@ class GCSection(Section):
     sample: bool = False  # train on GC-stratified batches with unbiased weights (implies measure)
     num_clusters: int = Field(10, ge=1)
     mode: Literal["online", "batch"] = "online"
-    update_every: int = Field(10, ge=1)  # online mode: steps between U-steps
+    update_every: int = Field(10, ge=1)  # online mode: statistics steps between U-steps
+    # training steps between statistics steps (1 = every step): with k, GC captures and assigns the rows of
+    # every k-th step only, a k-times thinner sample of the same stream, and costs ~1/k of a statistics step
+    stats_every: int = Field(1, ge=1)
     reassign_every: int = Field(1, ge=0)  # epochs between full reassignment passes over the shard (0 = never)
     log_every: int = Field(50, ge=1)  # steps between variance measurements
     variance_batches: int = Field(10, ge=2)  # T extra mini-batches (from a separate stream) per measurement

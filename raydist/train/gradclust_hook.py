@@ -49,7 +49,7 @@ def worker_shard(arrays: Batch, *, rank: int, world: int, seed: int) -> Batch:
 
 
 class GradientClusteringHook(Hook):
-    """``gc.measure``: statistics from every training step (the task's loss backpropagated as a sum of
+    """``gc.measure``: statistics from every ``gc.stats_every``-th training step (the task's loss backpropagated as a sum of
     per-row contributions, ``loss_scale`` from :meth:`Task.row_loss_scale`), a reassignment pass over the
     shard every ``gc.reassign_every`` epochs, and every ``gc.log_every`` steps the variance meter
     (T = ``gc.variance_batches`` extra batches from its own generator).
@@ -105,16 +105,23 @@ class GradientClusteringHook(Hook):
                     "unbiasedness guarantee\n"
                 )
 
+    def _statistics_step(self, ctx: StepContext) -> bool:
+        """Whether this training step feeds GC's statistics: never under ``gc.sample`` (the reassignment
+        passes do), else every ``gc.stats_every``-th global step (the same steps on every worker, so the
+        U-steps' all-reduces line up, and the same after a resume)."""
+        return not self.cfg.gc.sample and ctx.global_step % self.cfg.gc.stats_every == 0
+
     def forward_context(self, ctx: StepContext) -> AbstractContextManager[Any]:
-        return nullcontext() if self.cfg.gc.sample else self.gc.capture()
+        return self.gc.capture() if self._statistics_step(ctx) else nullcontext()
 
     def after_backward(self, ctx: StepContext, model: nn.Module) -> None:
         if self.cfg.gc.sample:
             return
-        batch = ctx.batch
-        self.gc.after_backward(
-            batch["sample_id"].cpu(), loss_scale=self.task.row_loss_scale(len(batch["sample_id"]))
-        )
+        if self._statistics_step(ctx):
+            batch = ctx.batch
+            self.gc.after_backward(
+                batch["sample_id"].cpu(), loss_scale=self.task.row_loss_scale(len(batch["sample_id"]))
+            )
         if self.rank == 0 and ctx.global_step % self.cfg.gc.log_every == 0:
             self._measure(ctx)
 
