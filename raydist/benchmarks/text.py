@@ -44,29 +44,22 @@ def _copy_with_tokenizer(source: Path, out: Path) -> Path:
     return out
 
 
-def _train(args: list[str], out: Path, env: dict[str, str], *, in_process: bool = False) -> dict[str, float]:
-    """``raydist train ARGS --json OUT`` in a fresh process (``in_process``: in this one, the smoke mode's
-    in-process runs, which need no interpreter and imports of their own): test rsum, wall seconds, optimizer
-    steps."""
-    argv = ["train", *args, "--json", str(out)]
+def _train(args: list[str], out: Path, env: dict[str, str]) -> dict[str, float]:
+    """``raydist train ARGS --json OUT`` in a fresh process: test rsum, wall seconds, optimizer steps."""
     launched = time.time()
-    if in_process:
-        from raydist.cli import main
-
-        code, stderr = main(argv), "(in process: see the lines above)"
-    else:
-        done = subprocess.run(
-            [sys.executable, "-m", "raydist.cli", *argv],
-            check=False,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=3600,
-        )
-        code, stderr = done.returncode, done.stderr[-2000:]
+    done = subprocess.run(
+        [sys.executable, "-m", "raydist.cli", "train", *args, "--json", str(out)],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
     wall = time.time() - launched
-    if code != 0:
-        raise RuntimeError(f"raydist train {' '.join(args)} failed ({code}): {stderr}")
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"raydist train {' '.join(args)} failed ({done.returncode}): {done.stderr[-2000:]}"
+        )
     outcome = json.loads(out.read_text())
     history = outcome.get("history") or [{}]
     return {"rsum": outcome["test_metrics"]["rsum"], "wall": wall, "steps": history[-1].get("step", 0)}
@@ -134,8 +127,7 @@ def text_encoders(*, smoke: bool, repeats: int) -> str:
             for seed in seeds:  # interleaved: load from other processes hits every encoder alike
                 for i, (name, extra) in enumerate(ENCODERS.items()):
                     out = Path(tmp) / f"out-{d}-{seed}-{i}.json"
-                    args = [*common, *extra, f"train.seed={seed}"]
-                    results[name].append(_train(args, out, env, in_process=smoke))
+                    results[name].append(_train([*common, *extra, f"train.seed={seed}"], out, env))
             base = statistics.mean(r["rsum"] for r in results[next(iter(ENCODERS))])
             for name, runs in results.items():
                 rsums = [r["rsum"] for r in runs]
@@ -151,8 +143,7 @@ def text_encoders(*, smoke: bool, repeats: int) -> str:
                     )
                 )
     return (
-        f"Whole `raydist train` runs as subprocesses (smoke: in process), one per dataset, encoder and seed "
-        f"(seeds {seeds}); wall "
+        f"Whole `raydist train` runs as subprocesses, one per dataset, encoder and seed (seeds {seeds}); wall "
         "time from launch to exit (Ray start, training, every epoch's validation, the test evaluation). The "
         f"WordPiece tokenizer ({VOCAB_SIZE} tokens) is trained on a copy of each dataset's train captions "
         "(`raydist tokenizer train`).\n\n" + "\n".join(table)
