@@ -29,7 +29,9 @@ from raydist.tune.sweep import (
 )
 
 MARGIN = str(Path(__file__).resolve().parents[1] / "tune_spaces" / "margin.yaml")
-# One trial at a time: 1 × (0.5 driver + 2 workers × 0.5 + 1 Ray Data) = 2.5 of the session's 4 CPUs.
+# One trial at a time: 1 × (0.5 driver + 1 worker × 0.5 + 1 Ray Data) = 2 of the session's 4 CPUs. Each
+# trial is a Ray Train run with a worker group (one worker: what is tested is Tune's handling of the runs;
+# 2-worker Train runs inside Tune trials are `raydist experiment gather --quick`'s in tests/test_experiments.py).
 # ASHA's max_t=1 stops every trial after the first of its 2 epochs: a stopped trial's Train run is
 # killed mid-run, and the next trial starts only if that run's placement group was freed.
 FAILING_SPACE = {
@@ -37,7 +39,7 @@ FAILING_SPACE = {
     "num_samples": 1,
     "max_concurrent_trials": 1,
     "scheduler": {"type": "asha", "max_t": 1, "grace_period": 1},
-    "resources": {"trial_cpus": 0.5, "num_workers": 2, "cpus_per_worker": 0.5},
+    "resources": {"trial_cpus": 0.5, "num_workers": 1, "cpus_per_worker": 0.5},
     "base": {"train.epochs": 2, "train.log_every": 1000},
     # Trial order follows the grid: the first trial's rank 0 exits hard at its first step
     # (fault injection, once per run folder), the second trains until ASHA stops it.
