@@ -160,7 +160,8 @@ class LabelsTask(Task):
 
         def batch(start: int, end: int) -> tuple[Tensor, Tensor]:
             emb, logits = model(
-                torch.as_tensor(np.asarray(features[start:end]), dtype=torch.float32).to(device)
+                # a copy: the rows may be a read-only view (memory-mapped shards), which torch warns about
+                torch.tensor(np.asarray(features[start:end]), dtype=torch.float32, device=device)
             )
             # the full-dim logits (the largest nesting dim is last)
             return emb.cpu(), (logits[-1] if isinstance(logits, list) else logits).cpu()
