@@ -160,7 +160,7 @@ class LabelsTask(Task):
 
         def batch(start: int, end: int) -> tuple[Tensor, Tensor]:
             emb, logits = model(
-                # a copy: the rows may be a read-only view (memory-mapped shards), which torch warns about
+                # a copy: the rows may be a read-only array, which torch.as_tensor would share and warn about
                 torch.tensor(np.asarray(features[start:end]), dtype=torch.float32, device=device)
             )
             # the full-dim logits (the largest nesting dim is last)
