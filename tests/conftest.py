@@ -8,6 +8,8 @@ gloo process group of more than one process. Tests that start Ray of their own i
 Ray instances) are also marked `cluster`: the README's test command (`-m "not cluster"`) leaves them out and
 CI runs them as a second step (`.ci/run`). `pytest -m "not slow"`
 runs the rest: in-process code, including `train.num_workers=0` runs and single `python -c` subprocesses.
+Slow tests that spawn gloo process groups and start no Ray are also marked `gloo` (while they run, `ray.init`
+fails them); under pytest-xdist they run beside the Ray tests (`pytest_itemcollected`).
 
 Enforced here, before fixtures are set up: a test without `slow` that requests `ray_cluster` (directly or
 through another fixture) fails with a message saying to mark it, and so does a `cluster` test without `slow`.
@@ -52,8 +54,9 @@ def _refuse(item: pytest.Item, what: str):
 
 
 @contextmanager
-def _no_multiprocess_start(item: pytest.Item) -> Iterator[None]:
-    """While an unmarked test (or its fixtures) runs: starting Ray or spawning processes fails the test."""
+def _no_multiprocess_start(item: pytest.Item, *, spawn: bool = False) -> Iterator[None]:
+    """While an unmarked test (or its fixtures) runs: starting Ray or spawning processes fails the test; with
+    ``spawn`` (a `gloo` test) only starting Ray does."""
     import ray
     import ray._private.worker
     import torch.multiprocessing
@@ -64,9 +67,16 @@ def _no_multiprocess_start(item: pytest.Item) -> Iterator[None]:
         (ray, "init", _refuse(item, "ray.init (starts Ray)")),
         (ray._private.worker, "init", _refuse(item, "ray.init (starts Ray)")),
         (ray, "is_initialized", lambda: False),
-        (torch.multiprocessing, "start_processes", _refuse(item, "torch.multiprocessing.start_processes")),
-        (spawn_module, "start_processes", _refuse(item, "torch.multiprocessing.spawn")),
     ]
+    if not spawn:
+        patches += [
+            (
+                torch.multiprocessing,
+                "start_processes",
+                _refuse(item, "torch.multiprocessing.start_processes"),
+            ),
+            (spawn_module, "start_processes", _refuse(item, "torch.multiprocessing.spawn")),
+        ]
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
     for owner, name, value in patches:
         setattr(owner, name, value)
@@ -79,6 +89,16 @@ def _no_multiprocess_start(item: pytest.Item) -> Iterator[None]:
 
 @pytest.hookimpl(wrapper=True, trylast=True)  # innermost: the other plugins' setup has run
 def pytest_runtest_setup(item: pytest.Item):
+    if item.get_closest_marker("gloo") is not None:
+        if item.get_closest_marker("slow") is None:
+            pytest.fail(_mark_it(item, "is marked gloo (spawns processes)"), pytrace=False)
+        ray_fixtures = sorted(RAY_FIXTURES.intersection(getattr(item, "fixturenames", ())))
+        if ray_fixtures:
+            pytest.fail(
+                f"{item.nodeid} is marked gloo but uses Ray ({', '.join(ray_fixtures)})", pytrace=False
+            )
+        with _no_multiprocess_start(item, spawn=True):
+            return (yield)
     if item.get_closest_marker("slow") is not None:
         return (yield)
     if item.get_closest_marker("cluster") is not None:
@@ -92,6 +112,9 @@ def pytest_runtest_setup(item: pytest.Item):
 
 @pytest.hookimpl(wrapper=True, trylast=True)
 def pytest_runtest_call(item: pytest.Item):
+    if item.get_closest_marker("gloo") is not None:
+        with _no_multiprocess_start(item, spawn=True):
+            return (yield)
     if item.get_closest_marker("slow") is not None:
         return (yield)
     with _no_multiprocess_start(item):
@@ -99,6 +122,15 @@ def pytest_runtest_call(item: pytest.Item):
 
 
 _VISION_LEFT_OUT = pytest.StashKey[tuple[int, str]]()  # (vision tests deselected, why)
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Under pytest-xdist (the README's `-n 2`; `--dist loadgroup` in pyproject.toml) the `slow` tests that use Ray
+    run on one worker, in collection order, with one session Ray; the other worker runs the rest (in-process tests
+    and `gloo` ones), which alone would leave the second of 2 cores idle. Added here, before collection ends,
+    because xdist reads the group when it names the items."""
+    if item.get_closest_marker("slow") is not None and item.get_closest_marker("gloo") is None:
+        item.add_marker(pytest.mark.xdist_group("ray"))
 
 
 @pytest.hookimpl(trylast=True)  # after `-m` and `-k` deselected theirs: count only what would have run
@@ -114,6 +146,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     config.hook.pytest_deselected(items=vision)
     items[:] = [item for item in items if item.get_closest_marker("vision") is None]
     config.stash[_VISION_LEFT_OUT] = (len(vision), why)
+    if hasattr(config, "workeroutput"):  # an xdist worker: the controller, which collects nothing, prints it
+        config.workeroutput["vision_left_out"] = [len(vision), why]
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's controller: a worker's collection ended
+def pytest_testnodedown(node, error) -> None:
+    left_out = getattr(node, "workeroutput", {}).get("vision_left_out")
+    if left_out is not None:
+        node.config.stash[_VISION_LEFT_OUT] = tuple(left_out)
 
 
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:

@@ -63,7 +63,18 @@ SLOW = {
 }
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in NAMES])
+GLOO = {
+    "gather",
+    "gradclust",
+    "grad-cache",
+}  # of SLOW, those that start no Ray (gloo processes, fresh processes)
+
+
+def _marks(name: str) -> list[pytest.MarkDecorator]:
+    return [pytest.mark.slow, *([pytest.mark.gloo] if name in GLOO else [])] if name in SLOW else []
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_marks(n)) for n in NAMES])
 def test_benchmark_runs_in_smoke_mode(
     name: str, capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest
 ) -> None:

@@ -231,6 +231,7 @@ def _relative_gap(got: dict, want: dict) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.gloo
 @pytest.mark.timeout(120)
 def test_ddp_gradients_match_single_process(runs: dict) -> None:
     """Every case: both ranks hold the single-process gradients (model and β) to 1e-9, and the mean over
@@ -256,6 +257,7 @@ def test_ddp_gradients_match_single_process(runs: dict) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.gloo
 @pytest.mark.timeout(120)
 def test_broken_variants_fail_the_comparison(runs: dict) -> None:
     """Without the ×W, or with a gather that drops the other ranks' gradients, the comparison fails; so does a

@@ -274,6 +274,7 @@ CORRECT = [n for n in CASES if n != "nograd"]
 
 
 @pytest.mark.slow
+@pytest.mark.gloo
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", CORRECT)
 def test_ddp_gradients_match_single_process(runs: dict, name: str) -> None:
@@ -287,6 +288,7 @@ def test_ddp_gradients_match_single_process(runs: dict, name: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.gloo
 @pytest.mark.timeout(120)
 def test_forgetting_the_gather_fails_the_comparison(runs: dict) -> None:
     model, bank = runs["model"], runs["bank"]
@@ -297,6 +299,7 @@ def test_forgetting_the_gather_fails_the_comparison(runs: dict) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.gloo
 @pytest.mark.timeout(120)
 def test_the_comparisons_see_masks_and_subsets(runs: dict) -> None:
     """References with the cross-worker duplicate unmasked, or another key subset, give other gradients."""
@@ -313,6 +316,7 @@ def test_the_comparisons_see_masks_and_subsets(runs: dict) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.gloo
 @pytest.mark.timeout(120)
 def test_stats(runs: dict) -> None:
     model, bank = runs["model"], runs["bank"]

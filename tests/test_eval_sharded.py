@@ -81,6 +81,7 @@ def _validate_on_ranks(rank: int, init_file: str, checkpoints: dict[str, str], o
 
 
 @pytest.mark.slow
+@pytest.mark.gloo
 def test_validation_across_two_workers_equals_one_process(tmp_path, fresh_checkpoint):
     checkpoints = {k: str(v) for k, v in _checkpoints(tmp_path, fresh_checkpoint).items()}
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -95,6 +96,7 @@ def test_validation_across_two_workers_equals_one_process(tmp_path, fresh_checkp
 
 
 @pytest.mark.slow
+@pytest.mark.gloo
 def test_raydist_eval_with_two_workers_prints_the_one_process_metrics(tmp_path, fresh_checkpoint):
     folder = _checkpoints(tmp_path, fresh_checkpoint)["pairs"]
     one, two = tmp_path / "one.json", tmp_path / "two.json"

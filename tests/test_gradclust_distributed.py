@@ -73,11 +73,13 @@ def test_all_reduce_sum() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.gloo
 def test_spawned_all_reduce_sum(runs: dict) -> None:
     assert [r["reduced"].item() for r in runs["ranks"]] == [3.0, 3.0]
 
 
 @pytest.mark.slow
+@pytest.mark.gloo
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", list(RUNS))
 def test_workers_hold_identical_centres_equal_to_one_process(runs: dict, name: str) -> None:

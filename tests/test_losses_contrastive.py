@@ -138,6 +138,7 @@ def test_one_process_matches_the_float64_loops(kind) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.gloo
 @pytest.mark.timeout(120)
 def test_two_gloo_workers_equal_one_process_on_the_concatenated_batch(tmp_path) -> None:
     """After DDP's average both ranks hold the one-process gradients (encoders, scale, bias) to 1e-6 relative,

@@ -170,6 +170,7 @@ def test_one_process_matches_the_float64_loops(supcon) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.gloo
 @pytest.mark.timeout(120)
 def test_two_gloo_workers_match_the_float64_loops(supcon, tmp_path) -> None:
     """Both ranks hold the single-process gradients after DDP's average, and the mean over ranks of the

@@ -104,6 +104,7 @@ def _worker(rank: int, case: str, init_file: str, state: dict, bank: dict, out_d
 
 
 @pytest.mark.slow
+@pytest.mark.gloo
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("case", list(CASES))
 def test_ddp_gradients_match_single_process(tmp_path, case):

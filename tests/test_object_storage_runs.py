@@ -1,7 +1,7 @@
 """Runs whose data and run folder live on an S3-compatible server (moto on loopback, tests/object_store.py):
 `raydist train` with two Ray Train workers from ``s3://`` data into ``s3://`` storage finishes with test
 metrics, and its run evaluates and loads from the URI as from a plain download of it; Ctrl-C on such a run
-checkpoints and exits 130, and the same command resumes it to the end; a missing bucket is one line, exit 2;
+checkpoints and exits 130, and the printed command resumes it to the end (the one Ctrl-C drill of Ray workers); a missing bucket is one line, exit 2;
 WebDataset shards (image–caption and labelled) train from a local folder and from the server.
 Every `raydist train` here starts a private Ray instance: cluster step."""
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import time
@@ -19,11 +20,13 @@ import numpy as np
 import pytest
 from object_store import upload
 
-from raydist.checkpoint import STATE_FILE
+from raydist.checkpoint import STATE_FILE, load_checkpoint
 from raydist.cli import main
 from raydist.data import ensure_default_dataset
 from raydist.data.synthetic_webdataset import write_webdataset
 from raydist.retrieval.embedder import Embedder
+from raydist.runfiles import LOG_FILE
+from raydist.uris import cache_path
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -122,7 +125,16 @@ def test_a_run_from_s3_data_into_s3_storage_trains_evaluates_and_loads(s3_server
 
 
 @pytest.mark.timeout(900)
-def test_ctrl_c_on_a_run_in_s3_exits_130_and_the_same_command_resumes_it(s3_server, tmp_path):
+def test_ctrl_c_on_two_ray_workers_in_s3_checkpoints_exits_130_and_the_printed_command_resumes(
+    s3_server, tmp_path
+):
+    """`raydist train` with two Ray Train workers, its data and run folder on the server; Ctrl-C (SIGINT to its
+    process group, as a terminal sends it) after a few steps: the workers stop at a step boundary (they read the
+    stop file from the bucket), exit 130, the checkpoint in the bucket and the resume command printed once, the
+    worker's line in the run's log; the printed command finishes the run (epochs end at the same steps as an
+    uninterrupted run's), and the first command again is refused as finished (the named run found in the bucket).
+    The in-process drill (tests/test_train_stopping.py) checks every step logged exactly once and the same
+    parameters as an uninterrupted run; tests/test_train_faults.py resumes two Ray workers exactly."""
     data = upload(ensure_default_dataset(), s3_server.create_bucket("cut-shards") + "/embedded")
     storage = s3_server.create_bucket("cut-runs") + "/exp"
     command = _train(data, storage, "cut", "train.epochs=2", "train.log_every=1", "debug.step_delay_s=0.2")
@@ -153,15 +165,25 @@ def test_ctrl_c_on_a_run_in_s3_exits_130_and_the_same_command_resumes_it(s3_serv
     assert checkpoint.startswith(f"{storage}/cut/checkpoint_")
     keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket="cut-runs")["Contents"]]
     assert "exp/cut/stop-requested" not in keys and f"{checkpoint.split('/', 3)[3]}/{STATE_FILE}" in keys
+    stopped_at = load_checkpoint(_download(checkpoint, tmp_path / "cut"))[0]["loop"]["global_step"]
+    assert "stopped on request" in (cache_path(f"{storage}/cut") / LOG_FILE).read_text()  # the worker's line
+    resume = _printed(text, "resume with:")
+    assert resume == f"raydist train --resume {checkpoint}"
 
     outcome = tmp_path / "resumed.json"
-    resumed = _run([*command, "--json", str(outcome)])
-    assert "[raydist] resuming cut at epoch 1 (step " in resumed.stdout
+    resumed = _run([*shlex.split(resume), "--json", str(outcome)])
     result = json.loads(outcome.read_text())
     steps = result["history"][0]["step"]  # an epoch of the train rows data.train_fraction keeps
-    assert len(result["resumed_at"]) == 1 and 3 <= result["resumed_at"][0] < 2 * steps
     assert [(m["epoch"], m["step"]) for m in result["history"]] == [(1, steps), (2, 2 * steps)]
-    assert result["test_metrics"]["rsum"] > 0
+    assert 3 <= stopped_at < 2 * steps and result["resumed_at"] == [stopped_at], result["resumed_at"]
+    epoch = (stopped_at - 1) // steps + 1
+    assert f"stopped on request at epoch {epoch}/2, step {stopped_at}: checkpoint saved" in text
+    assert resumed.stdout.count(f"resumed from {checkpoint} at epoch {epoch}, step {stopped_at}") == 1, (
+        resumed.stdout
+    )
+    assert result["run_dir"] == f"{storage}/cut" and result["test_metrics"]["rsum"] > 0
+    again = _run(command, ok=False)
+    assert again.returncode == 2 and "is finished" in again.stderr, again.stderr
 
 
 @pytest.mark.timeout(900)

@@ -92,5 +92,5 @@ def test_newest_is_the_last_name_whatever_the_mtimes(tmp_path, vocab_file, label
     assert newest_checkpoint(run) == run / names[-1] and find_checkpoint(run) == run / names[-1]
     task = build_task(cfg, DataInfo.from_dataset(labels_dataset))
     runtime = LocalRuntime(cfg, task, step_plan(cfg, task.info.task), run)
-    assert runtime.checkpoint_to_restore() == str(run / names[-1])
+    assert runtime.checkpoint_to_restore() == (str(run / names[-1]),) * 2
     assert newest_checkpoint(tmp_path / "empty") is None

@@ -163,12 +163,14 @@ def test_a_bad_mining_range_is_one_line_naming_the_key() -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_two_ray_workers_mine_beside_training_and_swap_at_a_step_boundary(
+def test_two_ray_workers_mine_beside_training_swap_at_a_step_boundary_and_fill_the_queue(
     ray_cluster, tiny_dataset, tmp_path
 ):
     """With Ray Train workers a Ray actor mines from the weights of every 5th step while the workers train on; the
     workers take its rows at one step boundary, all of them at the same step (steps.jsonl: ``mined/from_step``, the
-    step of the weights the rows come from; −1 before the first)."""
+    step of the weights the rows come from; −1 before the first). The same fit holds a loss memory of 256 rows
+    (``loss.memory_size``, tests/test_losses_memory.py): steps.jsonl logs its fill, one global batch a step up to
+    its size (one Ray fit for both: each costs ~25 s of start-up on 2 cores)."""
     import json
 
     from raydist.runfiles import STEPS_FILE
@@ -182,13 +184,16 @@ def test_two_ray_workers_mine_beside_training_and_swap_at_a_step_boundary(
             "data.path": str(tiny_dataset),
             "train.epochs": 1,
             "train.epoch_steps": 30,
+            "loss.memory_size": 256,
             **overrides,
             **mining,
         },
     )
     outcome = run_training(cfg, evaluate_test=False)
-    lines = (Path(outcome.run_dir) / STEPS_FILE).read_text().splitlines()
-    mined = [json.loads(line)["stats"]["mined/from_step"] for line in lines]
+    lines = [json.loads(line) for line in (Path(outcome.run_dir) / STEPS_FILE).read_text().splitlines()]
+    mined = [line["stats"]["mined/from_step"] for line in lines]
     assert len(mined) == 30 and mined[0] == -1 and mined == sorted(mined), mined
     swaps = [i for i in range(1, 30) if mined[i] != mined[i - 1]]
     assert swaps and all(mined[i] % 5 == 0 and mined[i] < i for i in swaps), mined
+    rows = cfg.train.batch_size
+    assert [line["stats"]["memory/fill"] for line in lines] == [min(rows * (i + 1), 256) for i in range(30)]

@@ -275,6 +275,7 @@ def check_case(case: str, grads: dict) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.gloo
 @pytest.mark.timeout(240)
 def test_cached_gradients_equal_uncached_over_two_gloo_workers(tmp_path):
     states = {}

@@ -1,11 +1,11 @@
 """Ctrl-C / SIGTERM: the run stops at a step boundary with a checkpoint, says how to resume, exits 130; a
-second signal quits at once; the resumed run loses and repeats no step."""
+second signal quits at once; the resumed run loses and repeats no step. The same with two Ray Train workers, from
+a terminal (SIGINT to the process group), runs once, on object storage: tests/test_object_storage_runs.py."""
 
 from __future__ import annotations
 
 import json
 import os
-import shlex
 import signal
 import subprocess
 import threading
@@ -18,7 +18,7 @@ import torch
 from raydist.checkpoint import has_state, load_checkpoint
 from raydist.cli import main
 from raydist.data import make_synthetic
-from raydist.runfiles import LOG_FILE, STEPS_FILE
+from raydist.runfiles import STEPS_FILE
 from raydist.train.stopping import stop_on_signals
 
 EPOCHS = 2
@@ -146,89 +146,3 @@ def test_ctrl_c_in_process_checkpoints_the_step_and_the_same_name_resumes_exactl
     resumed, whole = (load_checkpoint(runs / name)[0]["model"] for name in ("cut", "whole"))
     for key in whole:
         torch.testing.assert_close(resumed[key], whole[key], rtol=0, atol=1e-6, msg=key)
-
-
-@pytest.mark.cluster  # both `raydist train` processes start a private Ray instance (not the session's)
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_ctrl_c_stops_two_ray_workers_with_a_checkpoint_and_the_printed_command_resumes(
-    small_dataset, tmp_path
-):
-    """`raydist train` with two Ray Train workers, Ctrl-C (SIGINT to its process group, as a terminal sends it)
-    after a few steps: exit 130, the real checkpoint folder and the resume command printed once; the printed
-    command finishes the run with every step done exactly once."""
-    runs = tmp_path / "runs"
-    env = {
-        **os.environ,
-        "RAY_AUTH_MODE": "disabled",
-        "RAY_USAGE_STATS_ENABLED": "0",
-        "RAY_DATA_DISABLE_PROGRESS_BARS": "1",
-    }  # raydist sets Ray Train's 0.5 s poll itself
-    env.pop("RAY_ADDRESS", None)
-    log = tmp_path / "first.log"
-    with open(log, "w") as out:
-        first = subprocess.Popen(
-            [
-                "raydist",
-                "train",
-                "--preset",
-                "tiny",
-                "--data",
-                str(small_dataset),
-                "--storage",
-                str(runs),
-                "--name",
-                "cut",
-                f"train.epochs={EPOCHS}",
-                "train.log_every=1",
-                "train.tensorboard=false",
-                "debug.step_delay_s=0.1",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-        try:
-            _wait_for_steps(runs / "cut", 3, first, timeout=400)
-            os.killpg(first.pid, signal.SIGINT)
-            code = first.wait(120)
-        finally:
-            if first.poll() is None:
-                os.killpg(first.pid, signal.SIGKILL)
-    text = log.read_text()
-    assert code == 130, text
-    assert "SIGINT: stopping at the next step boundary" in text
-    checkpoint = Path(_printed(text, "checkpoint:"))
-    assert checkpoint.parent == runs / "cut" and checkpoint.name.startswith("checkpoint_2")
-    stopped_at = load_checkpoint(checkpoint)[0]["loop"]["global_step"]
-    assert 3 <= stopped_at < EPOCHS * STEPS
-    assert (
-        f"stopped on request at epoch {_epoch_of(stopped_at)}/{EPOCHS}, step {stopped_at}: checkpoint saved"
-        in text
-    )
-    assert (
-        "stopped on request" in (runs / "cut" / LOG_FILE).read_text()
-    )  # the worker's line is in the log too
-    command = _printed(text, "resume with:")
-    assert command == f"raydist train --resume {checkpoint}"
-
-    outcome = tmp_path / "resumed.json"
-    resumed = subprocess.run(
-        [*shlex.split(command), "--json", str(outcome), "debug.step_delay_s=0"],
-        env=env,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    resumed_line = f"resumed from {checkpoint} at epoch {_epoch_of(stopped_at)}, step {stopped_at}"
-    assert resumed.stdout.count(resumed_line) == 1, resumed.stdout
-    assert "checkpoint_tmp" not in resumed.stdout
-    history = json.loads(outcome.read_text())
-    assert history["resumed_at"] == [stopped_at] and history["run_dir"] == str(runs / "cut")
-    assert [(m["epoch"], m["step"]) for m in history["history"]] == [
-        (e, e * STEPS) for e in range(1, EPOCHS + 1)
-    ]
-    assert _logged_steps(runs / "cut") == list(range(1, EPOCHS * STEPS + 1))  # no step lost or repeated

@@ -131,10 +131,10 @@ class LocalRuntime:
     def train_batches(self, epoch: int) -> Iterable[dict[str, np.ndarray]]:
         return self.batches.epoch(epoch)
 
-    def checkpoint_to_restore(self) -> str | None:
+    def checkpoint_to_restore(self) -> tuple[str, str] | None:
         """The newest checkpoint already in the run folder (a run restarted under the same name resumes)."""
         newest = newest_checkpoint(self.run_dir)
-        return str(newest) if newest else None
+        return (str(newest), str(newest)) if newest else None
 
     def report(self, metrics: dict[str, Any], checkpoint_dir: str | None) -> None:
         self.reports.append(dict(metrics))

@@ -57,8 +57,10 @@ class Runtime(Protocol):
     def steps_per_epoch(self) -> int:
         """Steps one epoch holds (for progress and ETA)."""
 
-    def checkpoint_to_restore(self) -> str | None:
-        """A checkpoint folder the run must continue from (after a restart), or None."""
+    def checkpoint_to_restore(self) -> tuple[str, str] | None:
+        """The checkpoint the run must continue from (after a restart), or None: ``(folder, location)``, the local
+        folder to read and where the checkpoint lives (a URI's downloaded copy: the URI), which the resume line
+        names."""
 
     def report(self, metrics: dict[str, Any], checkpoint_dir: str | None) -> None:
         """Publish metrics (and, on rank 0, the checkpoint folder, whose files may be moved)."""
@@ -205,9 +207,9 @@ def run_loop(
     for hook in hooks:
         hook.setup(parts.model, registry)
     state = LoopState()
-    restore = runtime.checkpoint_to_restore() or resume_from
+    restore = runtime.checkpoint_to_restore() or ((resume_from, resume_from) if resume_from else None)
     if restore:
-        state = _restore(restore, cfg, task, registry, rank)
+        state = _restore(*restore, cfg, task, registry, rank)
     model = parts.model = runtime.prepare_model(parts.model)
 
     progress = Progress(
@@ -406,7 +408,9 @@ def train_step(
     return float(loss.detach()) - stats.get(PROBE_LOSS, 0.0)  # a probe's loss is reported apart (stats)
 
 
-def _restore(path: str | Path, cfg: Config, task: Task, registry: StateRegistry, rank: int) -> LoopState:
+def _restore(
+    path: str | Path, location: str, cfg: Config, task: Task, registry: StateRegistry, rank: int
+) -> LoopState:
     state, saved_cfg, folder = load_checkpoint(path)
     check_resume(state, saved_cfg, folder, cfg, task.info)
     registry.load_state_dict(state)
@@ -415,7 +419,8 @@ def _restore(path: str | Path, cfg: Config, task: Task, registry: StateRegistry,
     loop.resumed_at.append(loop.global_step)
     loop.finished = False  # until this attempt's last epoch is done
     if rank == 0:
-        say(f"[raydist] resumed from {folder} at epoch {loop.epoch + 1}, step {loop.global_step}")
+        shown = folder if location == str(path) else location  # a run folder given: the checkpoint in it
+        say(f"[raydist] resumed from {shown} at epoch {loop.epoch + 1}, step {loop.global_step}")
     return loop
 
 

@@ -24,6 +24,7 @@ from raydist.tasks import DataInfo, Task, build_task
 from raydist.train.loop import run_loop
 from raydist.train.plan import step_plan
 from raydist.train.wiring import build_hooks
+from raydist.uris import location_of
 
 # The score of a checkpoint without validation (mid-epoch, or a stop on request) as Ray Train gets it. The loop
 # reports -inf, but Ray's checkpoint list is saved as JSON in which -inf becomes null, and a run resumed from
@@ -93,15 +94,15 @@ class RayRuntime:
             return self._memory.epoch(epoch)
         return self._stream.epoch(epoch)
 
-    def checkpoint_to_restore(self) -> str | None:
-        """The run's latest checkpoint: its own folder when the storage is a local (or mounted) path, so the
-        resume line names it; otherwise a downloaded copy."""
+    def checkpoint_to_restore(self) -> tuple[str, str] | None:
+        """The run's latest checkpoint: its own folder when the storage is a local (or mounted) path; otherwise a
+        downloaded copy, named by its URI in the resume line."""
         ckpt = ray.train.get_checkpoint()
         if ckpt is None:
             return None
         if isinstance(ckpt.filesystem, pyarrow.fs.LocalFileSystem) and Path(ckpt.path).is_dir():
-            return ckpt.path
-        return ckpt.to_directory()
+            return ckpt.path, ckpt.path
+        return ckpt.to_directory(), location_of(ckpt.filesystem, ckpt.path)
 
     def report(self, metrics: dict[str, Any], checkpoint_dir: str | None) -> None:
         checkpoint = ray.train.Checkpoint.from_directory(checkpoint_dir) if checkpoint_dir else None
