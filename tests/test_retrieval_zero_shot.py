@@ -56,7 +56,7 @@ def test_zero_shot_accuracy_equals_a_hand_computed_argmax(tmp_path, fresh_checkp
     table = read_split(labelled, "test", verify=False)
     labels = table.column("label").to_numpy()
     with torch.no_grad():
-        images = trained.model.image(torch.as_tensor(feature_matrix(table.column("image")))).numpy()
+        images = trained.model.image(torch.tensor(feature_matrix(table.column("image")))).numpy()
     text = trained.task.embed_texts(
         trained.model, [t.format(n) for n in classnames for t in TEMPLATES]
     ).numpy()

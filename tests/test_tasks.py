@@ -48,7 +48,7 @@ class NearestCentroidTask(Task):
     @torch.no_grad()
     def evaluate(self, model, split, device="cpu"):
         table = read_split(self.info.data_dir, split, verify=False)
-        pred = model(torch.as_tensor(feature_matrix(table.column("image")))).argmax(1).numpy()
+        pred = model(torch.tensor(feature_matrix(table.column("image")))).argmax(1).numpy()
         return {"acc": 100.0 * float((pred == table.column("label").to_numpy()).mean())}
 
 

@@ -62,8 +62,12 @@ def embed_images(
     :func:`raydist.distributed.shards.sharded_batches`): [N, embed_dim] on the CPU."""
     was_training = model.training
     model.eval()
-    feats = torch.as_tensor(np.asarray(features), dtype=torch.float32)
-    out = map_batches(lambda s, e: model.image(feats[s:e].to(device)).cpu(), len(feats), batch_size)
+    feats = np.asarray(features)  # may be read-only (Arrow, memory-mapped): each batch is copied into torch
+    out = map_batches(
+        lambda s, e: model.image(torch.tensor(feats[s:e], dtype=torch.float32, device=device)).cpu(),
+        len(feats),
+        batch_size,
+    )
     model.train(was_training)
     return out
 
