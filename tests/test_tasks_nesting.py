@@ -97,7 +97,7 @@ def test_labels_nesting(labels_dataset, kind):
                         n = min(farther, key=lambda n: d[a, n])
                         terms.append(max(0.0, float(d[a, p] - d[a, n] + 0.2)))
             want = want + sum(terms) / len(terms)
-        assert float(got) == pytest.approx(float(want), rel=1e-4)
+        assert float(got.detach()) == pytest.approx(float(want.detach()), rel=1e-4)
 
 
 class _Prefix(torch.nn.Module):
