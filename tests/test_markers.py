@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 CONFTEST = Path(__file__).with_name("conftest.py")
+# the inner runs: no cache files, and no pytest-benchmark (where installed it warns under xdist; as in addopts)
+QUIET_PLUGINS = ("-p", "no:cacheprovider", "-p", "no:benchmark")
 
 TESTS = """
 import pytest
@@ -111,7 +113,7 @@ def test_unmarked_multiprocess_tests_fail_and_slow_ones_are_deselected(pytester:
         tests = tests.replace(name, str(value))
     pytester.makepyfile(test_guarded=tests)
 
-    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:benchmark")
+    result = pytester.runpytest_inprocess(*QUIET_PLUGINS)
     result.assert_outcomes(passed=4, failed=4, errors=5)
     mark_it = "must be marked slow (`@pytest.mark.slow`)"
     for line in (
@@ -127,13 +129,11 @@ def test_unmarked_multiprocess_tests_fail_and_slow_ones_are_deselected(pytester:
     ):
         result.stdout.fnmatch_lines(["*" + line.rstrip("*") + "*"])
 
-    selected = pytester.runpytest_inprocess(
-        "-p", "no:cacheprovider", "-p", "no:benchmark", "-m", "not slow", "--collect-only"
-    )
+    selected = pytester.runpytest_inprocess(*QUIET_PLUGINS, "-m", "not slow", "--collect-only")
     selected.stdout.fnmatch_lines(["*10/13 tests collected (3 deselected)*"])
     assert "test_slow_runs_unguarded" not in selected.stdout.str()
 
     # pytest-xdist's group: the slow tests that may use Ray go to one worker; gloo ones and the rest anywhere
-    items, _ = pytester.inline_genitems("-p", "no:cacheprovider", "-p", "no:benchmark")
+    items, _ = pytester.inline_genitems(*QUIET_PLUGINS)
     grouped = [item.name for item in items if item.get_closest_marker("xdist_group")]
     assert grouped == ["test_slow_runs_unguarded"]
